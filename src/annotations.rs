@@ -1,0 +1,160 @@
+//! The per-claim annotations users set to refine the policy, and their strict parsing.
+//!
+//! A value that does not parse keeps the claim: bad input must never cause a deletion.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use thiserror::Error;
+
+/// Time to keep the workspace after the build finished, in humantime form (`30m`, `2d`).
+pub const TTL: &str = "workspace-gc.mlops.dev/ttl";
+/// Absolute RFC 3339 instant after which the claim is deleted, unless in use.
+pub const EXPIRES: &str = "workspace-gc.mlops.dev/expires";
+/// `"true"` keeps the claim forever (to debug a build); `"false"` is the same as absent.
+pub const KEEP: &str = "workspace-gc.mlops.dev/keep";
+
+/// Longest part of an offending value quoted back in an error, so a huge annotation cannot
+/// bloat logs and events.
+const QUOTE_LIMIT: usize = 64;
+
+/// The parsed annotations of one claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimAnnotations {
+    pub keep: bool,
+    pub ttl: Option<Duration>,
+    pub expires: Option<DateTime<Utc>>,
+}
+
+/// An annotation whose value does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("annotation {key}={value:?} is invalid: {expected}")]
+pub struct AnnotationError {
+    pub key: &'static str,
+    /// The value as given, shortened to a bounded length.
+    pub value: String,
+    pub expected: String,
+}
+
+impl AnnotationError {
+    fn new(key: &'static str, value: &str, expected: impl Into<String>) -> Self {
+        Self {
+            key,
+            value: quote(value),
+            expected: expected.into(),
+        }
+    }
+}
+
+fn quote(value: &str) -> String {
+    match value.char_indices().nth(QUOTE_LIMIT) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_owned(),
+    }
+}
+
+/// Parses the workspace-gc annotations, ignoring every other key.
+pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations, AnnotationError> {
+    let keep = match annotations.get(KEEP).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(AnnotationError::new(
+                KEEP,
+                other,
+                "expected \"true\" or \"false\"",
+            ));
+        }
+    };
+    let ttl = annotations.get(TTL).map(|v| parse_ttl(v)).transpose()?;
+    let expires = annotations
+        .get(EXPIRES)
+        .map(|v| parse_expires(v))
+        .transpose()?;
+    Ok(ClaimAnnotations { keep, ttl, expires })
+}
+
+fn parse_ttl(value: &str) -> Result<Duration, AnnotationError> {
+    let std = humantime::parse_duration(value.trim()).map_err(|e| {
+        AnnotationError::new(TTL, value, format!("expected a duration like \"2h\" ({e})"))
+    })?;
+    Duration::from_std(std)
+        .map_err(|_| AnnotationError::new(TTL, value, "the duration is out of range"))
+}
+
+fn parse_expires(value: &str) -> Result<DateTime<Utc>, AnnotationError> {
+    DateTime::parse_from_rfc3339(value.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            AnnotationError::new(
+                EXPIRES,
+                value,
+                format!("expected an RFC 3339 time like \"2026-12-01T00:00:00Z\" ({e})"),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn with(key: &str, value: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([(key.to_owned(), value.to_owned())])
+    }
+
+    #[test]
+    fn absent_annotations_parse_to_defaults() {
+        assert_eq!(parse(&BTreeMap::new()), Ok(ClaimAnnotations::default()));
+    }
+
+    #[test]
+    fn valid_values_parse() {
+        assert!(parse(&with(KEEP, "true")).unwrap().keep);
+        assert!(!parse(&with(KEEP, "false")).unwrap().keep);
+        assert_eq!(
+            parse(&with(TTL, "90m")).unwrap().ttl,
+            Some(Duration::minutes(90))
+        );
+        assert_eq!(
+            parse(&with(EXPIRES, "2026-12-01T10:00:00+02:00"))
+                .unwrap()
+                .expires
+                .unwrap()
+                .to_rfc3339(),
+            "2026-12-01T08:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_errors_naming_the_key() {
+        for (key, value) in [
+            (KEEP, "yes"),
+            (KEEP, "TRUE"),
+            (TTL, "soon"),
+            (TTL, "-1h"),
+            (TTL, "99999999999999999999y"),
+            (EXPIRES, "tomorrow"),
+            (EXPIRES, "2026-12-01"),
+        ] {
+            let err = parse(&with(key, value)).unwrap_err();
+            assert_eq!(err.key, key, "{value}");
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn huge_values_are_quoted_shortened() {
+        let value = "é".repeat(10_000);
+        let err = parse(&with(TTL, &value)).unwrap_err();
+        assert_eq!(err.value.chars().count(), QUOTE_LIMIT + 1);
+        assert!(err.to_string().len() < 400);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_values_never_panic(key in prop::sample::select(vec![KEEP, TTL, EXPIRES]), value in ".*") {
+            let _ = parse(&with(key, &value));
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! What the policy decides from: plain values about one claim, its linked owners and its users.
+//!
+//! These types carry no API objects: the edge (`resources`) turns API objects into them,
+//! converting timestamps into `chrono` once.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+/// The API group of the jupyter-notebook-validator-operator's `NotebookValidationJob`.
+pub const JOB_GROUP: &str = "mlops.mlops.dev";
+/// The kind of the operator's custom resource.
+pub const JOB_KIND: &str = "NotebookValidationJob";
+/// Tekton's API group.
+pub const RUN_GROUP: &str = "tekton.dev";
+/// Tekton's PipelineRun kind.
+pub const RUN_KIND: &str = "PipelineRun";
+
+/// The suffix the operator appends to a job's name to name its workspace claim.
+pub const CLAIM_SUFFIX: &str = "-build-workspace";
+/// The suffix the operator appends to a job's name to name its PipelineRun.
+pub const RUN_SUFFIX: &str = "-build";
+
+/// Identifies one namespaced object (a claim, a run, a job, a pod).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An owner reference as the claim carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OwnerRef {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// Which owner kind an owner reference names, if it is one workspace-gc knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum OwnerKind {
+    Job,
+    Run,
+}
+
+impl OwnerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnerKind::Job => JOB_KIND,
+            OwnerKind::Run => RUN_KIND,
+        }
+    }
+}
+
+impl OwnerRef {
+    /// The owner kind, matched on group and kind (any version names the same object).
+    pub fn owner_kind(&self) -> Option<OwnerKind> {
+        let group = self.api_version.split_once('/').map_or("", |(g, _)| g);
+        match (group, self.kind.as_str()) {
+            (JOB_GROUP, JOB_KIND) => Some(OwnerKind::Job),
+            (RUN_GROUP, RUN_KIND) => Some(OwnerKind::Run),
+            _ => None,
+        }
+    }
+}
+
+/// Everything the policy reads about the claim itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClaimFacts {
+    pub key: ObjectKey,
+    pub uid: String,
+    pub resource_version: String,
+    pub created: DateTime<Utc>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub owner_references: Vec<OwnerRef>,
+    pub deletion_timestamp: Option<DateTime<Utc>>,
+    /// `spec.resources.requests.storage` in bytes, when it parses.
+    pub requested_bytes: Option<u64>,
+}
+
+impl ClaimFacts {
+    /// The job name the operator's naming convention implies (`{job}-build-workspace`).
+    pub fn conventional_job_name(&self) -> Option<&str> {
+        self.key
+            .name
+            .strip_suffix(CLAIM_SUFFIX)
+            .filter(|job| !job.is_empty())
+    }
+}
+
+/// How a claim was linked to an owner; the README documents the order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkRule {
+    /// The claim's ownerReferences name the owner's UID.
+    OwnerReference,
+    /// A PipelineRun binds the claim in `spec.workspaces[].persistentVolumeClaim.claimName`.
+    WorkspaceBinding,
+    /// The operator's names: `{job}-build-workspace` ↔ job `{job}`, run `{job}-build`.
+    Naming,
+}
+
+/// Where a NotebookValidationJob or a PipelineRun stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum Progress {
+    /// Not finished (or in a state workspace-gc does not recognise, which counts as running).
+    Running,
+    /// Finished; `at` is the completion time when the object records one.
+    Finished { at: Option<DateTime<Utc>> },
+}
+
+/// One linked owner and its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Owner {
+    pub kind: OwnerKind,
+    pub name: String,
+    pub rule: LinkRule,
+    pub state: OwnerState,
+}
+
+/// An owner's state as far as it could be established.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "presence", rename_all = "kebab-case")]
+pub enum OwnerState {
+    Present {
+        uid: String,
+        progress: Progress,
+    },
+    /// Referenced by UID but no object with that UID exists (deleted, or re-created under the
+    /// same name with another UID).
+    Gone,
+    /// Could not be read (cache not synced, API error): the claim must be kept.
+    Unknown {
+        why: String,
+    },
+}
+
+/// A pod that mounts the claim, with its phase as the API reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodUse {
+    pub name: String,
+    pub phase: Option<String>,
+}
+
+impl PodUse {
+    /// Pods in `Succeeded` or `Failed` no longer use their volumes; every other phase, including
+    /// `Pending`, an unknown one or none yet, does.
+    pub fn is_active(&self) -> bool {
+        !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+}
+
+/// What is known of the pods that mount the claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "known", rename_all = "kebab-case")]
+pub enum Users {
+    Known { pods: Vec<PodUse> },
+    Unknown { why: String },
+}
+
+/// All facts about one claim at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Facts {
+    pub claim: ClaimFacts,
+    pub owners: Vec<Owner>,
+    pub users: Users,
+}

@@ -1,0 +1,462 @@
+//! The pure decision: what to do with one claim, from facts, a policy and `now`.
+
+use std::fmt;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::annotations::{self, ClaimAnnotations};
+use crate::facts::{Facts, OwnerState, Progress, Users};
+
+/// Cluster-wide policy; per-claim annotations refine it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// How long a finished build's workspace is kept after the later completion time of its
+    /// PipelineRun and NotebookValidationJob.
+    pub ttl_after_finished: Duration,
+    /// How long a claim with no owner found is kept after its creation: the operator creates the
+    /// claim before its PipelineRun.
+    pub orphan_grace: Duration,
+    /// Absolute age after which a claim is deleted whatever its owners say, unless in use.
+    pub max_age: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            ttl_after_finished: Duration::hours(1),
+            orphan_grace: Duration::minutes(10),
+            max_age: Duration::days(7),
+        }
+    }
+}
+
+/// Why a verdict was reached; bounded, so it doubles as a metric label and an event reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    // Delete.
+    /// The `expires` annotation's instant has passed.
+    Expired,
+    /// Every owner the claim referenced by UID is gone and none linked is still running.
+    OwnerGone,
+    /// The build finished longer ago than its TTL.
+    TtlExpired,
+    /// No owner was found and the claim is older than the orphan grace.
+    Orphaned,
+    /// The claim is older than `max_age`, whatever its owners say.
+    MaxAgeExceeded,
+    // Protected.
+    /// A pod that has not terminated mounts the claim.
+    InUse,
+    /// The `keep` annotation is `"true"`.
+    KeepAnnotation,
+    // Keep.
+    /// The claim is already being deleted; its finalizers belong to Kubernetes.
+    AlreadyTerminating,
+    /// A workspace-gc annotation does not parse.
+    InvalidAnnotation,
+    /// An owner's state could not be read.
+    OwnerUnknown,
+    /// The pods that might mount the claim could not be read.
+    UsersUnknown,
+    /// An owner reference names a kind workspace-gc does not manage.
+    ForeignOwner,
+    /// A linked owner is still running.
+    OwnerRunning,
+    /// The build finished but no completion time is recorded; only `max_age` or `expires` apply.
+    CompletionTimeMissing,
+    /// The recorded completion time lies in the future (clock skew): not treated as expired.
+    CompletionInFuture,
+    /// The build finished less than its TTL ago.
+    WithinTtl,
+    /// No owner was found yet, but the claim is younger than the orphan grace.
+    WithinOrphanGrace,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 17] = [
+        Reason::Expired,
+        Reason::OwnerGone,
+        Reason::TtlExpired,
+        Reason::Orphaned,
+        Reason::MaxAgeExceeded,
+        Reason::InUse,
+        Reason::KeepAnnotation,
+        Reason::AlreadyTerminating,
+        Reason::InvalidAnnotation,
+        Reason::OwnerUnknown,
+        Reason::UsersUnknown,
+        Reason::ForeignOwner,
+        Reason::OwnerRunning,
+        Reason::CompletionTimeMissing,
+        Reason::CompletionInFuture,
+        Reason::WithinTtl,
+        Reason::WithinOrphanGrace,
+    ];
+
+    /// The kebab-case name used in metrics, logs and the audit report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Expired => "expired",
+            Reason::OwnerGone => "owner-gone",
+            Reason::TtlExpired => "ttl-expired",
+            Reason::Orphaned => "orphaned",
+            Reason::MaxAgeExceeded => "max-age-exceeded",
+            Reason::InUse => "in-use",
+            Reason::KeepAnnotation => "keep-annotation",
+            Reason::AlreadyTerminating => "already-terminating",
+            Reason::InvalidAnnotation => "invalid-annotation",
+            Reason::OwnerUnknown => "owner-unknown",
+            Reason::UsersUnknown => "users-unknown",
+            Reason::ForeignOwner => "foreign-owner",
+            Reason::OwnerRunning => "owner-running",
+            Reason::CompletionTimeMissing => "completion-time-missing",
+            Reason::CompletionInFuture => "completion-in-future",
+            Reason::WithinTtl => "within-ttl",
+            Reason::WithinOrphanGrace => "within-orphan-grace",
+        }
+    }
+
+    /// A sentence for events and the audit report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Reason::Expired => "the expires annotation's time has passed",
+            Reason::OwnerGone => "every owner it referenced is gone",
+            Reason::TtlExpired => "the build finished longer ago than its TTL",
+            Reason::Orphaned => "no owner was found and the orphan grace has passed",
+            Reason::MaxAgeExceeded => "it is older than the maximum age",
+            Reason::InUse => "a running pod mounts it",
+            Reason::KeepAnnotation => "it is annotated keep=true",
+            Reason::AlreadyTerminating => "it is already being deleted",
+            Reason::InvalidAnnotation => "a workspace-gc annotation does not parse",
+            Reason::OwnerUnknown => "an owner's state could not be read",
+            Reason::UsersUnknown => "the pods that may mount it could not be read",
+            Reason::ForeignOwner => "it is owned by a kind workspace-gc does not manage",
+            Reason::OwnerRunning => "its build is still running",
+            Reason::CompletionTimeMissing => "its build finished but records no completion time",
+            Reason::CompletionInFuture => {
+                "its build's completion time lies in the future (clock skew)"
+            }
+            Reason::WithinTtl => "its build finished less than its TTL ago",
+            Reason::WithinOrphanGrace => "no owner yet, but it is within the orphan grace",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Not due: `recheck_at` is the exact instant the verdict changes if no fact changes.
+    Keep {
+        reason: Reason,
+        recheck_at: Option<DateTime<Utc>>,
+    },
+    /// Due since `due_at` (when the policy can tell), the start of the reclaim lag.
+    Delete {
+        reason: Reason,
+        due_at: Option<DateTime<Utc>>,
+    },
+    /// Must not be deleted whatever else holds, until a fact changes.
+    Protected { reason: Reason },
+}
+
+impl Verdict {
+    pub fn reason(&self) -> Reason {
+        match *self {
+            Verdict::Keep { reason, .. }
+            | Verdict::Delete { reason, .. }
+            | Verdict::Protected { reason } => reason,
+        }
+    }
+
+    pub fn state(&self) -> VerdictState {
+        match self {
+            Verdict::Keep { .. } => VerdictState::Keep,
+            Verdict::Delete { .. } => VerdictState::Delete,
+            Verdict::Protected { .. } => VerdictState::Protected,
+        }
+    }
+
+    pub fn is_delete(&self) -> bool {
+        matches!(self, Verdict::Delete { .. })
+    }
+
+    /// When the verdict changes with time alone, if ever.
+    pub fn recheck_at(&self) -> Option<DateTime<Utc>> {
+        match *self {
+            Verdict::Keep { recheck_at, .. } => recheck_at,
+            _ => None,
+        }
+    }
+}
+
+/// The verdict's kind, a bounded metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VerdictState {
+    Keep,
+    Delete,
+    Protected,
+}
+
+impl VerdictState {
+    pub const ALL: [VerdictState; 3] = [
+        VerdictState::Keep,
+        VerdictState::Delete,
+        VerdictState::Protected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerdictState::Keep => "keep",
+            VerdictState::Delete => "delete",
+            VerdictState::Protected => "protected",
+        }
+    }
+}
+
+/// A verdict with the detail a person needs to act on it (which annotation is wrong, which
+/// owner could not be read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl Decision {
+    fn plain(verdict: Verdict) -> Self {
+        Self {
+            verdict,
+            detail: None,
+        }
+    }
+
+    fn keep(reason: Reason, recheck_at: Option<DateTime<Utc>>) -> Self {
+        Self::plain(Verdict::Keep { reason, recheck_at })
+    }
+
+    fn with_detail(verdict: Verdict, detail: String) -> Self {
+        Self {
+            verdict,
+            detail: Some(detail),
+        }
+    }
+}
+
+/// Decides what to do with one claim. Pure: the same facts, policy and `now` give the same
+/// decision.
+///
+/// Order matters and is the safety argument: terminating, bad annotations, use, `keep`, and
+/// unreadable or foreign owners all keep the claim before any deadline is looked at.
+pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
+    let claim = &facts.claim;
+    if claim.deletion_timestamp.is_some() {
+        return Decision::keep(Reason::AlreadyTerminating, None);
+    }
+    let annotations = match annotations::parse(&claim.annotations) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            return Decision::with_detail(
+                Verdict::Keep {
+                    reason: Reason::InvalidAnnotation,
+                    recheck_at: None,
+                },
+                error.to_string(),
+            );
+        }
+    };
+    match &facts.users {
+        Users::Unknown { why } => {
+            return Decision::with_detail(
+                Verdict::Keep {
+                    reason: Reason::UsersUnknown,
+                    recheck_at: None,
+                },
+                why.clone(),
+            );
+        }
+        Users::Known { pods } => {
+            if let Some(pod) = pods.iter().find(|pod| pod.is_active()) {
+                return Decision::with_detail(
+                    Verdict::Protected {
+                        reason: Reason::InUse,
+                    },
+                    format!("mounted by pod {}", pod.name),
+                );
+            }
+        }
+    }
+    if annotations.keep {
+        return Decision::plain(Verdict::Protected {
+            reason: Reason::KeepAnnotation,
+        });
+    }
+    if let Some((owner, why)) = facts.owners.iter().find_map(|owner| match &owner.state {
+        OwnerState::Unknown { why } => Some((owner, why)),
+        _ => None,
+    }) {
+        return Decision::with_detail(
+            Verdict::Keep {
+                reason: Reason::OwnerUnknown,
+                recheck_at: None,
+            },
+            format!("{} {}: {why}", owner.kind.as_str(), owner.name),
+        );
+    }
+    if let Some(foreign) = claim
+        .owner_references
+        .iter()
+        .find(|r| r.owner_kind().is_none())
+    {
+        return Decision::with_detail(
+            Verdict::Keep {
+                reason: Reason::ForeignOwner,
+                recheck_at: None,
+            },
+            format!("owned by {} {}", foreign.kind, foreign.name),
+        );
+    }
+    Decision::plain(decide_by_time(facts, &annotations, policy, now))
+}
+
+/// The deadlines, once nothing protects the claim.
+fn decide_by_time(
+    facts: &Facts,
+    annotations: &ClaimAnnotations,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Verdict {
+    let created = facts.claim.created;
+    // Absolute deadlines hold whatever the owners say.
+    let mut deadlines = Deadlines::new(now);
+    deadlines.absolute(Reason::Expired, annotations.expires);
+    deadlines.absolute(Reason::MaxAgeExceeded, add(created, policy.max_age));
+
+    let present: Vec<&Progress> = facts
+        .owners
+        .iter()
+        .filter_map(|owner| match &owner.state {
+            OwnerState::Present { progress, .. } => Some(progress),
+            _ => None,
+        })
+        .collect();
+    let any_gone = facts
+        .owners
+        .iter()
+        .any(|owner| owner.state == OwnerState::Gone);
+
+    let relative = if present.contains(&&Progress::Running) {
+        Relative::Keep(Reason::OwnerRunning, None)
+    } else if any_gone {
+        Relative::Due(Reason::OwnerGone, None)
+    } else if present.is_empty() {
+        match add(created, policy.orphan_grace) {
+            Some(due) if due <= now => Relative::Due(Reason::Orphaned, Some(due)),
+            due => Relative::Keep(Reason::WithinOrphanGrace, due),
+        }
+    } else {
+        finished_relative(
+            &present,
+            annotations.ttl.unwrap_or(policy.ttl_after_finished),
+            now,
+        )
+    };
+    deadlines.decide(relative)
+}
+
+/// Every present owner has finished: the TTL runs from the latest completion time.
+fn finished_relative(present: &[&Progress], ttl: Duration, now: DateTime<Utc>) -> Relative {
+    let finished_at = present
+        .iter()
+        .filter_map(|progress| match progress {
+            Progress::Finished { at } => *at,
+            Progress::Running => None,
+        })
+        .max();
+    let Some(finished_at) = finished_at else {
+        return Relative::Keep(Reason::CompletionTimeMissing, None);
+    };
+    if finished_at > now {
+        return Relative::Keep(Reason::CompletionInFuture, Some(finished_at));
+    }
+    match add(finished_at, ttl) {
+        Some(due) if due <= now => Relative::Due(Reason::TtlExpired, Some(due)),
+        due => Relative::Keep(Reason::WithinTtl, due),
+    }
+}
+
+/// The owner-dependent part of a decision.
+enum Relative {
+    Due(Reason, Option<DateTime<Utc>>),
+    /// Keep, and the instant this part's answer changes, if it does.
+    Keep(Reason, Option<DateTime<Utc>>),
+}
+
+/// Absolute deadlines (`expires`, `max_age`) combined with the owner-dependent part.
+struct Deadlines {
+    now: DateTime<Utc>,
+    /// The first absolute deadline already passed, in precedence order.
+    passed: Option<(Reason, DateTime<Utc>)>,
+    /// The earliest absolute deadline still ahead.
+    ahead: Option<DateTime<Utc>>,
+}
+
+impl Deadlines {
+    fn new(now: DateTime<Utc>) -> Self {
+        Self {
+            now,
+            passed: None,
+            ahead: None,
+        }
+    }
+
+    fn absolute(&mut self, reason: Reason, deadline: Option<DateTime<Utc>>) {
+        let Some(deadline) = deadline else { return };
+        if deadline <= self.now {
+            let earliest = self.passed.map_or(deadline, |(_, at)| at.min(deadline));
+            let first_reason = self.passed.map_or(reason, |(r, _)| r);
+            self.passed = Some((first_reason, earliest));
+        } else {
+            self.ahead = Some(self.ahead.map_or(deadline, |at| at.min(deadline)));
+        }
+    }
+
+    fn decide(self, relative: Relative) -> Verdict {
+        match (relative, self.passed) {
+            (Relative::Due(reason, due), passed) => Verdict::Delete {
+                reason,
+                due_at: earliest(due, passed.map(|(_, at)| at)),
+            },
+            (Relative::Keep(_, _), Some((reason, at))) => Verdict::Delete {
+                reason,
+                due_at: Some(at),
+            },
+            (Relative::Keep(reason, changes_at), None) => Verdict::Keep {
+                reason,
+                recheck_at: earliest(changes_at, self.ahead),
+            },
+        }
+    }
+}
+
+fn earliest(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `None` when the sum is beyond what time can represent: such a deadline never comes.
+fn add(at: DateTime<Utc>, duration: Duration) -> Option<DateTime<Utc>> {
+    at.checked_add_signed(duration)
+}

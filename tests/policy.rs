@@ -1,0 +1,525 @@
+//! The decision core: one table row per verdict and reason, and property tests for the safety
+//! invariants. No cluster: the policy is pure.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use proptest::prelude::*;
+use workspace_gc::annotations;
+use workspace_gc::facts::{
+    ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerKind, OwnerRef, OwnerState, PodUse,
+    Progress, Users,
+};
+use workspace_gc::policy::{Policy, Reason, Verdict, decide};
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
+}
+
+fn claim() -> ClaimFacts {
+    ClaimFacts {
+        key: ObjectKey {
+            namespace: "ml".into(),
+            name: "nb-build-workspace".into(),
+        },
+        uid: "claim-uid".into(),
+        resource_version: "7".into(),
+        created: t0(),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        owner_references: Vec::new(),
+        deletion_timestamp: None,
+        requested_bytes: Some(1 << 30),
+    }
+}
+
+fn facts(owners: Vec<Owner>) -> Facts {
+    Facts {
+        claim: claim(),
+        owners,
+        users: Users::Known { pods: Vec::new() },
+    }
+}
+
+fn job(state: OwnerState) -> Owner {
+    Owner {
+        kind: OwnerKind::Job,
+        name: "nb".into(),
+        rule: LinkRule::Naming,
+        state,
+    }
+}
+
+fn run(state: OwnerState) -> Owner {
+    Owner {
+        kind: OwnerKind::Run,
+        name: "nb-build".into(),
+        rule: LinkRule::WorkspaceBinding,
+        state,
+    }
+}
+
+fn running() -> OwnerState {
+    OwnerState::Present {
+        uid: "u".into(),
+        progress: Progress::Running,
+    }
+}
+
+fn finished(at: Option<DateTime<Utc>>) -> OwnerState {
+    OwnerState::Present {
+        uid: "u".into(),
+        progress: Progress::Finished { at },
+    }
+}
+
+fn annotated(mut facts: Facts, key: &str, value: &str) -> Facts {
+    facts
+        .claim
+        .annotations
+        .insert(key.to_owned(), value.to_owned());
+    facts
+}
+
+fn with_pod(mut facts: Facts, phase: Option<&str>) -> Facts {
+    facts.users = Users::Known {
+        pods: vec![PodUse {
+            name: "affinity-assistant-0".into(),
+            phase: phase.map(str::to_owned),
+        }],
+    };
+    facts
+}
+
+fn hours(n: i64) -> Duration {
+    Duration::hours(n)
+}
+
+/// One row per reason: the facts, the moment, and the exact verdict expected.
+#[test]
+fn every_verdict_and_reason() {
+    let policy = Policy::default();
+    let at = |h: i64| t0() + hours(h);
+    let done_at_1h = || facts(vec![job(finished(Some(at(1)))), run(finished(Some(at(1))))]);
+    let rows: Vec<(&str, Facts, DateTime<Utc>, Verdict)> = vec![
+        (
+            "finished past its TTL",
+            done_at_1h(),
+            at(3),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(2)),
+            },
+        ),
+        (
+            "finished within its TTL",
+            done_at_1h(),
+            at(1) + Duration::minutes(30),
+            Verdict::Keep {
+                reason: Reason::WithinTtl,
+                recheck_at: Some(at(2)),
+            },
+        ),
+        (
+            "TTL runs from the later completion of run and job",
+            facts(vec![job(finished(Some(at(2)))), run(finished(Some(at(1))))]),
+            at(2) + Duration::minutes(59),
+            Verdict::Keep {
+                reason: Reason::WithinTtl,
+                recheck_at: Some(at(3)),
+            },
+        ),
+        (
+            "ttl annotation replaces the policy TTL",
+            annotated(done_at_1h(), annotations::TTL, "10m"),
+            at(1) + Duration::minutes(10),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(1) + Duration::minutes(10)),
+            },
+        ),
+        (
+            "owner running",
+            facts(vec![job(running()), run(finished(Some(at(1))))]),
+            at(5),
+            Verdict::Keep {
+                reason: Reason::OwnerRunning,
+                recheck_at: Some(t0() + policy.max_age),
+            },
+        ),
+        (
+            "max age deletes a run stuck running",
+            facts(vec![run(running())]),
+            t0() + policy.max_age,
+            Verdict::Delete {
+                reason: Reason::MaxAgeExceeded,
+                due_at: Some(t0() + policy.max_age),
+            },
+        ),
+        (
+            "owner referenced by UID is gone",
+            facts(vec![job(OwnerState::Gone)]),
+            at(0) + Duration::seconds(1),
+            Verdict::Delete {
+                reason: Reason::OwnerGone,
+                due_at: None,
+            },
+        ),
+        (
+            "orphan past its grace",
+            facts(vec![]),
+            t0() + Duration::minutes(10),
+            Verdict::Delete {
+                reason: Reason::Orphaned,
+                due_at: Some(t0() + Duration::minutes(10)),
+            },
+        ),
+        (
+            "young orphan",
+            facts(vec![]),
+            t0() + Duration::minutes(3),
+            Verdict::Keep {
+                reason: Reason::WithinOrphanGrace,
+                recheck_at: Some(t0() + Duration::minutes(10)),
+            },
+        ),
+        (
+            "expires annotation passed, owner still running",
+            annotated(
+                facts(vec![job(running())]),
+                annotations::EXPIRES,
+                "2026-11-01T13:00:00Z",
+            ),
+            at(1),
+            Verdict::Delete {
+                reason: Reason::Expired,
+                due_at: Some(at(1)),
+            },
+        ),
+        (
+            "expires annotation ahead is the recheck instant",
+            annotated(
+                facts(vec![job(running())]),
+                annotations::EXPIRES,
+                "2026-11-01T13:00:00Z",
+            ),
+            at(0),
+            Verdict::Keep {
+                reason: Reason::OwnerRunning,
+                recheck_at: Some(at(1)),
+            },
+        ),
+        (
+            "in use by a pending pod, however old",
+            with_pod(facts(vec![]), Some("Pending")),
+            t0() + Duration::days(365),
+            Verdict::Protected {
+                reason: Reason::InUse,
+            },
+        ),
+        (
+            "a pod with no phase yet counts as using it",
+            with_pod(facts(vec![]), None),
+            t0() + Duration::days(365),
+            Verdict::Protected {
+                reason: Reason::InUse,
+            },
+        ),
+        (
+            "a succeeded pod no longer uses it",
+            with_pod(facts(vec![]), Some("Succeeded")),
+            t0() + Duration::days(1),
+            Verdict::Delete {
+                reason: Reason::Orphaned,
+                due_at: Some(t0() + Duration::minutes(10)),
+            },
+        ),
+        (
+            "keep annotation",
+            annotated(facts(vec![]), annotations::KEEP, "true"),
+            t0() + Duration::days(365),
+            Verdict::Protected {
+                reason: Reason::KeepAnnotation,
+            },
+        ),
+        (
+            "invalid annotation",
+            annotated(done_at_1h(), annotations::TTL, "a while"),
+            t0() + Duration::days(365),
+            Verdict::Keep {
+                reason: Reason::InvalidAnnotation,
+                recheck_at: None,
+            },
+        ),
+        (
+            "already terminating",
+            {
+                let mut f = facts(vec![]);
+                f.claim.deletion_timestamp = Some(at(1));
+                f
+            },
+            t0() + Duration::days(365),
+            Verdict::Keep {
+                reason: Reason::AlreadyTerminating,
+                recheck_at: None,
+            },
+        ),
+        (
+            "owner unknown",
+            facts(vec![
+                job(OwnerState::Unknown {
+                    why: "cache not synced".into(),
+                }),
+                run(finished(Some(at(1)))),
+            ]),
+            t0() + Duration::days(365),
+            Verdict::Keep {
+                reason: Reason::OwnerUnknown,
+                recheck_at: None,
+            },
+        ),
+        (
+            "users unknown",
+            {
+                let mut f = facts(vec![]);
+                f.users = Users::Unknown {
+                    why: "forbidden".into(),
+                };
+                f
+            },
+            t0() + Duration::days(365),
+            Verdict::Keep {
+                reason: Reason::UsersUnknown,
+                recheck_at: None,
+            },
+        ),
+        (
+            "foreign owner",
+            {
+                let mut f = facts(vec![]);
+                f.claim.owner_references.push(OwnerRef {
+                    api_version: "apps/v1".into(),
+                    kind: "StatefulSet".into(),
+                    name: "db".into(),
+                    uid: "x".into(),
+                });
+                f
+            },
+            t0() + Duration::days(365),
+            Verdict::Keep {
+                reason: Reason::ForeignOwner,
+                recheck_at: None,
+            },
+        ),
+        (
+            "finished without completion time waits for max age",
+            facts(vec![run(finished(None))]),
+            at(5),
+            Verdict::Keep {
+                reason: Reason::CompletionTimeMissing,
+                recheck_at: Some(t0() + policy.max_age),
+            },
+        ),
+        (
+            "completion in the future is not expired",
+            facts(vec![run(finished(Some(at(10))))]),
+            at(5),
+            Verdict::Keep {
+                reason: Reason::CompletionInFuture,
+                recheck_at: Some(at(10)),
+            },
+        ),
+    ];
+    let mut covered = std::collections::BTreeSet::new();
+    for (name, facts, now, expected) in rows {
+        let decision = decide(&facts, &policy, now);
+        assert_eq!(decision.verdict, expected, "{name}");
+        covered.insert(expected.reason());
+    }
+    let missing: Vec<_> = Reason::ALL
+        .iter()
+        .filter(|r| !covered.contains(r))
+        .collect();
+    assert!(missing.is_empty(), "reasons without a row: {missing:?}");
+}
+
+#[test]
+fn details_name_what_is_wrong() {
+    let policy = Policy::default();
+    let bad = annotated(facts(vec![]), annotations::EXPIRES, "next tuesday");
+    let detail = decide(&bad, &policy, t0()).detail.unwrap();
+    assert!(detail.contains(annotations::EXPIRES), "{detail}");
+    assert!(detail.contains("next tuesday"), "{detail}");
+
+    let in_use = with_pod(facts(vec![]), Some("Running"));
+    let detail = decide(&in_use, &policy, t0()).detail.unwrap();
+    assert!(detail.contains("affinity-assistant-0"), "{detail}");
+}
+
+// ---- properties -------------------------------------------------------------------------
+
+fn any_instant() -> impl Strategy<Value = DateTime<Utc>> {
+    // Roughly ±2 years around t0, at nanosecond resolution, so boundaries are exercised.
+    (-63_072_000i64..63_072_000, 0u32..1_000_000_000)
+        .prop_map(|(s, ns)| t0() + Duration::seconds(s) + Duration::nanoseconds(ns.into()))
+}
+
+fn any_duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::zero()),
+        (0i64..2_000_000).prop_map(Duration::seconds),
+        Just(Duration::MAX),
+    ]
+}
+
+fn any_progress() -> impl Strategy<Value = Progress> {
+    prop_oneof![
+        Just(Progress::Running),
+        proptest::option::of(any_instant()).prop_map(|at| Progress::Finished { at }),
+    ]
+}
+
+fn any_state() -> impl Strategy<Value = OwnerState> {
+    prop_oneof![
+        4 => any_progress().prop_map(|progress| OwnerState::Present { uid: "u".into(), progress }),
+        1 => Just(OwnerState::Gone),
+        1 => Just(OwnerState::Unknown { why: "x".into() }),
+    ]
+}
+
+fn any_owner() -> impl Strategy<Value = Owner> {
+    (any::<bool>(), any_state())
+        .prop_map(|(is_job, state)| if is_job { job(state) } else { run(state) })
+}
+
+fn any_annotation() -> impl Strategy<Value = Option<(&'static str, String)>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => Just(Some((annotations::KEEP, "true".to_owned()))),
+        1 => Just(Some((annotations::KEEP, "false".to_owned()))),
+        1 => Just(Some((annotations::KEEP, "maybe".to_owned()))),
+        1 => (0u64..100_000).prop_map(|s| Some((annotations::TTL, format!("{s}s")))),
+        1 => Just(Some((annotations::TTL, "later".to_owned()))),
+        1 => any_instant().prop_map(|t| Some((annotations::EXPIRES, t.to_rfc3339()))),
+        1 => Just(Some((annotations::EXPIRES, "2026-13-01T00:00:00Z".to_owned()))),
+    ]
+}
+
+fn any_pods() -> impl Strategy<Value = Users> {
+    let phase = prop_oneof![
+        Just(None),
+        Just(Some("Pending".to_owned())),
+        Just(Some("Running".to_owned())),
+        Just(Some("Succeeded".to_owned())),
+        Just(Some("Failed".to_owned())),
+        Just(Some("Unknown".to_owned())),
+    ];
+    prop_oneof![
+        8 => proptest::collection::vec(phase, 0..3).prop_map(|phases| Users::Known {
+            pods: phases
+                .into_iter()
+                .enumerate()
+                .map(|(i, phase)| PodUse { name: format!("p{i}"), phase })
+                .collect(),
+        }),
+        1 => Just(Users::Unknown { why: "x".into() }),
+    ]
+}
+
+fn any_facts() -> impl Strategy<Value = Facts> {
+    (
+        any_instant(),
+        proptest::collection::vec(any_owner(), 0..3),
+        proptest::collection::vec(any_annotation(), 0..3),
+        any_pods(),
+        proptest::option::of(any_instant()),
+    )
+        .prop_map(|(created, owners, notes, users, deleting)| {
+            let mut facts = facts(owners);
+            facts.claim.created = created;
+            facts.claim.deletion_timestamp = deleting.filter(|_| created.timestamp() % 7 == 0);
+            for (key, value) in notes.into_iter().flatten() {
+                facts.claim.annotations.insert(key.to_owned(), value);
+            }
+            facts.users = users;
+            facts
+        })
+}
+
+fn any_policy() -> impl Strategy<Value = Policy> {
+    (any_duration(), any_duration(), any_duration()).prop_map(
+        |(ttl_after_finished, orphan_grace, max_age)| Policy {
+            ttl_after_finished,
+            orphan_grace,
+            max_age,
+        },
+    )
+}
+
+fn verdict_key(verdict: &Verdict) -> (workspace_gc::policy::VerdictState, Reason) {
+    (verdict.state(), verdict.reason())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Never delete a claim in use, kept, with a bad annotation, terminating, with an owner or
+    /// users of unknown state, or (with no owner found) younger than the orphan grace.
+    #[test]
+    fn never_deletes_what_must_be_kept(facts in any_facts(), policy in any_policy(), now in any_instant()) {
+        let verdict = decide(&facts, &policy, now).verdict;
+        if !verdict.is_delete() {
+            return Ok(());
+        }
+        let in_use = match &facts.users {
+            Users::Known { pods } => pods.iter().any(PodUse::is_active),
+            Users::Unknown { .. } => true,
+        };
+        prop_assert!(!in_use, "deleted a claim in use");
+        prop_assert!(facts.claim.deletion_timestamp.is_none(), "acted on a terminating claim");
+        let parsed = annotations::parse(&facts.claim.annotations);
+        prop_assert!(parsed.is_ok(), "deleted despite an invalid annotation");
+        prop_assert!(!parsed.unwrap().keep, "deleted a claim marked keep");
+        prop_assert!(
+            !facts.owners.iter().any(|o| matches!(o.state, OwnerState::Unknown { .. })),
+            "deleted with an owner of unknown state"
+        );
+        if verdict.reason() == Reason::Orphaned {
+            prop_assert!(facts.owners.is_empty());
+            prop_assert!(facts.claim.created.checked_add_signed(policy.orphan_grace).is_some_and(|due| due <= now));
+        }
+    }
+
+    /// The recheck instant lies in the future and is the exact boundary: a nanosecond before it
+    /// the verdict is unchanged, at it the verdict changes.
+    #[test]
+    fn recheck_is_the_exact_boundary(facts in any_facts(), policy in any_policy(), now in any_instant()) {
+        let verdict = decide(&facts, &policy, now).verdict;
+        if let Some(at) = verdict.recheck_at() {
+            prop_assert!(at > now, "recheck {at} not after now {now}");
+            let before = decide(&facts, &policy, at - Duration::nanoseconds(1)).verdict;
+            prop_assert_eq!(before, verdict);
+            let after = decide(&facts, &policy, at).verdict;
+            prop_assert_ne!(verdict_key(&after), verdict_key(&verdict));
+        }
+    }
+
+    /// Once due, a claim stays due as time passes (for the same facts).
+    #[test]
+    fn delete_is_monotone_in_time(facts in any_facts(), policy in any_policy(), now in any_instant(), later in 0i64..100_000_000) {
+        if decide(&facts, &policy, now).verdict.is_delete() {
+            let verdict = decide(&facts, &policy, now + Duration::seconds(later)).verdict;
+            prop_assert!(verdict.is_delete(), "{verdict:?}");
+        }
+    }
+
+    /// A verdict that is not delete and names no recheck does not change with time alone.
+    #[test]
+    fn no_recheck_means_time_does_not_matter(facts in any_facts(), policy in any_policy(), now in any_instant(), later in 0i64..100_000_000) {
+        let verdict = decide(&facts, &policy, now).verdict;
+        if !verdict.is_delete() && verdict.recheck_at().is_none() {
+            let after = decide(&facts, &policy, now + Duration::seconds(later)).verdict;
+            prop_assert_eq!(after, verdict);
+        }
+    }
+}
