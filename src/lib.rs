@@ -5,5 +5,9 @@
 //! module that mutates the cluster.
 
 pub mod annotations;
+pub mod cli;
+pub mod config;
 pub mod facts;
+pub mod labels;
 pub mod policy;
+pub mod quantity;

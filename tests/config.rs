@@ -1,0 +1,864 @@
+//! Configuration loading: the shipped default, precedence, every rejection and its message.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use workspace_gc::config::{Config, ConfigError, LabelSelector, LogFormat, Overrides};
+
+fn shipped() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml")
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Loads `text` as if from a file named `config.toml`, so messages are predictable.
+fn with_file(
+    text: &str,
+    vars: &[(&str, &str)],
+    overrides: &Overrides,
+) -> Result<Config, ConfigError> {
+    Config::parse(Some((Path::new("config.toml"), text)), env(vars), overrides)
+}
+
+fn file(text: &str) -> Result<Config, ConfigError> {
+    with_file(text, &[], &Overrides::default())
+}
+
+fn vars(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::parse(None, env(vars), &Overrides::default())
+}
+
+/// The error's message, which must start with `prefix` (location and key) and contain `detail`.
+#[track_caller]
+fn rejected(result: Result<Config, ConfigError>, prefix: &str, detail: &str) {
+    let message = result.expect_err("accepted").to_string();
+    assert!(
+        message.starts_with(prefix),
+        "{message:?} does not start with {prefix:?}"
+    );
+    assert!(
+        message.contains(detail),
+        "{message:?} does not contain {detail:?}"
+    );
+}
+
+#[test]
+fn shipped_config_is_the_default() {
+    let loaded = Config::load(Some(&shipped()), env(&[]), &Overrides::default()).unwrap();
+    assert_eq!(loaded, Config::default());
+    assert_eq!(loaded.creator.storage.bytes(), 1 << 30);
+    assert_eq!(
+        loaded.selector.label_selector.to_string(),
+        "mlops.redhat.com/build-workspace=true"
+    );
+}
+
+#[test]
+fn no_file_is_the_default() {
+    assert_eq!(vars(&[]).unwrap(), Config::default());
+    assert_eq!(file("").unwrap(), Config::default());
+}
+
+/// Every key of the shipped file can be set through its environment variable.
+#[test]
+fn every_key_has_an_environment_variable() {
+    let text = std::fs::read_to_string(shipped()).unwrap();
+    let table: toml::Table = text.parse().unwrap();
+    let mut vars = Vec::new();
+    for (section, keys) in &table {
+        for (key, value) in keys.as_table().unwrap() {
+            let raw = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Array(items) => items
+                    .iter()
+                    .map(|i| i.as_str().unwrap().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                toml::Value::Table(t) => t
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                other => other.to_string(),
+            };
+            vars.push((env_name(&format!("{section}.{key}")), raw));
+        }
+    }
+    assert_eq!(vars.len(), KEYS.len());
+    assert_eq!(
+        Config::parse(None, vars, &Overrides::default()).unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn effective_configuration_prints_as_toml_that_loads_back() {
+    let changed = with_file(
+        "[creator]\nstorage_class = \"fast\"\nlabels = { team = \"ml\" }\n",
+        &[
+            ("WORKSPACE_GC_POLICY_MAX_AGE", "3d 4h"),
+            ("WORKSPACE_GC_SELECTOR_LABEL_SELECTOR", "a in (x, y),!b"),
+            ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "0.25"),
+            ("WORKSPACE_GC_SELECTOR_NAMESPACES", "a,b"),
+            ("WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE", "gc"),
+        ],
+        &Overrides::default(),
+    )
+    .unwrap();
+    for config in [Config::default(), changed] {
+        let printed = toml::to_string(&config).unwrap();
+        assert_eq!(file(&printed).unwrap(), config, "{printed}");
+    }
+}
+
+#[test]
+fn environment_overrides_file_and_flags_override_both() {
+    let text = "[http]\nlisten = \"127.0.0.1:1\"\n[selector]\nnamespaces = [\"a\"]\n\
+                [deletion]\ndry_run = false\n[policy]\nmax_age = \"3d\"\n";
+    let vars = [
+        ("WORKSPACE_GC_HTTP_LISTEN", "127.0.0.1:2"),
+        ("WORKSPACE_GC_SELECTOR_NAMESPACES", "b, c"),
+        ("WORKSPACE_GC_DELETION_DRY_RUN", "true"),
+        ("PATH", "/usr/bin"),
+        ("WORKSPACE_GC_CONFIG", "ignored.toml"),
+    ];
+    let flags = Overrides {
+        listen: Some("127.0.0.1:3".parse().unwrap()),
+        namespaces: Some(vec!["d".into()]),
+        ..Overrides::default()
+    };
+
+    let only_file = file(text).unwrap();
+    assert_eq!(only_file.http.listen.port(), 1);
+    assert_eq!(only_file.selector.namespaces, ["a"]);
+    assert!(!only_file.deletion.dry_run);
+    assert_eq!(only_file.policy.max_age, Duration::from_secs(3 * 86400));
+
+    let with_env = with_file(text, &vars, &Overrides::default()).unwrap();
+    assert_eq!(with_env.http.listen.port(), 2);
+    assert_eq!(with_env.selector.namespaces, ["b", "c"]);
+    assert!(with_env.deletion.dry_run);
+    assert_eq!(with_env.policy.max_age, Duration::from_secs(3 * 86400));
+
+    let with_flags = with_file(text, &vars, &flags).unwrap();
+    assert_eq!(with_flags.http.listen.port(), 3);
+    assert_eq!(with_flags.selector.namespaces, ["d"]);
+    assert!(with_flags.deletion.dry_run);
+
+    // An empty list in the environment clears the file's list.
+    let cleared = with_file(
+        text,
+        &[("WORKSPACE_GC_SELECTOR_NAMESPACES", "")],
+        &Overrides::default(),
+    );
+    assert!(cleared.unwrap().selector.namespaces.is_empty());
+}
+
+#[test]
+fn zero_ttl_is_allowed() {
+    let config = vars(&[("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", "0s")]).unwrap();
+    assert_eq!(config.policy.ttl_after_finished, Duration::ZERO);
+    assert_eq!(config.policy().ttl_after_finished, chrono::Duration::zero());
+}
+
+#[test]
+fn values_of_every_kind_load() {
+    let config = file(
+        r#"
+[selector]
+label_selector = "mlops.redhat.com/build-workspace in (true), tier != test"
+exclude_namespaces = ["kube-system"]
+[deletion]
+dry_run = true
+server_side_dry_run = true
+deletes_per_second = 2
+max_deletions_per_window = 7
+[leader_election]
+enabled = false
+lease_namespace = "ops"
+lease_duration = "1m"
+[http]
+listen = "[::1]:9100"
+[logging]
+format = "json"
+level = "workspace_gc=debug,kube=info"
+[creator]
+storage = "500Mi"
+storage_class = "fast.ssd"
+labels = { "example.com/team" = "ml", empty = "" }
+annotations = { "example.com/note" = "anything, at all" }
+"#,
+    )
+    .unwrap();
+    assert_eq!(config.deletion.deletes_per_second, 2.0);
+    assert_eq!(config.deletion.max_deletions_per_window, 7);
+    assert!(config.deletion.server_side_dry_run);
+    assert_eq!(config.leader_election.lease_namespace(Some("pod")), "ops");
+    assert_eq!(
+        config.leader_election.lease_duration,
+        Duration::from_secs(60)
+    );
+    assert_eq!(config.logging.format, LogFormat::Json);
+    assert_eq!(config.creator.storage.bytes(), 500 << 20);
+    assert_eq!(config.creator.storage.as_str(), "500Mi");
+    assert_eq!(config.creator.storage_class.as_deref(), Some("fast.ssd"));
+    assert_eq!(config.creator.labels["empty"], "");
+    assert!(config.selector.includes_namespace("ml"));
+    assert!(!config.selector.includes_namespace("kube-system"));
+}
+
+#[test]
+fn unreadable_file_names_the_path() {
+    let missing = Path::new("/nonexistent/workspace-gc.toml");
+    let error = Config::load(Some(missing), env(&[]), &Overrides::default()).unwrap_err();
+    assert!(matches!(error, ConfigError::Read { .. }));
+    assert!(
+        error
+            .to_string()
+            .starts_with("/nonexistent/workspace-gc.toml: cannot read"),
+        "{error}"
+    );
+}
+
+#[test]
+fn loaded_file_errors_name_the_given_path_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gc.toml");
+    std::fs::write(&path, "\n[policy]\nmax_age = \"0s\"\n").unwrap();
+    let error = Config::load(Some(&path), env(&[]), &Overrides::default()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}:3: policy.max_age: \"0s\" must be greater than zero",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn file_shape_errors_name_key_and_line() {
+    rejected(
+        file("[policy]\nmax_age = \"1d\"\nmaxage = \"2d\"\n"),
+        "config.toml:3: policy.maxage: ",
+        "unknown field `maxage`, expected one of",
+    );
+    rejected(
+        file("\n[polcy]\n"),
+        "config.toml:2: polcy: ",
+        "unknown field `polcy`",
+    );
+    rejected(
+        file("policy.max_age = \"1d\"\npolicy.bogus = 1\n"),
+        "config.toml:2: policy.bogus: ",
+        "unknown field `bogus`",
+    );
+    rejected(
+        file("[deletion]\ndry_run = \"yes\"\n"),
+        "config.toml:2: deletion.dry_run: ",
+        "invalid type: string \"yes\", expected a boolean",
+    );
+    rejected(
+        file("[selector]\nnamespaces = [\"a\",\n  7]\n"),
+        "config.toml:3: selector.namespaces: ",
+        "invalid type: integer `7`",
+    );
+    rejected(
+        file("policy = 3\n"),
+        "config.toml:1: policy: ",
+        "invalid type",
+    );
+    rejected(
+        file("[deletion]\nmax_deletions_per_window = -1\n"),
+        "config.toml:2: deletion.max_deletions_per_window: ",
+        "invalid value: integer `-1`",
+    );
+    rejected(
+        file("[policy]\nmax_age = \"1d\"\nmax_age = \"2d\"\n"),
+        "config.toml:3: not valid TOML: ",
+        "duplicate key",
+    );
+    rejected(file("[policy\n"), "config.toml:1: not valid TOML: ", "");
+}
+
+#[test]
+fn unknown_environment_variables_are_named() {
+    for var in [
+        "WORKSPACE_GC_POLICY_MAXAGE",
+        "WORKSPACE_GC_policy_max_age",
+        "WORKSPACE_GC_",
+        "WORKSPACE_GC_BOGUS_KEY",
+        "WORKSPACE_GC_POLICY",
+    ] {
+        rejected(
+            vars(&[(var, "1d")]),
+            &format!("${var}: unknown environment variable"),
+            "WORKSPACE_GC_<SECTION>_<KEY>",
+        );
+    }
+}
+
+/// `(section, key, bad value as TOML, expected detail)`: each is rejected from the file with its
+/// line, and from the environment (when the value has an environment form) with its variable.
+const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
+    (
+        "selector",
+        "label_selector",
+        r#""a=b,""#,
+        "is not a valid label selector",
+    ),
+    (
+        "selector",
+        "label_selector",
+        r#""a in (b""#,
+        "is not a valid label selector",
+    ),
+    (
+        "selector",
+        "label_selector",
+        r#""Bad Key=x""#,
+        "is not a valid label selector",
+    ),
+    (
+        "selector",
+        "label_selector",
+        r#""""#,
+        "is empty, and would select every object",
+    ),
+    (
+        "selector",
+        "label_selector",
+        r#""!a,b!=c""#,
+        "would select claims without any required label",
+    ),
+    (
+        "selector",
+        "namespaces",
+        r#"["ok", "Not_OK"]"#,
+        "\"Not_OK\" is not a valid namespace name",
+    ),
+    (
+        "selector",
+        "exclude_namespaces",
+        r#"["-x"]"#,
+        "\"-x\" is not a valid namespace name",
+    ),
+    (
+        "policy",
+        "ttl_after_finished",
+        r#""1 hour and a bit""#,
+        "is not a duration",
+    ),
+    (
+        "policy",
+        "ttl_after_finished",
+        r#""-1h""#,
+        "is not a duration",
+    ),
+    (
+        "policy",
+        "ttl_after_finished",
+        r#""1000y""#,
+        "is too long; expected at most 100 years",
+    ),
+    (
+        "policy",
+        "orphan_grace",
+        r#""0s""#,
+        "\"0s\" must be greater than zero",
+    ),
+    (
+        "policy",
+        "max_age",
+        r#""0""#,
+        "\"0\" must be greater than zero",
+    ),
+    (
+        "policy",
+        "max_age",
+        r#""5m""#,
+        "policy.max_age (5m) is shorter than policy.orphan_grace (10m)",
+    ),
+    (
+        "deletion",
+        "deletes_per_second",
+        "0.0",
+        "0 must be a finite number greater than zero",
+    ),
+    (
+        "deletion",
+        "deletes_per_second",
+        "-1.0",
+        "-1 must be a finite number greater than zero",
+    ),
+    (
+        "deletion",
+        "deletes_per_second",
+        "inf",
+        "inf must be a finite number greater than zero",
+    ),
+    (
+        "deletion",
+        "deletes_per_second",
+        "nan",
+        "NaN must be a finite number greater than zero",
+    ),
+    (
+        "deletion",
+        "max_deletions_per_window",
+        "0",
+        "0 must be at least 1",
+    ),
+    (
+        "deletion",
+        "window",
+        r#""0ms""#,
+        "\"0ms\" must be greater than zero",
+    ),
+    (
+        "deletion",
+        "server_side_dry_run",
+        "true",
+        "expected dry_run = true as well",
+    ),
+    (
+        "leader_election",
+        "lease_name",
+        r#""Lease_1""#,
+        "is not a valid Lease name",
+    ),
+    (
+        "leader_election",
+        "lease_namespace",
+        r#""a.b""#,
+        "is not a valid namespace name",
+    ),
+    (
+        "leader_election",
+        "lease_duration",
+        r#""0s""#,
+        "must be a whole number of seconds from 2s to 1h",
+    ),
+    (
+        "leader_election",
+        "lease_duration",
+        r#""1500ms""#,
+        "must be a whole number of seconds from 2s to 1h",
+    ),
+    (
+        "leader_election",
+        "lease_duration",
+        r#""2h""#,
+        "must be a whole number of seconds from 2s to 1h",
+    ),
+    (
+        "http",
+        "listen",
+        r#""localhost:8080""#,
+        "is not a socket address; expected IP:PORT",
+    ),
+    ("http", "listen", r#""0.0.0.0""#, "is not a socket address"),
+    (
+        "logging",
+        "format",
+        r#""text""#,
+        "\"text\" is not a log format; expected \"human\" or \"json\"",
+    ),
+    (
+        "logging",
+        "level",
+        r#""workspace_gc=loud""#,
+        "is not a log filter",
+    ),
+    (
+        "logging",
+        "level",
+        r#""""#,
+        "is empty; expected a log filter",
+    ),
+    (
+        "creator",
+        "storage",
+        r#""1GB""#,
+        "\"1GB\" is not a quantity",
+    ),
+    (
+        "creator",
+        "storage",
+        r#""0""#,
+        "\"0\" is zero, negative or too large",
+    ),
+    (
+        "creator",
+        "storage",
+        r#""-1Gi""#,
+        "is zero, negative or too large",
+    ),
+    (
+        "creator",
+        "storage_class",
+        r#""Fast SSD""#,
+        "is not a valid storage class name",
+    ),
+    (
+        "creator",
+        "labels",
+        r#"{ "-bad" = "x" }"#,
+        "\"-bad\" is not a valid label key",
+    ),
+    (
+        "creator",
+        "labels",
+        r#"{ "a/b/c" = "x" }"#,
+        "\"a/b/c\" is not a valid label key",
+    ),
+    (
+        "creator",
+        "labels",
+        r#"{ ok = "not ok" }"#,
+        "\"not ok\" (of \"ok\") is not a valid label value",
+    ),
+    (
+        "creator",
+        "annotations",
+        r#"{ "bad key" = "x" }"#,
+        "\"bad key\" is not a valid annotation key",
+    ),
+];
+
+#[test]
+fn bad_values_from_the_file_name_key_and_line() {
+    for (section, key, value, detail) in BAD_VALUES {
+        let text = format!("# comment\n[{section}]\n{key} = {value}\n");
+        rejected(
+            file(&text),
+            &format!("config.toml:3: {section}.{key}: "),
+            detail,
+        );
+    }
+}
+
+#[test]
+fn bad_values_from_the_environment_name_variable_and_key() {
+    for (section, key, value, detail) in BAD_VALUES {
+        // The environment form of a TOML value: strings unquoted, lists and tables flattened.
+        if value.starts_with(['[', '{']) {
+            continue; // covered by bad_environment_forms_are_named
+        }
+        let raw = value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(value);
+        let var = env_name(&format!("{section}.{key}"));
+        rejected(
+            vars(&[(&var, raw)]),
+            &format!("${var}: {section}.{key}: "),
+            detail,
+        );
+    }
+}
+
+#[test]
+fn bad_environment_forms_are_named() {
+    for (var, raw, key, detail) in [
+        (
+            "WORKSPACE_GC_DELETION_DRY_RUN",
+            "yes",
+            "deletion.dry_run",
+            "\"yes\" is not a boolean; expected \"true\" or \"false\"",
+        ),
+        (
+            "WORKSPACE_GC_DELETION_DELETES_PER_SECOND",
+            "fast",
+            "deletion.deletes_per_second",
+            "is not a number",
+        ),
+        (
+            "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+            "-1",
+            "deletion.max_deletions_per_window",
+            "is not a whole number",
+        ),
+        (
+            "WORKSPACE_GC_CREATOR_LABELS",
+            "team",
+            "creator.labels",
+            "\"team\" is not a key=value pair",
+        ),
+        (
+            "WORKSPACE_GC_SELECTOR_NAMESPACES",
+            "a,,b",
+            "selector.namespaces",
+            "\"\" is not a valid namespace name",
+        ),
+        (
+            "WORKSPACE_GC_CREATOR_LABELS",
+            "-x=y",
+            "creator.labels",
+            "is not a valid label key",
+        ),
+    ] {
+        rejected(vars(&[(var, raw)]), &format!("${var}: {key}: "), detail);
+    }
+}
+
+#[test]
+fn conflicts_blame_the_value_set_last() {
+    let text = "[selector]\nnamespaces = [\"a\"]\nexclude_namespaces = [\"b\", \"a\"]\n";
+    rejected(
+        file(text),
+        "config.toml:3: selector.exclude_namespaces: ",
+        "namespace \"a\" is both in selector.namespaces and in selector.exclude_namespaces",
+    );
+
+    let flags = Overrides {
+        namespaces: Some(vec!["b".into()]),
+        ..Overrides::default()
+    };
+    rejected(
+        with_file(text, &[], &flags),
+        "--namespace: selector.namespaces: ",
+        "namespace \"b\" is both",
+    );
+
+    let grace = [("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "8d")];
+    rejected(
+        vars(&grace),
+        "$WORKSPACE_GC_POLICY_ORPHAN_GRACE: policy.orphan_grace: ",
+        "policy.max_age (7days) is shorter than policy.orphan_grace (8days)",
+    );
+
+    let flags = Overrides {
+        server_side_dry_run: Some(true),
+        ..Overrides::default()
+    };
+    rejected(
+        with_file("[deletion]\ndry_run = false\n", &[], &flags),
+        "--server-side-dry-run: deletion.server_side_dry_run: ",
+        "expected dry_run = true as well",
+    );
+    let both = Overrides {
+        dry_run: Some(true),
+        ..flags
+    };
+    assert!(
+        with_file("[deletion]\ndry_run = false\n", &[], &both)
+            .unwrap()
+            .deletion
+            .server_side_dry_run
+    );
+}
+
+#[test]
+fn bad_flag_values_name_the_flag() {
+    let flags = Overrides {
+        log_level: Some("x=nope".into()),
+        ..Overrides::default()
+    };
+    rejected(
+        Config::parse(None, env(&[]), &flags),
+        "--log-level: logging.level: ",
+        "is not a log filter",
+    );
+    let flags = Overrides {
+        lease_namespace: Some("NS".into()),
+        ..Overrides::default()
+    };
+    rejected(
+        Config::parse(None, env(&[]), &flags),
+        "--lease-namespace: leader_election.lease_namespace: ",
+        "\"NS\" is not a valid namespace name",
+    );
+}
+
+#[test]
+fn selector_parses_prints_and_matches() {
+    let selector: LabelSelector =
+        " app in (b, a) , tier!=test,!legacy , mlops.redhat.com/build-workspace==true"
+            .parse()
+            .unwrap();
+    assert_eq!(
+        selector.to_string(),
+        "app in (a,b),tier!=test,!legacy,mlops.redhat.com/build-workspace=true"
+    );
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(selector.matches(&labels(&[
+        ("app", "a"),
+        ("mlops.redhat.com/build-workspace", "true")
+    ])));
+    assert!(!selector.matches(&labels(&[
+        ("app", "a"),
+        ("mlops.redhat.com/build-workspace", "true"),
+        ("legacy", "")
+    ])));
+    assert!(!selector.matches(&labels(&[
+        ("app", "c"),
+        ("mlops.redhat.com/build-workspace", "true")
+    ])));
+    assert!(!selector.matches(&labels(&[
+        ("app", "a"),
+        ("tier", "test"),
+        ("mlops.redhat.com/build-workspace", "true")
+    ])));
+    assert!(!selector.matches(&BTreeMap::new()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties
+
+const KEYS: &[&str] = &[
+    "selector.label_selector",
+    "selector.namespaces",
+    "selector.exclude_namespaces",
+    "policy.ttl_after_finished",
+    "policy.orphan_grace",
+    "policy.max_age",
+    "deletion.dry_run",
+    "deletion.server_side_dry_run",
+    "deletion.deletes_per_second",
+    "deletion.max_deletions_per_window",
+    "deletion.window",
+    "leader_election.enabled",
+    "leader_election.lease_name",
+    "leader_election.lease_namespace",
+    "leader_election.lease_duration",
+    "http.listen",
+    "logging.format",
+    "logging.level",
+    "creator.storage",
+    "creator.storage_class",
+    "creator.labels",
+    "creator.annotations",
+];
+
+fn env_name(key: &str) -> String {
+    format!("WORKSPACE_GC_{}", key.replace('.', "_").to_uppercase())
+}
+
+/// Text that looks like a configuration file often enough to reach every stage: mostly
+/// `section.key = value` lines (dotted keys, so repeated sections stay valid TOML), with values
+/// near the accepted forms, and some noise.
+fn tomlish() -> impl Strategy<Value = String> {
+    let key = prop_oneof![
+        8 => prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned),
+        1 => "[a-z_]{1,8}\\.[a-z_]{1,8}",
+    ];
+    let value = prop_oneof![
+        "\"[0-9]{1,4}(ns|ms|s|m|h|d|w|y|Ki|Mi|Gi|e9|)\"",
+        "\"[a-z0-9=!,() ./-]{0,16}\"",
+        "\"[0-9.:\\[\\]]{0,14}\"",
+        "-?[0-9]{1,25}(\\.[0-9]{1,5})?(e[0-9]{1,3})?",
+        prop::sample::select(vec!["inf", "nan", "true", "false", "\"json\"", "\"info\""])
+            .prop_map(str::to_owned),
+        "\\[(\"[a-z-]{0,5}\", ?){0,3}\\]",
+        "\\{ ?(\"[ -~]{0,6}\" = \"[ -~]{0,6}\")? ?\\}",
+    ];
+    let line = prop_oneof![
+        8 => (key, value).prop_map(|(k, v)| format!("{k} = {v}")),
+        1 => prop::sample::select(vec!["[policy]", "[creator.labels]", "[[policy]]", "[bogus", "#"]).prop_map(str::to_owned),
+        1 => "\\PC{0,20}",
+    ];
+    prop::collection::vec(line, 0..8).prop_map(|lines| lines.join("\n"))
+}
+
+fn env_vars() -> impl Strategy<Value = Vec<(String, String)>> {
+    let var = prop_oneof![
+        prop::sample::select(KEYS.to_vec()).prop_map(env_name),
+        "WORKSPACE_GC_[A-Z_]{0,10}",
+        "[A-Z_]{1,10}",
+    ];
+    let value = prop_oneof!["\\PC{0,16}", "[0-9a-z=,. ()!-]{0,16}"];
+    prop::collection::vec((var, value), 0..4)
+}
+
+proptest! {
+    #[test]
+    fn loading_never_panics(text in tomlish(), vars in env_vars()) {
+        if let Err(error) = Config::parse(Some((Path::new("c.toml"), &text)), vars, &Overrides::default()) {
+            let message = error.to_string();
+            prop_assert!(!message.is_empty());
+        }
+    }
+
+    #[test]
+    fn loading_arbitrary_text_never_panics(text in "\\PC{0,200}") {
+        let _ = Config::parse(Some((Path::new("c.toml"), &text)), Vec::new(), &Overrides::default());
+    }
+
+    #[test]
+    fn arbitrary_selectors_never_panic(text in "[a-z0-9=!,() ./<>_-]{0,30}") {
+        if let Ok(selector) = text.parse::<LabelSelector>() {
+            prop_assert_eq!(selector.to_string().parse::<LabelSelector>(), Ok(selector));
+        }
+    }
+
+    #[test]
+    fn selector_round_trips_and_matches(
+        requirements in prop::collection::vec((label_key(), 0..7u8, prop::collection::btree_set("[a-z0-9]([a-z0-9._-]{0,4}[a-z0-9])?", 1..4)), 1..5),
+        labels in prop::collection::btree_map(prop::sample::select(vec!["a", "b", "x.io/c"]), "[a-z0-9]{0,2}", 0..3),
+    ) {
+        let labels: BTreeMap<String, String> = labels.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let mut text = Vec::new();
+        let mut expected = true;
+        for (key, op, values) in &requirements {
+            let first = values.iter().next().unwrap();
+            let joined = values.iter().cloned().collect::<Vec<_>>().join(" , ");
+            let value = labels.get(key);
+            let (part, holds) = match op {
+                0 => (format!("{key} = {first}"), value == Some(first)),
+                1 => (format!("{key}=={first}"), value == Some(first)),
+                2 => (format!("{key} != {first}"), value != Some(first)),
+                3 => (format!("{key} in ( {joined} )"), value.is_some_and(|v| values.contains(v))),
+                4 => (format!("{key} notin ({joined})"), value.is_none_or(|v| !values.contains(v))),
+                5 => (format!("!{key}"), value.is_none()),
+                _ => (key.clone(), value.is_some()),
+            };
+            text.push(part);
+            expected &= holds;
+        }
+        let parsed: LabelSelector = text.join(" , ").parse().unwrap();
+        let canonical = parsed.to_string();
+        let reparsed: LabelSelector = canonical.parse().unwrap();
+        prop_assert_eq!(&reparsed, &parsed);
+        prop_assert_eq!(reparsed.to_string(), canonical);
+        prop_assert_eq!(parsed.matches(&labels), expected);
+    }
+
+    #[test]
+    fn printed_configuration_loads_back(
+        minutes in 1u64..100_000, rate in 0.001f64..1e6, cap in 1u32.., dry in any::<bool>(),
+        namespaces in prop::collection::vec("[a-z]([a-z0-9-]{0,8}[a-z0-9])?", 0..3),
+    ) {
+        let vars = vec![
+            ("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED".to_owned(), format!("{minutes}m")),
+            ("WORKSPACE_GC_POLICY_MAX_AGE".to_owned(), format!("{}m", minutes + 10)),
+            ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND".to_owned(), rate.to_string()),
+            ("WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW".to_owned(), cap.to_string()),
+            ("WORKSPACE_GC_DELETION_DRY_RUN".to_owned(), dry.to_string()),
+            ("WORKSPACE_GC_SELECTOR_NAMESPACES".to_owned(), namespaces.join(",")),
+        ];
+        let config = Config::parse(None, vars, &Overrides::default()).unwrap();
+        let printed = toml::to_string(&config).unwrap();
+        prop_assert_eq!(file(&printed).unwrap(), config);
+    }
+}
+
+fn label_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("a".to_owned()),
+        Just("b".to_owned()),
+        Just("x.io/c".to_owned()),
+        "[a-z]{1,5}(\\.[a-z0-9]{1,5})?/[A-Za-z0-9]([A-Za-z0-9_.-]{0,6}[A-Za-z0-9])?",
+    ]
+}
