@@ -1,0 +1,364 @@
+//! Starting and reaching the control plane, and per-test namespaces.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde::de::DeserializeOwned;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane");
+
+/// What a dedicated control plane runs besides etcd and kube-apiserver.
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneOptions {
+    /// Run kube-controller-manager (garbage collector, PVC protection, namespace deletion,
+    /// service accounts).
+    pub controller_manager: bool,
+    /// Extra kube-apiserver flags, e.g. `--etcd-compaction-interval=1s`.
+    pub apiserver_args: Vec<String>,
+}
+
+/// A local etcd + kube-apiserver (+ optionally kube-controller-manager) started by
+/// `scripts/control-plane up`. Its processes are stopped by a watchdog when the test process
+/// exits, however it exits; a dedicated one is also stopped when dropped.
+pub struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    config: Config,
+    dedicated: bool,
+}
+
+impl ControlPlane {
+    /// The control plane shared by all tests of this test binary, started on first use. It runs
+    /// kube-controller-manager, as every real cluster does: without its PVC-protection
+    /// controller a deleted claim would stay Terminating forever (the admission plugin adds
+    /// the `kubernetes.io/pvc-protection` finalizer).
+    pub fn shared() -> &'static ControlPlane {
+        // A failed start is remembered, so the other tests fail at once with its message
+        // instead of each retrying a slow start.
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
+            std::panic::catch_unwind(|| {
+                Self::launch(&ControlPlaneOptions {
+                    controller_manager: true,
+                    ..ControlPlaneOptions::default()
+                })
+            })
+            .map(|mut control_plane| {
+                control_plane.dedicated = false;
+                control_plane
+            })
+            .map_err(|panic| {
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default()
+            })
+        });
+        match shared {
+            Ok(control_plane) => control_plane,
+            Err(message) => panic!("the shared control plane failed to start: {message}"),
+        }
+    }
+
+    /// A control plane for one test alone, stopped on drop. Use it when a test needs
+    /// kube-controller-manager or changes cluster-wide state.
+    pub fn start(with_controller_manager: bool) -> ControlPlane {
+        Self::start_with(&ControlPlaneOptions {
+            controller_manager: with_controller_manager,
+            ..ControlPlaneOptions::default()
+        })
+    }
+
+    /// A dedicated control plane with the given options, stopped on drop.
+    pub fn start_with(options: &ControlPlaneOptions) -> ControlPlane {
+        Self::launch(options)
+    }
+
+    fn launch(options: &ControlPlaneOptions) -> ControlPlane {
+        ensure_binaries();
+        let dir = tempfile::Builder::new()
+            .prefix("workspace-gc-control-plane-")
+            .tempdir()
+            .expect("create a directory for the control plane")
+            // The script's `down` (or its watchdog) removes it.
+            .keep();
+        let mut up = Command::new(SCRIPT);
+        up.arg("up")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string());
+        if options.controller_manager {
+            up.arg("--controller-manager");
+        }
+        for arg in &options.apiserver_args {
+            up.arg("--apiserver-arg").arg(arg);
+        }
+        let output = up
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {SCRIPT}: {e}"));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "`{SCRIPT} up` failed ({}):\n{stderr}",
+            output.status
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let kubeconfig = PathBuf::from(
+            stdout
+                .lines()
+                .last()
+                .unwrap_or_else(|| panic!("`{SCRIPT} up` printed no kubeconfig path:\n{stderr}"))
+                .trim(),
+        );
+        let config = load_config(&kubeconfig);
+        ControlPlane {
+            dir,
+            kubeconfig,
+            config,
+            dedicated: true,
+        }
+    }
+
+    /// A client with cluster-admin rights (system:masters).
+    ///
+    /// A new client per call: a kube client belongs to the Tokio runtime it was created on, and
+    /// every `#[tokio::test]` has its own runtime. Must be called inside a Tokio runtime.
+    pub fn client(&self) -> Client {
+        Client::try_from(self.config.clone()).expect("build a client for the control plane")
+    }
+
+    /// The admin kubeconfig, for processes such as the daemon's binary or kubectl.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory holding the control plane's certificates, logs and data.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A kubeconfig authenticating as ServiceAccount `namespace/name` (created if missing) with a
+    /// bound token from the TokenRequest API. It carries no rights beyond what RBAC grants that
+    /// account, so tests can check the daemon's Role as the daemon's own identity.
+    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client(), namespace);
+        create_if_missing(
+            &accounts,
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(name.to_owned()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                // Longer than any test; the audience defaults to the API server's.
+                expiration_seconds: Some(24 * 3600),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let token = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("request a token for {namespace}/{name}: {e}"))
+            .status
+            .and_then(|status| status.token)
+            .expect("the TokenRequest response carries a token");
+
+        let admin = Kubeconfig::read_from(&self.kubeconfig).expect("read the admin kubeconfig");
+        let ca = admin
+            .clusters
+            .first()
+            .and_then(|named| named.cluster.as_ref())
+            .and_then(|cluster| cluster.certificate_authority_data.clone())
+            .expect("the admin kubeconfig embeds the cluster CA");
+        let server = self.config.cluster_url.to_string();
+        let server = server.trim_end_matches('/');
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let path = self
+            .dir
+            .join(format!("serviceaccount-{namespace}-{name}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+  - name: workspace-gc-test
+    cluster:
+      server: {server}
+      certificate-authority-data: {ca}
+users:
+  - name: \"{user}\"
+    user:
+      token: {token}
+contexts:
+  - name: workspace-gc-test
+    context:
+      cluster: workspace-gc-test
+      user: \"{user}\"
+      namespace: {namespace}
+current-context: workspace-gc-test
+"
+        );
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        path
+    }
+
+    /// A client authenticating as ServiceAccount `namespace/name`; see
+    /// [`Self::service_account_kubeconfig`].
+    pub async fn service_account_client(&self, namespace: &str, name: &str) -> Client {
+        let path = self.service_account_kubeconfig(namespace, name).await;
+        Client::try_from(load_config(&path)).expect("build a service-account client")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if !self.dedicated {
+            return;
+        }
+        // Errors are only reported: panicking in drop would abort a test that is unwinding.
+        match Command::new(SCRIPT)
+            .arg("down")
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => eprintln!(
+                "`{SCRIPT} down` failed ({}):\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(e) => eprintln!("run {SCRIPT} down: {e}"),
+        }
+    }
+}
+
+/// Builds the binaries if the cache misses, with progress on the terminal: a cold build takes
+/// many minutes and should not look like a hung test.
+fn ensure_binaries() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let status = Command::new(SCRIPT)
+            .arg("build")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status()
+            .unwrap_or_else(|e| panic!("run {SCRIPT} build: {e}"));
+        assert!(status.success(), "`{SCRIPT} build` failed ({status})");
+    });
+}
+
+fn load_config(kubeconfig: &Path) -> Config {
+    let parsed = Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
+    // Loading an already-parsed kubeconfig does no I/O, so blocking on it is harmless even
+    // inside a Tokio runtime.
+    let mut config = futures::executor::block_on(Config::from_custom_kubeconfig(
+        parsed,
+        &KubeConfigOptions::default(),
+    ))
+    .unwrap_or_else(|e| panic!("load {}: {e}", kubeconfig.display()));
+    // An HTTPS_PROXY from the environment must not intercept 127.0.0.1.
+    config.proxy_url = None;
+    config
+}
+
+/// Creates `object`, treating "already exists" as success.
+async fn create_if_missing<K>(api: &Api<K>, object: &K)
+where
+    K: Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(e) => panic!("create {object:?}: {e}"),
+    }
+}
+
+/// A namespace of its own for one test, named `{prefix}-xxxxx` by the API server.
+///
+/// It is not deleted afterwards: the whole control plane is thrown away when the test binary
+/// exits, and on a control plane without kube-controller-manager a namespace never finishes
+/// terminating anyway.
+pub struct TestNamespace {
+    name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    /// Creates the namespace. `prefix` must be a DNS label of at most 57 characters.
+    pub async fn new(control_plane: &ControlPlane, prefix: &str) -> TestNamespace {
+        let client = control_plane.client();
+        let namespace = Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        generate_name: Some(format!("{prefix}-")),
+                        ..ObjectMeta::default()
+                    },
+                    ..Namespace::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create a namespace {prefix}-*: {e}"));
+        let name = namespace
+            .metadata
+            .name
+            .expect("a created namespace has a name");
+        // ServiceAccount admission rejects pods whose account does not exist; without
+        // kube-controller-manager nothing creates `default`, with it its creation races the
+        // test's first pod.
+        create_if_missing(
+            &Api::<ServiceAccount>::namespaced(client.clone(), &name),
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some("default".to_owned()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await;
+        TestNamespace { name, client }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The admin client this namespace was created with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A typed API for namespaced objects in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// A dynamic API in this namespace, e.g. for [`super::notebook_validation_job_resource`].
+    pub fn dynamic_api(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.name, resource)
+    }
+}

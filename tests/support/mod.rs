@@ -1,0 +1,38 @@
+//! Test support: a real local control plane (`scripts/control-plane`), per-test namespaces, and
+//! builders for the objects workspace-gc reads. Included by integration tests with `mod support;`.
+// Each test binary compiles this module but uses only part of it.
+#![allow(dead_code)]
+
+mod cluster;
+mod objects;
+
+// Each test binary uses a different subset of these re-exports, too.
+#[allow(unused_imports)]
+pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace};
+#[allow(unused_imports)]
+pub use objects::{
+    BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
+    notebook_validation_job_resource, pipeline_run_resource,
+};
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Polls `condition` every 100 ms until it returns true or `timeout` passes; returns whether it
+/// became true. Meant for `assert!(wait_until(..).await, "what we waited for")`.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

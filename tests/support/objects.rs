@@ -1,0 +1,532 @@
+//! Builders for the objects workspace-gc reads, shaped like the ones the
+//! jupyter-notebook-validator-operator and Tekton create. Each `create` returns the object as the
+//! API server stored it; status is always written through the status subresource, as the real
+//! controllers do.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    Pod, PodSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+
+use super::TestNamespace;
+
+/// The label that marks a claim as a build workspace.
+pub const BUILD_WORKSPACE_LABEL: &str = "mlops.redhat.com/build-workspace";
+
+/// The labels the operator puts on every build-workspace claim.
+const OPERATOR_CLAIM_LABELS: [(&str, &str); 3] = [
+    (
+        "app.kubernetes.io/managed-by",
+        "jupyter-notebook-validator-operator",
+    ),
+    ("app.kubernetes.io/component", "tekton-build"),
+    (BUILD_WORKSPACE_LABEL, "true"),
+];
+
+/// `mlops.mlops.dev/v1alpha1` `NotebookValidationJob` (tests/crds).
+pub fn notebook_validation_job_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("mlops.mlops.dev", "v1alpha1", "NotebookValidationJob"),
+        "notebookvalidationjobs",
+    )
+}
+
+/// `tekton.dev/v1` `PipelineRun` (tests/crds).
+pub fn pipeline_run_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tekton.dev", "v1", "PipelineRun"),
+        "pipelineruns",
+    )
+}
+
+/// Kubernetes writes times in RFC 3339 with whole seconds and `Z`.
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Creates a custom object, then writes `status` (if any) through the status subresource: the
+/// main resource ignores status for CRDs that declare the subresource.
+async fn create_dynamic(
+    ns: &TestNamespace,
+    resource: &ApiResource,
+    name: &str,
+    labels: BTreeMap<String, String>,
+    spec: Value,
+    status: Option<Value>,
+) -> DynamicObject {
+    let api: Api<DynamicObject> = ns.dynamic_api(resource);
+    let mut object = DynamicObject::new(name, resource).data(json!({ "spec": spec }));
+    object.metadata.labels = Some(labels).filter(|labels| !labels.is_empty());
+    let created = api
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create {} {}/{name}: {e}", resource.kind, ns.name()));
+    match status {
+        None => created,
+        Some(status) => {
+            api.patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("set status of {} {}/{name}: {e}", resource.kind, ns.name()))
+        }
+    }
+}
+
+/// A `NotebookValidationJob`; without further calls it has no status at all, as right after
+/// creation.
+pub struct JobBuilder {
+    name: String,
+    status: serde_json::Map<String, Value>,
+}
+
+impl JobBuilder {
+    pub fn new(name: &str) -> Self {
+        JobBuilder {
+            name: name.to_owned(),
+            status: serde_json::Map::new(),
+        }
+    }
+
+    /// `status.phase`: `Initializing`, `Building`, `BuildComplete`, `ValidationRunning`,
+    /// `Succeeded`, `Failed` (or legacy `Pending`, `Running`).
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.status.insert("phase".into(), phase.into());
+        self
+    }
+
+    /// `status.completionTime`, which the operator sets when the phase becomes terminal.
+    pub fn completed_at(mut self, at: DateTime<Utc>) -> Self {
+        self.status
+            .insert("completionTime".into(), timestamp(at).into());
+        self
+    }
+
+    /// `status.buildStatus` of a Tekton build: `buildName` `{job}-build`, `phase` one of
+    /// `Pending`, `Running`, `Complete`, `Failed`.
+    pub fn tekton_build(self, phase: &str, completed_at: Option<DateTime<Utc>>) -> Self {
+        let build_name = format!("{}-build", self.name);
+        self.build_status(phase, completed_at, &build_name, "tekton")
+    }
+
+    /// `status.buildStatus` in full.
+    pub fn build_status(
+        mut self,
+        phase: &str,
+        completed_at: Option<DateTime<Utc>>,
+        build_name: &str,
+        strategy: &str,
+    ) -> Self {
+        let mut build = json!({ "phase": phase, "buildName": build_name, "strategy": strategy });
+        if let Some(at) = completed_at {
+            build["completionTime"] = timestamp(at).into();
+        }
+        self.status.insert("buildStatus".into(), build);
+        self
+    }
+
+    pub async fn create(self, ns: &TestNamespace) -> DynamicObject {
+        let spec = json!({
+            "notebook": {
+                "git": { "url": "https://git.example.com/notebooks.git", "ref": "main" },
+                "path": format!("notebooks/{}.ipynb", self.name),
+            },
+        });
+        let status = Some(Value::Object(self.status)).filter(|s| s != &json!({}));
+        create_dynamic(
+            ns,
+            &notebook_validation_job_resource(),
+            &self.name,
+            BTreeMap::new(),
+            spec,
+            status,
+        )
+        .await
+    }
+}
+
+/// A Tekton `PipelineRun`; without a state call it has no status, as before Tekton saw it.
+pub struct PipelineRunBuilder {
+    name: String,
+    labels: BTreeMap<String, String>,
+    pipeline: String,
+    claim: Option<String>,
+    pending: bool,
+    status: Option<Value>,
+}
+
+impl PipelineRunBuilder {
+    /// A bare run: no labels, no workspace.
+    pub fn new(name: &str) -> Self {
+        PipelineRunBuilder {
+            name: name.to_owned(),
+            labels: BTreeMap::new(),
+            pipeline: "build-pipeline".to_owned(),
+            claim: None,
+            pending: false,
+            status: None,
+        }
+    }
+
+    /// The run the operator creates for job `job`: `{job}-build`, labelled `app={job}` and
+    /// `mlops.redhat.com/notebook-validation=true`, workspace `shared-workspace` bound to claim
+    /// `{job}-build-workspace`.
+    pub fn for_job(job: &str) -> Self {
+        let mut run = Self::new(&format!("{job}-build"))
+            .workspace_claim(&format!("{job}-build-workspace"))
+            .label("app", job)
+            .label("mlops.redhat.com/notebook-validation", "true");
+        run.pipeline = format!("{job}-pipeline");
+        run
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Binds workspace `shared-workspace` to `claim` (replacing an earlier binding).
+    pub fn workspace_claim(mut self, claim: &str) -> Self {
+        self.claim = Some(claim.to_owned());
+        self
+    }
+
+    /// Held before starting (`spec.status: PipelineRunPending`), condition `Succeeded=Unknown`.
+    pub fn pending(mut self) -> Self {
+        self.pending = true;
+        self.status = Some(json!({
+            "conditions": [condition("Unknown", "PipelineRunPending", Utc::now())],
+        }));
+        self
+    }
+
+    /// Started a minute ago and still running: `Succeeded=Unknown`, no completion time.
+    pub fn running(mut self) -> Self {
+        let now = Utc::now();
+        self.status = Some(json!({
+            "startTime": timestamp(now - Duration::minutes(1)),
+            "conditions": [condition("Unknown", "Running", now)],
+        }));
+        self
+    }
+
+    /// Finished successfully at `at`.
+    pub fn succeeded_at(self, at: DateTime<Utc>) -> Self {
+        self.finished(true, "Succeeded", at)
+    }
+
+    /// Finished unsuccessfully at `at`.
+    pub fn failed_at(self, at: DateTime<Utc>) -> Self {
+        self.finished(false, "Failed", at)
+    }
+
+    /// Finished at `at` with the given outcome and reason, e.g. `PipelineRunTimeout`,
+    /// `Cancelled`, `StoppedRunFinally`.
+    pub fn finished(mut self, succeeded: bool, reason: &str, at: DateTime<Utc>) -> Self {
+        let outcome = if succeeded { "True" } else { "False" };
+        self.status = Some(json!({
+            "startTime": timestamp(at - Duration::minutes(5)),
+            "completionTime": timestamp(at),
+            "conditions": [condition(outcome, reason, at)],
+        }));
+        self
+    }
+
+    pub async fn create(self, ns: &TestNamespace) -> DynamicObject {
+        let mut spec = json!({
+            "pipelineRef": { "name": self.pipeline },
+            "taskRunTemplate": { "serviceAccountName": "pipeline" },
+        });
+        if let Some(claim) = &self.claim {
+            spec["workspaces"] = json!([{
+                "name": "shared-workspace",
+                "persistentVolumeClaim": { "claimName": claim },
+            }]);
+        }
+        if self.pending {
+            spec["status"] = "PipelineRunPending".into();
+        }
+        create_dynamic(
+            ns,
+            &pipeline_run_resource(),
+            &self.name,
+            self.labels,
+            spec,
+            self.status,
+        )
+        .await
+    }
+}
+
+fn condition(status: &str, reason: &str, at: DateTime<Utc>) -> Value {
+    json!({
+        "type": "Succeeded",
+        "status": status,
+        "reason": reason,
+        "message": format!("PipelineRun {reason}"),
+        "lastTransitionTime": timestamp(at),
+    })
+}
+
+/// A `PersistentVolumeClaim` (ReadWriteOnce, 1Gi, no storage class). No provisioner runs, so it
+/// stays `Pending` unless [`Self::bound`] is called.
+///
+/// Its `creationTimestamp` is always "now": the API server sets it and it cannot be backdated.
+/// Tests of age-based rules should use policy durations relative to now (e.g. a grace period of
+/// zero or a second) or completion times in the past on the run or job.
+pub struct ClaimBuilder {
+    name: String,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    owner_references: Vec<OwnerReference>,
+    bound: bool,
+}
+
+impl ClaimBuilder {
+    /// A build-workspace claim exactly as the operator creates it: its three labels, no owner
+    /// references, no annotations.
+    pub fn build_workspace(name: &str) -> Self {
+        OPERATOR_CLAIM_LABELS
+            .iter()
+            .fold(Self::plain(name), |claim, (key, value)| {
+                claim.label(key, value)
+            })
+    }
+
+    /// The operator's workspace for job `job`: `{job}-build-workspace`.
+    pub fn for_job(job: &str) -> Self {
+        Self::build_workspace(&format!("{job}-build-workspace"))
+    }
+
+    /// A claim without the operator's labels, such as user data the daemon must never touch.
+    pub fn plain(name: &str) -> Self {
+        ClaimBuilder {
+            name: name.to_owned(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            owner_references: Vec::new(),
+            bound: false,
+        }
+    }
+
+    /// Writes `status.phase: Bound` (and capacity 1Gi), as a provisioner would. The
+    /// PVC-protection controller maintains the `Unused` condition only on bound claims.
+    pub fn bound(mut self) -> Self {
+        self.bound = true;
+        self
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    pub fn without_label(mut self, key: &str) -> Self {
+        self.labels.remove(key);
+        self
+    }
+
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Adds an owner reference to `owner` (a created object, e.g. from [`JobBuilder::create`]),
+    /// not marked as controller and without `blockOwnerDeletion`.
+    pub fn owned_by(self, owner: &DynamicObject) -> Self {
+        let types = owner
+            .types
+            .as_ref()
+            .expect("the owner came from the API server, so it has apiVersion and kind");
+        self.owner_reference(OwnerReference {
+            api_version: types.api_version.clone(),
+            kind: types.kind.clone(),
+            name: owner.metadata.name.clone().expect("owner name"),
+            uid: owner.metadata.uid.clone().expect("owner uid"),
+            controller: None,
+            block_owner_deletion: None,
+        })
+    }
+
+    /// Adds an arbitrary owner reference (e.g. one naming a UID that does not exist).
+    pub fn owner_reference(mut self, reference: OwnerReference) -> Self {
+        self.owner_references.push(reference);
+        self
+    }
+
+    pub async fn create(self, ns: &TestNamespace) -> PersistentVolumeClaim {
+        let non_empty = |map: BTreeMap<String, String>| Some(map).filter(|m| !m.is_empty());
+        let claim = PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: non_empty(self.labels),
+                annotations: non_empty(self.annotations),
+                owner_references: Some(self.owner_references).filter(|r| !r.is_empty()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([(
+                        "storage".to_owned(),
+                        Quantity("1Gi".to_owned()),
+                    )])),
+                    ..VolumeResourceRequirements::default()
+                }),
+                ..PersistentVolumeClaimSpec::default()
+            }),
+            status: None,
+        };
+        let api = ns.api::<PersistentVolumeClaim>();
+        let created = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap_or_else(|e| panic!("create claim {}/{}: {e}", ns.name(), self.name));
+        if !self.bound {
+            return created;
+        }
+        let status = json!({ "status": {
+            "phase": "Bound",
+            "accessModes": ["ReadWriteOnce"],
+            "capacity": { "storage": "1Gi" },
+        }});
+        api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap_or_else(|e| panic!("bind claim {}/{}: {e}", ns.name(), self.name))
+    }
+}
+
+/// A `Pod` mounting claims. No scheduler or kubelet runs, so it never starts: its phase is
+/// whatever [`Self::phase`] writes through the status subresource, which is what in-use checks
+/// read.
+///
+/// By default it is not bound to a node, so deleting it removes it at once, and the
+/// PVC-protection controller ignores it: that controller counts only scheduled pods, of any
+/// phase, as holding a claim. See [`Self::scheduled_on`].
+pub struct PodBuilder {
+    name: String,
+    labels: BTreeMap<String, String>,
+    claims: Vec<String>,
+    phase: Option<String>,
+    node: Option<String>,
+}
+
+impl PodBuilder {
+    pub fn new(name: &str) -> Self {
+        PodBuilder {
+            name: name.to_owned(),
+            labels: BTreeMap::new(),
+            claims: Vec::new(),
+            phase: None,
+            node: None,
+        }
+    }
+
+    /// Sets `spec.nodeName` (no Node object is needed), as if scheduled. PVC protection then
+    /// keeps a deleted claim it mounts Terminating until the pod object is gone. With no kubelet
+    /// to confirm a graceful deletion, delete such a pod with `DeleteParams` grace period 0.
+    pub fn scheduled_on(mut self, node: &str) -> Self {
+        self.node = Some(node.to_owned());
+        self
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Mounts `claim` as a volume (call repeatedly for several).
+    pub fn mounting(mut self, claim: &str) -> Self {
+        self.claims.push(claim.to_owned());
+        self
+    }
+
+    /// `status.phase`: `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`. Without it the
+    /// pod has the server's default, `Pending`.
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.phase = Some(phase.to_owned());
+        self
+    }
+
+    pub async fn create(self, ns: &TestNamespace) -> Pod {
+        let volume_name = |i: usize| format!("claim-{i}");
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: Some(self.labels).filter(|l| !l.is_empty()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "build".to_owned(),
+                    image: Some("registry.example.com/notebook-build:latest".to_owned()),
+                    volume_mounts: Some(
+                        (0..self.claims.len())
+                            .map(|i| VolumeMount {
+                                name: volume_name(i),
+                                mount_path: format!("/workspace/{i}"),
+                                ..VolumeMount::default()
+                            })
+                            .collect(),
+                    ),
+                    ..Container::default()
+                }],
+                volumes: Some(
+                    self.claims
+                        .iter()
+                        .enumerate()
+                        .map(|(i, claim)| Volume {
+                            name: volume_name(i),
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name: claim.clone(),
+                                read_only: None,
+                            }),
+                            ..Volume::default()
+                        })
+                        .collect(),
+                ),
+                restart_policy: Some("Never".to_owned()),
+                node_name: self.node,
+                ..PodSpec::default()
+            }),
+            status: None,
+        };
+        let api = ns.api::<Pod>();
+        let created = api
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {}/{}: {e}", ns.name(), self.name));
+        match self.phase {
+            None => created,
+            Some(phase) => api
+                .patch_status(
+                    &self.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": { "phase": phase } })),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("set phase of pod {}/{}: {e}", ns.name(), self.name)),
+        }
+    }
+}
+
+/// Whether claim `name` exists in `ns`, including one that is terminating (held by the
+/// `kubernetes.io/pvc-protection` finalizer).
+pub async fn claim_exists(ns: &TestNamespace, name: &str) -> bool {
+    ns.api::<PersistentVolumeClaim>()
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get claim {}/{name}: {e}", ns.name()))
+        .is_some()
+}
