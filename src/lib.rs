@@ -5,9 +5,25 @@
 //! module that mutates the cluster.
 
 pub mod annotations;
+pub mod audit;
+pub mod cache;
 pub mod cli;
+pub mod commands;
 pub mod config;
+pub mod controller;
+pub mod creator;
 pub mod facts;
+pub mod http;
 pub mod labels;
+pub mod leader;
+pub mod limiter;
+pub mod linking;
+pub mod live;
+pub mod metrics;
 pub mod policy;
 pub mod quantity;
+pub mod resources;
+pub mod scheduler;
+pub mod telemetry;
+pub mod watches;
+pub mod writer;

@@ -1,1 +1,26 @@
-fn main() {}
+//! `workspace-gc`: parse, load the configuration, start logging, dispatch.
+
+use clap::Parser;
+use workspace_gc::cli::{Cli, Command};
+use workspace_gc::commands::{self, exit};
+use workspace_gc::{creator, telemetry};
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let config = match commands::load_config(&cli) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::exit(exit::CONFIG);
+        }
+    };
+    telemetry::init(&config.logging);
+    let code = match &cli.command {
+        Command::Run(args) => commands::run(config, args).await,
+        Command::Audit(args) => commands::audit(config, args).await,
+        Command::Create(args) => creator::command(&config, args).await,
+        Command::CheckConfig(_) => commands::check_config(&config),
+    };
+    std::process::exit(code);
+}

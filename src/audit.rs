@@ -1,0 +1,360 @@
+//! The audit report: every tracked claim with its owners, build state, age, size, verdict,
+//! reason and when the verdict changes. Built from the same cache, linking and policy as the
+//! daemon's decisions, so the report is what the daemon would do.
+
+use std::fmt::Write as _;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::cache::Index;
+use crate::facts::{Facts, Owner, OwnerState, Progress};
+use crate::linking;
+use crate::policy::{self, Decision, Policy, VerdictState};
+
+/// One claim's line in the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub namespace: String,
+    pub name: String,
+    pub owners: Vec<Owner>,
+    /// A one-word summary of the build: running, finished, gone, none, unknown.
+    pub build: &'static str,
+    pub created: DateTime<Utc>,
+    pub size_bytes: Option<u64>,
+    #[serde(flatten)]
+    pub decision: Decision,
+}
+
+/// Decides every claim in the index at `now`, sorted by namespace and name.
+pub fn rows(index: &Index, policy: &Policy, now: DateTime<Utc>) -> Vec<Row> {
+    let mut rows: Vec<Row> = index
+        .claims()
+        .map(|claim| {
+            let facts = linking::facts(claim, index);
+            let decision = policy::decide(&facts, policy, now);
+            row(facts, decision)
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    rows
+}
+
+fn row(facts: Facts, decision: Decision) -> Row {
+    Row {
+        build: build_state(&facts.owners),
+        namespace: facts.claim.key.namespace,
+        name: facts.claim.key.name,
+        owners: facts.owners,
+        created: facts.claim.created,
+        size_bytes: facts.claim.requested_bytes,
+        decision,
+    }
+}
+
+fn build_state(owners: &[Owner]) -> &'static str {
+    let states = || owners.iter().map(|o| &o.state);
+    if owners.is_empty() {
+        "none"
+    } else if states().any(|s| matches!(s, OwnerState::Unknown { .. })) {
+        "unknown"
+    } else if states().any(|s| {
+        matches!(
+            s,
+            OwnerState::Present {
+                progress: Progress::Running,
+                ..
+            }
+        )
+    }) {
+        "running"
+    } else if states().all(|s| *s == OwnerState::Gone) {
+        "gone"
+    } else {
+        "finished"
+    }
+}
+
+/// How many rows would be deleted.
+pub fn due(rows: &[Row]) -> usize {
+    rows.iter()
+        .filter(|r| r.decision.verdict.state() == VerdictState::Delete)
+        .count()
+}
+
+pub fn json(rows: &[Row]) -> String {
+    // Serializing plain data with string keys cannot fail.
+    serde_json::to_string_pretty(rows).unwrap_or_default() + "\n"
+}
+
+/// A fixed-width table for a terminal, with a summary line.
+pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
+    let header = [
+        "NAMESPACE",
+        "NAME",
+        "OWNERS",
+        "BUILD",
+        "AGE",
+        "SIZE",
+        "VERDICT",
+        "REASON",
+        "CHANGES",
+    ];
+    let cells: Vec<[String; 9]> = rows
+        .iter()
+        .map(|row| {
+            [
+                row.namespace.clone(),
+                row.name.clone(),
+                owners(&row.owners),
+                row.build.to_owned(),
+                short(now - row.created),
+                row.size_bytes.map_or_else(|| "?".into(), size),
+                row.decision.verdict.state().as_str().to_owned(),
+                row.decision.verdict.reason().as_str().to_owned(),
+                row.decision
+                    .verdict
+                    .recheck_at()
+                    .map_or_else(|| "-".into(), |at| format!("in {}", short(at - now))),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for line in &cells {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut emit = |line: &[String]| {
+        let mut text = String::new();
+        for (i, (cell, width)) in line.iter().zip(widths).enumerate() {
+            if i + 1 == line.len() {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<width$}  ");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    emit(&header.map(str::to_owned));
+    for line in &cells {
+        emit(line);
+    }
+    let _ = writeln!(
+        out,
+        "\n{} claims: {} to delete, {} protected, {} kept",
+        rows.len(),
+        due(rows),
+        count(rows, VerdictState::Protected),
+        count(rows, VerdictState::Keep)
+    );
+    out
+}
+
+fn count(rows: &[Row], state: VerdictState) -> usize {
+    rows.iter()
+        .filter(|r| r.decision.verdict.state() == state)
+        .count()
+}
+
+fn owners(owners: &[Owner]) -> String {
+    if owners.is_empty() {
+        return "-".into();
+    }
+    owners
+        .iter()
+        .map(|o| {
+            let state = match &o.state {
+                OwnerState::Present { .. } => "",
+                OwnerState::Gone => " (gone)",
+                OwnerState::Unknown { .. } => " (unknown)",
+            };
+            format!("{}/{}{state}", short_kind(o.kind), o.name)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn short_kind(kind: crate::facts::OwnerKind) -> &'static str {
+    match kind {
+        crate::facts::OwnerKind::Job => "nvj",
+        crate::facts::OwnerKind::Run => "pr",
+    }
+}
+
+/// `3d4h`, `45m`, `12s`: two units at most, like kubectl's ages.
+pub fn short(duration: Duration) -> String {
+    let seconds = duration.num_seconds().max(0);
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds % 86_400 / 3_600,
+        seconds % 3_600 / 60,
+        seconds % 60,
+    );
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) if s == 0 => format!("{m}m"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) if m == 0 => format!("{h}h"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ if h == 0 => format!("{d}d"),
+        _ => format!("{d}d{h}h"),
+    }
+}
+
+fn size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
+    for (unit, scale) in UNITS {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
+            return format!("{}{unit}", bytes / scale);
+        }
+    }
+    bytes.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{Change, Update};
+    use crate::facts::{ClaimFacts, ObjectKey};
+    use crate::resources::{JobEntry, RunEntry};
+    use chrono::TimeZone;
+    use std::collections::BTreeMap;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 2, 12, 0, 0).unwrap()
+    }
+
+    fn claim(name: &str, created: DateTime<Utc>) -> ClaimFacts {
+        ClaimFacts {
+            key: ObjectKey::new("ml", name),
+            uid: format!("{name}-uid"),
+            resource_version: "1".into(),
+            created,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            owner_references: Vec::new(),
+            deletion_timestamp: None,
+            requested_bytes: Some(1 << 30),
+        }
+    }
+
+    fn index() -> Index {
+        let mut index = Index::default();
+        let finished = Progress::Finished {
+            at: Some(now() - Duration::hours(3)),
+        };
+        for update in [
+            Update::Claim(Change::Init(None)),
+            Update::Claim(Change::InitApply(
+                None,
+                claim("done-build-workspace", now() - Duration::hours(4)),
+            )),
+            Update::Claim(Change::InitApply(
+                None,
+                claim("young-build-workspace", now() - Duration::minutes(2)),
+            )),
+            Update::Claim(Change::InitDone(None)),
+            Update::Job(Change::Init(None)),
+            Update::Job(Change::InitApply(
+                None,
+                JobEntry {
+                    key: ObjectKey::new("ml", "done"),
+                    uid: "j1".into(),
+                    progress: finished.clone(),
+                },
+            )),
+            Update::Job(Change::InitDone(None)),
+            Update::Run(Change::Init(None)),
+            Update::Run(Change::InitApply(
+                None,
+                RunEntry {
+                    key: ObjectKey::new("ml", "done-build"),
+                    uid: "r1".into(),
+                    claims: vec!["done-build-workspace".into()],
+                    progress: finished,
+                },
+            )),
+            Update::Run(Change::InitDone(None)),
+            Update::Pod(Change::Init(None)),
+            Update::Pod(Change::InitDone(None)),
+        ] {
+            index.update(update);
+        }
+        assert!(index.synced());
+        index
+    }
+
+    #[test]
+    fn rows_carry_the_daemons_decisions() {
+        let rows = rows(&index(), &Policy::default(), now());
+        let summary: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str(),
+                    r.build,
+                    r.decision.verdict.reason().as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("done-build-workspace", "finished", "ttl-expired"),
+                ("young-build-workspace", "none", "within-orphan-grace"),
+            ]
+        );
+        assert_eq!(due(&rows), 1);
+    }
+
+    #[test]
+    fn table_lists_every_column() {
+        let text = table(&rows(&index(), &Policy::default(), now()), now());
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("NAMESPACE  NAME"), "{text}");
+        assert!(
+            lines[1].contains("nvj/done,pr/done-build")
+                || lines[1].contains("pr/done-build,nvj/done"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("4h") && lines[1].contains("1Gi"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("delete") && lines[1].contains("ttl-expired"),
+            "{text}"
+        );
+        assert!(lines[2].contains("in 8m"), "{text}");
+        assert!(
+            text.contains("2 claims: 1 to delete, 0 protected, 1 kept"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn json_is_machine_readable() {
+        let text = json(&rows(&index(), &Policy::default(), now()));
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value[0]["verdict"], "delete");
+        assert_eq!(value[0]["reason"], "ttl-expired");
+        assert_eq!(value[1]["recheck_at"], "2026-11-02T12:08:00Z");
+    }
+
+    #[test]
+    fn short_durations() {
+        assert_eq!(short(Duration::seconds(12)), "12s");
+        assert_eq!(short(Duration::minutes(45)), "45m");
+        assert_eq!(short(Duration::seconds(3 * 3600 + 120)), "3h2m");
+        assert_eq!(short(Duration::days(7)), "7d");
+        assert_eq!(short(Duration::seconds(-5)), "0s");
+    }
+}

@@ -1,0 +1,617 @@
+//! The in-memory index the watchers feed: stripped entries for claims, jobs, runs and pods,
+//! with the secondary indices that map a change of any of them to exactly the claims it can
+//! affect. No I/O; the controller applies watcher events and schedules what comes back.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::facts::{CLAIM_SUFFIX, ClaimFacts, ObjectKey, PodUse, RUN_SUFFIX};
+use crate::linking::{Found, Lookup};
+use crate::resources::{JobEntry, PodEntry, RunEntry};
+
+/// The namespace one watch covers; `None` for a cluster-wide watch.
+pub type Scope = Option<String>;
+
+/// A watcher event, with the object already converted to its cache entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change<E> {
+    Apply(E),
+    Delete(ObjectKey),
+    /// A (re-)list of a scope starts: entries arrive as `InitApply` and replace that scope's
+    /// entries at `InitDone`.
+    Init(Scope),
+    InitApply(Scope, E),
+    InitDone(Scope),
+}
+
+/// A change to any of the four kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Update {
+    Claim(Change<ClaimFacts>),
+    Job(Change<JobEntry>),
+    Run(Change<RunEntry>),
+    Pod(Change<PodEntry>),
+}
+
+/// One kind's entries.
+#[derive(Debug)]
+pub struct Table<E> {
+    items: HashMap<ObjectKey, E>,
+    /// Scopes that have not finished their first list.
+    unsynced: HashSet<Scope>,
+    relists: HashMap<Scope, HashMap<ObjectKey, E>>,
+}
+
+impl<E> Table<E> {
+    fn new(scopes: &[Scope]) -> Self {
+        Self {
+            items: HashMap::new(),
+            unsynced: scopes.iter().cloned().collect(),
+            relists: HashMap::new(),
+        }
+    }
+
+    fn synced(&self) -> bool {
+        self.unsynced.is_empty()
+    }
+}
+
+impl<E: Clone> Table<E> {
+    fn get(&self, key: &ObjectKey, what: &str) -> Found<E> {
+        if !self.synced() {
+            return Found::Unknown(format!("the {what} cache has not synced yet"));
+        }
+        self.items.get(key).cloned().map_or(Found::No, Found::Yes)
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// The cache of everything decisions read.
+#[derive(Debug)]
+pub struct Index {
+    claims: Table<ClaimFacts>,
+    jobs: Table<JobEntry>,
+    runs: Table<RunEntry>,
+    pods: Table<PodEntry>,
+    /// Claim → names of the runs in its namespace whose workspaces bind it.
+    runs_by_claim: HashMap<ObjectKey, BTreeSet<String>>,
+    /// Claim → names of the pods in its namespace that mount it.
+    pods_by_claim: HashMap<ObjectKey, BTreeSet<String>>,
+    /// Owner UID → the claims whose ownerReferences name it.
+    claims_by_owner: HashMap<String, BTreeSet<ObjectKey>>,
+}
+
+/// A cache entry kind: where it lives in the index and which claims it touches.
+pub trait Cached: Clone + PartialEq + Sized {
+    /// A name for messages ("PipelineRun").
+    const WHAT: &'static str;
+    fn key(&self) -> &ObjectKey;
+    fn table(index: &mut Index) -> &mut Table<Self>;
+    /// Adds (or removes) this entry's secondary-index rows.
+    fn index(&self, index: &mut Index, add: bool);
+    /// The claims whose facts depend on this entry.
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>);
+}
+
+impl Default for Index {
+    /// An index fed by cluster-wide watches.
+    fn default() -> Self {
+        Self::new(&[None])
+    }
+}
+
+impl Index {
+    /// An index fed by one watch per kind and scope.
+    pub fn new(scopes: &[Scope]) -> Self {
+        Self {
+            claims: Table::new(scopes),
+            jobs: Table::new(scopes),
+            runs: Table::new(scopes),
+            pods: Table::new(scopes),
+            runs_by_claim: HashMap::new(),
+            pods_by_claim: HashMap::new(),
+            claims_by_owner: HashMap::new(),
+        }
+    }
+
+    /// Applies a change of any kind and returns the claims to re-evaluate.
+    pub fn update(&mut self, update: Update) -> BTreeSet<ObjectKey> {
+        match update {
+            Update::Claim(change) => self.apply(change),
+            Update::Job(change) => self.apply(change),
+            Update::Run(change) => self.apply(change),
+            Update::Pod(change) => self.apply(change),
+        }
+    }
+
+    /// Applies one watcher event and returns the claims to re-evaluate.
+    pub fn apply<E: Cached>(&mut self, change: Change<E>) -> BTreeSet<ObjectKey> {
+        let mut affected = BTreeSet::new();
+        match change {
+            Change::Apply(entry) => self.upsert(entry, &mut affected),
+            Change::Delete(key) => self.remove::<E>(&key, &mut affected),
+            Change::Init(scope) => {
+                E::table(self).relists.insert(scope, HashMap::new());
+            }
+            Change::InitApply(scope, entry) => {
+                let key = entry.key().clone();
+                E::table(self)
+                    .relists
+                    .entry(scope)
+                    .or_default()
+                    .insert(key, entry);
+            }
+            Change::InitDone(scope) => {
+                let table = E::table(self);
+                let fresh = table.relists.remove(&scope).unwrap_or_default();
+                let vanished: Vec<ObjectKey> = table
+                    .items
+                    .keys()
+                    .filter(|key| in_scope(&scope, key) && !fresh.contains_key(*key))
+                    .cloned()
+                    .collect();
+                for key in vanished {
+                    self.remove::<E>(&key, &mut affected);
+                }
+                for entry in fresh.into_values() {
+                    self.upsert(entry, &mut affected);
+                }
+                E::table(self).unsynced.remove(&scope);
+            }
+        }
+        affected
+    }
+
+    fn upsert<E: Cached>(&mut self, entry: E, affected: &mut BTreeSet<ObjectKey>) {
+        let key = entry.key().clone();
+        if let Some(old) = E::table(self).items.remove(&key) {
+            if old == entry {
+                E::table(self).items.insert(key, old);
+                return;
+            }
+            old.affected(self, affected);
+            old.index(self, false);
+        }
+        entry.index(self, true);
+        entry.affected(self, affected);
+        E::table(self).items.insert(key, entry);
+    }
+
+    fn remove<E: Cached>(&mut self, key: &ObjectKey, affected: &mut BTreeSet<ObjectKey>) {
+        if let Some(old) = E::table(self).items.remove(key) {
+            old.affected(self, affected);
+            old.index(self, false);
+        }
+    }
+
+    /// Every watch has listed once: decisions may be made.
+    pub fn synced(&self) -> bool {
+        self.claims.synced() && self.jobs.synced() && self.runs.synced() && self.pods.synced()
+    }
+
+    pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimFacts> {
+        self.claims.items.get(key)
+    }
+
+    pub fn claims(&self) -> impl Iterator<Item = &ClaimFacts> {
+        self.claims.items.values()
+    }
+
+    /// Entries cached per kind, for metrics: (claims, jobs, runs, pods).
+    pub fn sizes(&self) -> [(&'static str, usize); 4] {
+        [
+            ("claims", self.claims.len()),
+            ("jobs", self.jobs.len()),
+            ("runs", self.runs.len()),
+            ("pods", self.pods.len()),
+        ]
+    }
+
+    fn tracked(&self, key: ObjectKey, out: &mut BTreeSet<ObjectKey>) {
+        if self.claims.items.contains_key(&key) {
+            out.insert(key);
+        }
+    }
+
+    fn owned_by(&self, uid: &str, out: &mut BTreeSet<ObjectKey>) {
+        if let Some(claims) = self.claims_by_owner.get(uid) {
+            out.extend(claims.iter().cloned());
+        }
+    }
+}
+
+fn in_scope(scope: &Scope, key: &ObjectKey) -> bool {
+    scope
+        .as_ref()
+        .is_none_or(|namespace| *namespace == key.namespace)
+}
+
+/// Adds or removes `value` under `key`, dropping empty sets so the maps do not grow forever.
+fn set_row<K, V>(map: &mut HashMap<K, BTreeSet<V>>, key: K, value: V, add: bool)
+where
+    K: std::hash::Hash + Eq,
+    V: Ord,
+{
+    if add {
+        map.entry(key).or_default().insert(value);
+    } else if let Some(set) = map.get_mut(&key) {
+        set.remove(&value);
+        if set.is_empty() {
+            map.remove(&key);
+        }
+    }
+}
+
+fn sibling(key: &ObjectKey, name: String) -> ObjectKey {
+    ObjectKey {
+        namespace: key.namespace.clone(),
+        name,
+    }
+}
+
+impl Cached for ClaimFacts {
+    const WHAT: &'static str = "PersistentVolumeClaim";
+
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.claims
+    }
+
+    fn index(&self, index: &mut Index, add: bool) {
+        for reference in &self.owner_references {
+            set_row(
+                &mut index.claims_by_owner,
+                reference.uid.clone(),
+                self.key.clone(),
+                add,
+            );
+        }
+    }
+
+    fn affected(&self, _: &Index, out: &mut BTreeSet<ObjectKey>) {
+        // A claim's own change always counts, even its deletion (to drop its schedule).
+        out.insert(self.key.clone());
+    }
+}
+
+impl Cached for JobEntry {
+    const WHAT: &'static str = "NotebookValidationJob";
+
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.jobs
+    }
+
+    fn index(&self, _: &mut Index, _: bool) {}
+
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+        let claim = format!("{}{CLAIM_SUFFIX}", self.key.name);
+        index.tracked(sibling(&self.key, claim), out);
+        index.owned_by(&self.uid, out);
+    }
+}
+
+impl Cached for RunEntry {
+    const WHAT: &'static str = "PipelineRun";
+
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.runs
+    }
+
+    fn index(&self, index: &mut Index, add: bool) {
+        for claim in &self.claims {
+            let claim = sibling(&self.key, claim.clone());
+            set_row(&mut index.runs_by_claim, claim, self.key.name.clone(), add);
+        }
+    }
+
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+        for claim in &self.claims {
+            index.tracked(sibling(&self.key, claim.clone()), out);
+        }
+        if let Some(job) = self.key.name.strip_suffix(RUN_SUFFIX) {
+            index.tracked(sibling(&self.key, format!("{job}{CLAIM_SUFFIX}")), out);
+        }
+        index.owned_by(&self.uid, out);
+    }
+}
+
+impl Cached for PodEntry {
+    const WHAT: &'static str = "Pod";
+
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.pods
+    }
+
+    fn index(&self, index: &mut Index, add: bool) {
+        for claim in &self.claims {
+            let claim = sibling(&self.key, claim.clone());
+            set_row(&mut index.pods_by_claim, claim, self.key.name.clone(), add);
+        }
+    }
+
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+        for claim in &self.claims {
+            index.tracked(sibling(&self.key, claim.clone()), out);
+        }
+    }
+}
+
+impl Lookup for Index {
+    fn job(&self, namespace: &str, name: &str) -> Found<JobEntry> {
+        self.jobs
+            .get(&ObjectKey::new(namespace, name), JobEntry::WHAT)
+    }
+
+    fn run(&self, namespace: &str, name: &str) -> Found<RunEntry> {
+        self.runs
+            .get(&ObjectKey::new(namespace, name), RunEntry::WHAT)
+    }
+
+    fn runs_binding(&self, claim: &ObjectKey) -> Found<Vec<RunEntry>> {
+        if !self.runs.synced() {
+            return Found::Unknown(format!("the {} cache has not synced yet", RunEntry::WHAT));
+        }
+        let runs = self.runs_by_claim.get(claim).into_iter().flatten();
+        Found::Yes(
+            runs.filter_map(|name| self.runs.items.get(&sibling(claim, name.clone())))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
+        if !self.pods.synced() {
+            return Found::Unknown(format!("the {} cache has not synced yet", PodEntry::WHAT));
+        }
+        let pods = self.pods_by_claim.get(claim).into_iter().flatten();
+        Found::Yes(
+            pods.filter_map(|name| self.pods.items.get(&sibling(claim, name.clone())))
+                .map(|pod| PodUse {
+                    name: pod.key.name.clone(),
+                    phase: pod.phase.clone(),
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::facts::{LinkRule, OwnerKind, OwnerRef, OwnerState, Progress, Users};
+    use crate::linking;
+    use chrono::{DateTime, Utc};
+    use std::collections::BTreeMap;
+
+    fn claim(name: &str) -> ClaimFacts {
+        ClaimFacts {
+            key: ObjectKey::new("ml", name),
+            uid: format!("{name}-uid"),
+            resource_version: "1".into(),
+            created: DateTime::<Utc>::UNIX_EPOCH,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            owner_references: Vec::new(),
+            deletion_timestamp: None,
+            requested_bytes: None,
+        }
+    }
+
+    fn job(name: &str, uid: &str) -> JobEntry {
+        JobEntry {
+            key: ObjectKey::new("ml", name),
+            uid: uid.into(),
+            progress: Progress::Running,
+        }
+    }
+
+    fn run(name: &str, claims: &[&str]) -> RunEntry {
+        RunEntry {
+            key: ObjectKey::new("ml", name),
+            uid: format!("{name}-uid"),
+            claims: claims.iter().map(|c| c.to_string()).collect(),
+            progress: Progress::Running,
+        }
+    }
+
+    fn pod(name: &str, claims: &[&str], phase: &str) -> PodEntry {
+        PodEntry {
+            key: ObjectKey::new("ml", name),
+            phase: Some(phase.into()),
+            claims: claims.iter().map(|c| c.to_string()).collect(),
+        }
+    }
+
+    /// An index whose four kinds have listed once, empty.
+    fn synced() -> Index {
+        let mut index = Index::default();
+        index.apply::<ClaimFacts>(Change::InitDone(None));
+        index.apply::<JobEntry>(Change::InitDone(None));
+        index.apply::<RunEntry>(Change::InitDone(None));
+        index.apply::<PodEntry>(Change::InitDone(None));
+        assert!(index.synced());
+        index
+    }
+
+    fn keys(names: &[&str]) -> BTreeSet<ObjectKey> {
+        names.iter().map(|n| ObjectKey::new("ml", n)).collect()
+    }
+
+    #[test]
+    fn unsynced_kinds_are_unknown_not_absent() {
+        let mut index = Index::default();
+        index.apply(Change::Apply(claim("a-build-workspace")));
+        let facts = linking::facts(
+            index
+                .claim(&ObjectKey::new("ml", "a-build-workspace"))
+                .unwrap(),
+            &index,
+        );
+        assert!(matches!(facts.users, Users::Unknown { .. }));
+        assert!(
+            facts
+                .owners
+                .iter()
+                .all(|o| matches!(o.state, OwnerState::Unknown { .. }))
+        );
+    }
+
+    #[test]
+    fn changes_affect_exactly_the_linked_claims() {
+        let mut index = synced();
+        for name in ["nb-build-workspace", "other-build-workspace", "shared"] {
+            assert_eq!(index.apply(Change::Apply(claim(name))), keys(&[name]));
+        }
+        // A job affects its conventional claim.
+        assert_eq!(
+            index.apply(Change::Apply(job("nb", "j1"))),
+            keys(&["nb-build-workspace"])
+        );
+        // A run affects the claims it binds and its conventional one.
+        assert_eq!(
+            index.apply(Change::Apply(run("nb-build", &["shared"]))),
+            keys(&["nb-build-workspace", "shared"])
+        );
+        // A pod affects the claims it mounts (untracked ones are dropped).
+        assert_eq!(
+            index.apply(Change::Apply(pod(
+                "p",
+                &["shared", "not-tracked"],
+                "Running"
+            ))),
+            keys(&["shared"])
+        );
+        // An unchanged object affects nothing.
+        assert!(
+            index
+                .apply(Change::Apply(pod(
+                    "p",
+                    &["shared", "not-tracked"],
+                    "Running"
+                )))
+                .is_empty()
+        );
+        // Re-binding affects the old and the new claim.
+        assert_eq!(
+            index.apply(Change::Apply(run("nb-build", &["other-build-workspace"]))),
+            keys(&["nb-build-workspace", "shared", "other-build-workspace"])
+        );
+        assert_eq!(
+            index.apply::<PodEntry>(Change::Delete(ObjectKey::new("ml", "p"))),
+            keys(&["shared"])
+        );
+    }
+
+    #[test]
+    fn owner_reference_changes_reach_the_owned_claim() {
+        let mut index = synced();
+        let mut owned = claim("custom-name");
+        owned.owner_references.push(OwnerRef {
+            api_version: "mlops.mlops.dev/v1alpha1".into(),
+            kind: "NotebookValidationJob".into(),
+            name: "nb".into(),
+            uid: "j1".into(),
+        });
+        index.apply(Change::Apply(owned.clone()));
+        assert_eq!(
+            index.apply(Change::Apply(job("nb", "j1"))),
+            keys(&["custom-name"])
+        );
+        let facts = linking::facts(&owned, &index);
+        assert_eq!(facts.owners.len(), 1);
+        assert_eq!(facts.owners[0].rule, LinkRule::OwnerReference);
+        assert!(matches!(facts.owners[0].state, OwnerState::Present { .. }));
+
+        // Re-created under the same name: a different owner, so the referenced one is gone.
+        index.apply::<JobEntry>(Change::Delete(ObjectKey::new("ml", "nb")));
+        index.apply(Change::Apply(job("nb", "j2")));
+        let facts = linking::facts(&owned, &index);
+        assert_eq!(facts.owners[0].state, OwnerState::Gone);
+    }
+
+    #[test]
+    fn binding_wins_over_naming_and_naming_is_the_fallback() {
+        let mut index = synced();
+        index.apply(Change::Apply(claim("nb-build-workspace")));
+        index.apply(Change::Apply(job("nb", "j1")));
+        index.apply(Change::Apply(run("nb-build", &[])));
+        let facts = linking::facts(
+            index
+                .claim(&ObjectKey::new("ml", "nb-build-workspace"))
+                .unwrap(),
+            &index,
+        );
+        let rules: Vec<_> = facts.owners.iter().map(|o| (o.kind, o.rule)).collect();
+        assert_eq!(
+            rules,
+            vec![
+                (OwnerKind::Run, LinkRule::Naming),
+                (OwnerKind::Job, LinkRule::Naming)
+            ]
+        );
+
+        index.apply(Change::Apply(run("retry-7", &["nb-build-workspace"])));
+        let facts = linking::facts(
+            index
+                .claim(&ObjectKey::new("ml", "nb-build-workspace"))
+                .unwrap(),
+            &index,
+        );
+        let runs: Vec<_> = facts
+            .owners
+            .iter()
+            .filter(|o| o.kind == OwnerKind::Run)
+            .map(|o| (o.name.as_str(), o.rule))
+            .collect();
+        assert_eq!(runs, vec![("retry-7", LinkRule::WorkspaceBinding)]);
+    }
+
+    #[test]
+    fn a_relist_replaces_its_scope_and_reports_what_vanished() {
+        let mut index = Index::new(&[Some("ml".into()), Some("other".into())]);
+        let in_other = |name: &str| {
+            let mut c = claim(name);
+            c.key.namespace = "other".into();
+            c
+        };
+        for scope in ["ml", "other"] {
+            index.apply::<ClaimFacts>(Change::Init(Some(scope.into())));
+        }
+        index.apply(Change::InitApply(Some("ml".into()), claim("a")));
+        index.apply(Change::InitApply(Some("other".into()), in_other("b")));
+        index.apply::<ClaimFacts>(Change::InitDone(Some("ml".into())));
+        assert!(!index.claims.synced(), "one scope is still listing");
+        index.apply::<ClaimFacts>(Change::InitDone(Some("other".into())));
+        assert!(index.claims.synced());
+        assert_eq!(index.claims.len(), 2);
+
+        // A re-list of "ml" that no longer has `a` removes it and leaves "other" alone.
+        index.apply::<ClaimFacts>(Change::Init(Some("ml".into())));
+        index.apply(Change::InitApply(Some("ml".into()), claim("c")));
+        let affected = index.apply::<ClaimFacts>(Change::InitDone(Some("ml".into())));
+        assert_eq!(affected, keys(&["a", "c"]));
+        let names: BTreeSet<_> = index.claims().map(|c| c.key.name.clone()).collect();
+        assert_eq!(names, ["b", "c"].into_iter().map(String::from).collect());
+    }
+}

@@ -1,0 +1,167 @@
+//! One function per subcommand, each returning the process exit code. `main` only parses,
+//! loads the configuration and dispatches here.
+
+use std::time::Duration;
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::audit;
+use crate::cli::{AuditArgs, AuditOutput, RunArgs};
+use crate::config::{self, Config};
+use crate::controller::{self, RunOptions};
+use crate::watches;
+
+/// Exit codes, documented in the README.
+pub mod exit {
+    pub const OK: i32 = 0;
+    /// The daemon or a command failed while running.
+    pub const FAILURE: i32 = 1;
+    /// Invalid command line or configuration: nothing was started.
+    pub const CONFIG: i32 = crate::config::EXIT_CONFIG;
+    /// No usable cluster access: kubeconfig missing or malformed, or the API server unreachable.
+    pub const CLUSTER: i32 = 3;
+    /// `audit --fail-on-delete` found claims that would be deleted.
+    pub const WOULD_DELETE: i32 = 4;
+}
+
+/// How long start-up waits for the API server before giving up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Builds a client from the in-cluster service account or the kubeconfig, and checks the
+/// API server answers.
+pub async fn connect() -> Result<Client, String> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| format!("no usable cluster access (in-cluster or KUBECONFIG): {e}"))?;
+    let url = config.cluster_url.clone();
+    let client =
+        Client::try_from(config).map_err(|e| format!("cannot build a client for {url}: {e}"))?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(version)) => {
+            info!(server = %url, version = %version.git_version, "connected");
+            Ok(client)
+        }
+        Ok(Err(e)) => Err(format!("the API server at {url} did not answer: {e}")),
+        Err(_) => Err(format!(
+            "the API server at {url} did not answer within {}s",
+            CONNECT_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// `workspace-gc run`: the daemon, until SIGTERM or SIGINT.
+pub async fn run(config: Config, _args: &RunArgs) -> i32 {
+    let client = match connect().await {
+        Ok(client) => client,
+        Err(message) => {
+            error!("{message}");
+            return exit::CLUSTER;
+        }
+    };
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(stop.clone()));
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| default_identity());
+    let options = RunOptions {
+        identity,
+        pod_namespace: std::env::var("POD_NAMESPACE").ok(),
+        listen: config.http.listen,
+    };
+    match controller::run(client, config, options, stop).await {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            error!("{e}");
+            exit::FAILURE
+        }
+    }
+}
+
+/// `workspace-gc audit`: list once, decide every claim, print, exit.
+pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
+    let client = match connect().await {
+        Ok(client) => client,
+        Err(message) => {
+            error!("{message}");
+            return exit::CLUSTER;
+        }
+    };
+    let mut failures = 0;
+    let synced = watches::sync_once(&client, &config.selector, |kind, error| {
+        failures += 1;
+        warn!(kind, %error, "listing failed");
+        // A few retries ride out a blip; a persistent error (RBAC, missing CRD) ends the audit.
+        failures < 5
+    });
+    let Some(index) = synced.await else {
+        error!("could not list every kind the audit needs; see the errors above");
+        return exit::CLUSTER;
+    };
+    let now = chrono::Utc::now();
+    let rows = audit::rows(&index, &config.policy(), now);
+    let report = match args.output {
+        AuditOutput::Table => audit::table(&rows, now),
+        AuditOutput::Json => audit::json(&rows),
+    };
+    print!("{report}");
+    if args.fail_on_delete && audit::due(&rows) > 0 {
+        exit::WOULD_DELETE
+    } else {
+        exit::OK
+    }
+}
+
+/// `workspace-gc check-config`: the effective configuration as TOML.
+pub fn check_config(config: &Config) -> i32 {
+    match toml::to_string(config) {
+        Ok(text) => {
+            print!("{text}");
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: cannot print the configuration: {e}");
+            exit::FAILURE
+        }
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "workspace-gc".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Cancels `stop` on the first SIGTERM or SIGINT (drain), exits on the second (abort).
+async fn stop_on_signal(stop: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(signal) => signal,
+        Err(e) => {
+            warn!(%e, "cannot listen for SIGTERM");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    info!("stopping: finishing deletes in flight and releasing the lease");
+    stop.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    warn!("second signal: exiting now");
+    std::process::exit(exit::FAILURE);
+}
+
+/// Loads the configuration for a parsed command line, or says why not.
+pub fn load_config(cli: &crate::cli::Cli) -> Result<Config, config::ConfigError> {
+    // `vars_os`: a variable that is not UTF-8 must not panic; lossy text still fails
+    // validation with a message if it is one of ours.
+    let env = std::env::vars_os().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    });
+    Config::load(cli.config_file(), env, &cli.overrides())
+}

@@ -1,0 +1,400 @@
+//! The daemon's wiring: watches feed the cache, changes schedule the claims they affect, and
+//! each reconcile gathers facts from the cache, asks the pure policy, and acts through the
+//! writer — after the limiter admits it and a live re-check confirms it.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use kube::Client;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::cache::Index;
+use crate::config::Config;
+use crate::facts::{ClaimFacts, ObjectKey};
+use crate::http::{self, Health};
+use crate::leader::Leadership;
+use crate::limiter::{Admission, Limiter};
+use crate::linking;
+use crate::live::LiveView;
+use crate::metrics::{DeleteResult, Metrics};
+use crate::policy::{self, Decision, Policy, Reason, Verdict};
+use crate::watches;
+use crate::writer::{Mode, Notice, Writer};
+
+/// How many claims are reconciled at once (each may wait on the limiter and live reads).
+const CONCURRENCY: usize = 16;
+/// When a live re-check or a delete could not conclude, look again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// After a delete conflict, the watch brings the new version within moments.
+const RETRY_AFTER_CONFLICT: Duration = Duration::from_secs(1);
+
+/// What `run` needs besides the configuration.
+pub struct RunOptions {
+    /// This replica's identity for the lease and events (the pod name in a cluster).
+    pub identity: String,
+    /// The namespace this replica runs in, for the lease.
+    pub pod_namespace: Option<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("could not serve HTTP on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("leader election failed to start: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
+}
+
+/// Everything a reconcile reads, built once.
+struct Controller {
+    client: Client,
+    policy: Policy,
+    index: RwLock<Index>,
+    metrics: Arc<Metrics>,
+    writer: Writer,
+    limiter: Mutex<Limiter>,
+    cap: (u32, String),
+    schedule: crate::scheduler::Schedule,
+    leading: watch::Receiver<bool>,
+}
+
+/// Runs the daemon until `stop` is cancelled: finishes the deletes in flight, releases the
+/// lease, and returns.
+pub async fn run(
+    client: Client,
+    config: Config,
+    options: RunOptions,
+    stop: CancellationToken,
+) -> Result<(), RunError> {
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let health = Arc::new(Health::default());
+    let server = http::serve(options.listen, registry, health.clone(), stop.clone())
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: options.listen,
+            source,
+        })?;
+
+    let lease_namespace = config
+        .leader_election
+        .lease_namespace(options.pod_namespace.as_deref())
+        .to_owned();
+    let leadership = Leadership::start(
+        client.clone(),
+        &config.leader_election,
+        &lease_namespace,
+        options.identity.clone(),
+    )
+    .await?;
+
+    let deletion = &config.deletion;
+    let mode = if deletion.dry_run {
+        Mode::DryRun {
+            server_side: deletion.server_side_dry_run,
+        }
+    } else {
+        Mode::Delete
+    };
+    info!(?mode, "starting");
+    let (schedule, scheduler) = crate::scheduler::Scheduler::new();
+    let controller = Arc::new(Controller {
+        policy: config.policy(),
+        index: RwLock::new(Index::new(&watches::scopes(&config.selector))),
+        metrics: metrics.clone(),
+        writer: Writer::new(client.clone(), mode, Some(options.identity)),
+        limiter: Mutex::new(Limiter::new(
+            deletion.deletes_per_second,
+            deletion.max_deletions_per_window,
+            deletion.window,
+        )),
+        cap: (
+            deletion.max_deletions_per_window,
+            humantime::format_duration(deletion.window).to_string(),
+        ),
+        schedule,
+        leading: leadership.subscribe(),
+        client: client.clone(),
+    });
+
+    let feeder = tokio::spawn(feed(
+        controller.clone(),
+        watches::updates(&client, &config.selector),
+        health.clone(),
+    ));
+    let follower = tokio::spawn(follow_leadership(controller.clone(), health));
+
+    let reconciler = controller.clone();
+    scheduler
+        .run(
+            CONCURRENCY,
+            move |key| reconciler.clone().reconcile(key),
+            stop.clone(),
+        )
+        .await;
+
+    feeder.abort();
+    follower.abort();
+    let _ = feeder.await;
+    let _ = follower.await;
+    drop(controller);
+    leadership.release().await;
+    let _ = server.await;
+    info!("stopped");
+    Ok(())
+}
+
+/// Applies watch updates to the cache and schedules the claims each one affects. Nothing is
+/// scheduled until every watch has listed once; then every claim is.
+async fn feed(
+    controller: Arc<Controller>,
+    mut updates: futures::stream::BoxStream<'static, watches::Item>,
+    health: Arc<Health>,
+) {
+    while let Some(item) = updates.next().await {
+        match item {
+            Ok(update) => {
+                let (affected, all) = {
+                    let mut index = controller.write_index();
+                    let was_synced = index.synced();
+                    let affected = index.update(update);
+                    let synced = index.synced();
+                    controller.metrics.cached(index.sizes());
+                    if synced && !was_synced {
+                        let all: BTreeSet<ObjectKey> =
+                            index.claims().map(|c| c.key.clone()).collect();
+                        (all, true)
+                    } else if synced {
+                        (affected, false)
+                    } else {
+                        (BTreeSet::new(), false)
+                    }
+                };
+                if all {
+                    info!(
+                        claims = affected.len(),
+                        "caches synced; evaluating every claim"
+                    );
+                    health.set_synced();
+                    controller.metrics.set_ready(true);
+                }
+                for key in affected {
+                    controller.schedule.now(key);
+                }
+            }
+            Err((kind, error)) => {
+                controller.metrics.watch_restart(kind);
+                warn!(kind, %error, "watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// Publishes leadership to metrics and, on winning the lease, re-evaluates every claim: the
+/// standby decided but did not act.
+async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
+    let mut leading = controller.leading.clone();
+    loop {
+        let is_leader = *leading.borrow_and_update();
+        controller.metrics.set_leader(is_leader);
+        health.set_leader(is_leader);
+        if is_leader {
+            info!("leading: this replica deletes");
+            let keys: Vec<ObjectKey> = {
+                let index = controller.read_index();
+                if index.synced() {
+                    index.claims().map(|c| c.key.clone()).collect()
+                } else {
+                    Vec::new()
+                }
+            };
+            for key in keys {
+                controller.schedule.now(key);
+            }
+        } else {
+            info!("standing by: another replica holds the lease");
+        }
+        if leading.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Controller {
+    fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Decides from the cache; `None` once the claim is gone.
+    fn decide_cached(&self, key: &ObjectKey) -> Option<(ClaimFacts, Decision)> {
+        let index = self.read_index();
+        let claim = index.claim(key)?;
+        let facts = linking::facts(claim, &*index);
+        let decision = policy::decide(&facts, &self.policy, Utc::now());
+        Some((facts.claim, decision))
+    }
+
+    async fn reconcile(self: Arc<Self>, key: ObjectKey) {
+        let started = std::time::Instant::now();
+        let Some((claim, decision)) = self.decide_cached(&key) else {
+            self.metrics.track(&key, None);
+            return;
+        };
+        let bytes = claim.requested_bytes.unwrap_or(0);
+        self.metrics.track(&key, Some((&decision.verdict, bytes)));
+        let reason = decision.verdict.reason();
+        match decision.verdict {
+            Verdict::Keep { recheck_at, .. } => {
+                debug!(claim = %key, %reason, ?recheck_at, "keep");
+                if reason == Reason::InvalidAnnotation {
+                    let detail = decision.detail.unwrap_or_default();
+                    warn!(claim = %key, %detail, "keeping a claim with an invalid annotation");
+                    self.writer
+                        .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
+                        .await;
+                }
+                if let Some(at) = recheck_at {
+                    self.schedule.at(key, instant_at(at));
+                }
+            }
+            Verdict::Protected { .. } => debug!(claim = %key, %reason, "protected"),
+            Verdict::Delete { due_at, .. } => {
+                if self.is_leader() {
+                    self.act(claim, due_at).await;
+                } else {
+                    debug!(claim = %key, %reason, "due; the leader deletes");
+                }
+            }
+        }
+        self.metrics.reconciled(started.elapsed().as_secs_f64());
+    }
+
+    /// Deletes a due claim: within the limits, after a live re-check.
+    async fn act(&self, claim: ClaimFacts, cached_due_at: Option<DateTime<Utc>>) {
+        let key = claim.key.clone();
+        let admission = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reserve(Instant::now());
+        let slot = match admission {
+            Admission::At(slot) => {
+                self.metrics.set_capped(false);
+                slot
+            }
+            Admission::Capped { until } => {
+                let (max, window) = &self.cap;
+                warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
+                self.metrics.set_capped(true);
+                self.writer
+                    .notify(
+                        &claim,
+                        Notice::CapReached {
+                            max: *max,
+                            window: window.clone(),
+                        },
+                        &self.metrics,
+                    )
+                    .await;
+                self.schedule.at(key, until);
+                return;
+            }
+        };
+        tokio::time::sleep_until(slot).await;
+
+        let candidates = linking::candidates(&claim, &*self.read_index());
+        let live = LiveView::read(&self.client, &claim, &candidates, &self.metrics).await;
+        let facts = linking::facts(&claim, &live);
+        let decision = policy::decide(&facts, &self.policy, Utc::now());
+        let Verdict::Delete { reason, due_at } = decision.verdict else {
+            self.release(slot);
+            info!(
+                claim = %key,
+                reason = %decision.verdict.reason(),
+                detail = decision.detail.as_deref().unwrap_or(""),
+                "live re-check kept the claim"
+            );
+            self.schedule.at(key, Instant::now() + RETRY_AFTER);
+            return;
+        };
+
+        let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+        let result = self.writer.delete(&claim, &self.metrics).await;
+        match (result, dry_run) {
+            (DeleteResult::Deleted, true) => {
+                info!(claim = %key, %reason, "dry-run: would delete");
+                self.metrics.would_delete(&key.namespace, reason);
+                self.writer
+                    .notify(&claim, Notice::WouldDelete(reason), &self.metrics)
+                    .await;
+            }
+            (DeleteResult::Deleted, false) => {
+                let due_at = due_at.or(cached_due_at);
+                let lag = due_at.map(|due| (Utc::now() - due).as_seconds_f64());
+                info!(claim = %key, %reason, lag_seconds = lag, "deleted");
+                self.metrics.deletion(&key.namespace, reason, result);
+                self.metrics
+                    .reclaimed(claim.requested_bytes.unwrap_or(0), lag);
+                self.writer
+                    .notify(&claim, Notice::Deleted(reason), &self.metrics)
+                    .await;
+            }
+            (DeleteResult::NotFound, _) => {
+                self.release(slot);
+                self.count(dry_run, &key, reason, result);
+                debug!(claim = %key, "already gone");
+            }
+            (DeleteResult::Conflict, _) => {
+                self.release(slot);
+                self.count(dry_run, &key, reason, result);
+                info!(claim = %key, "the claim changed or was re-created since the decision; re-evaluating");
+                self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
+            }
+            (DeleteResult::Failed, _) => {
+                self.release(slot);
+                self.count(dry_run, &key, reason, result);
+                self.schedule.at(key, Instant::now() + RETRY_AFTER);
+            }
+        }
+    }
+
+    fn count(&self, dry_run: bool, key: &ObjectKey, reason: Reason, result: DeleteResult) {
+        if !dry_run {
+            self.metrics.deletion(&key.namespace, reason, result);
+        }
+    }
+
+    fn release(&self, slot: Instant) {
+        self.limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release(slot);
+    }
+}
+
+/// The monotonic instant matching a wall-clock deadline; a deadline already past is now.
+fn instant_at(at: DateTime<Utc>) -> Instant {
+    let now = Instant::now();
+    let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+    now.checked_add(wait).unwrap_or(now)
+}

@@ -1,0 +1,96 @@
+//! The HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz` (the process is alive) and
+//! `/readyz` (every watch has synced once).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// What the probes report, set by the controller.
+#[derive(Debug, Default)]
+pub struct Health {
+    synced: AtomicBool,
+    leader: AtomicBool,
+}
+
+impl Health {
+    pub fn set_synced(&self) {
+        self.synced.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::Relaxed);
+    }
+}
+
+struct Shared {
+    registry: Registry,
+    health: Arc<Health>,
+}
+
+/// Binds `addr` (so a port in use fails start-up) and serves until `stop` is cancelled.
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Registry,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) -> std::io::Result<JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    let shared = Arc::new(Shared { registry, health });
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(shared);
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(error) = served {
+            warn!(%error, "the HTTP server failed");
+        }
+    }))
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let mut body = String::new();
+    match encode(&mut body, &shared.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    if shared.health.synced.load(Ordering::Relaxed) {
+        let role = if shared.health.leader.load(Ordering::Relaxed) {
+            "leader"
+        } else {
+            "standby"
+        };
+        (StatusCode::OK, format!("ready ({role})\n"))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the watches have not all synced yet\n".to_owned(),
+        )
+    }
+}

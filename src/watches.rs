@@ -1,0 +1,180 @@
+//! The watches that feed the cache: claims (by label selector), NotebookValidationJobs,
+//! PipelineRuns and pods, cluster-wide or one watch per configured namespace. Each object is
+//! stripped to its cache entry as it arrives, so full objects are never kept.
+
+use std::fmt::Debug;
+
+use futures::StreamExt;
+use futures::stream::{self, BoxStream};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::cache::{Change, Index, Scope, Update};
+use crate::config::SelectorConfig;
+use crate::facts::ObjectKey;
+use crate::resources;
+
+/// The kind a watch error came from, for logs and the `watch_restarts` metric.
+pub type Kind = &'static str;
+
+/// One item of the merged watch streams.
+pub type Item = Result<Update, (Kind, watcher::Error)>;
+
+/// The scopes the watches cover: one per configured namespace, or the whole cluster.
+pub fn scopes(selector: &SelectorConfig) -> Vec<Scope> {
+    if selector.namespaces.is_empty() {
+        vec![None]
+    } else {
+        selector.namespaces.iter().cloned().map(Some).collect()
+    }
+}
+
+/// All watches merged into one stream of cache updates. Watch errors are yielded (to be
+/// logged and counted) and the watch retries with kube-runtime's default backoff.
+pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static, Item> {
+    let mut streams: Vec<BoxStream<'static, Item>> = Vec::new();
+    let claims = watcher::Config::default().labels(&selector.label_selector.to_string());
+    for scope in scopes(selector) {
+        streams.push(kind(
+            "claims",
+            typed::<PersistentVolumeClaim>(client, &scope),
+            claims.clone(),
+            scope.clone(),
+            resources::claim_facts,
+            Update::Claim,
+        ));
+        streams.push(kind(
+            "jobs",
+            dynamic(client, &scope, &resources::job_resource()),
+            watcher::Config::default(),
+            scope.clone(),
+            resources::job_entry,
+            Update::Job,
+        ));
+        streams.push(kind(
+            "runs",
+            dynamic(client, &scope, &resources::run_resource()),
+            watcher::Config::default(),
+            scope.clone(),
+            resources::run_entry,
+            Update::Run,
+        ));
+        streams.push(kind(
+            "pods",
+            typed::<Pod>(client, &scope),
+            watcher::Config::default(),
+            scope.clone(),
+            resources::pod_entry,
+            Update::Pod,
+        ));
+    }
+    let excluded = selector.exclude_namespaces.clone();
+    stream::select_all(streams)
+        .filter(move |item| {
+            let keep = match item {
+                Ok(update) => {
+                    namespace_of(update).is_none_or(|ns| !excluded.iter().any(|e| e == ns))
+                }
+                Err(_) => true,
+            };
+            futures::future::ready(keep)
+        })
+        .boxed()
+}
+
+/// Runs the watches until every one has listed once and returns the filled index: the
+/// one-shot path `audit` takes, through the same code as the daemon.
+pub async fn sync_once(
+    client: &Client,
+    selector: &SelectorConfig,
+    mut on_error: impl FnMut(Kind, &watcher::Error) -> bool,
+) -> Option<Index> {
+    let mut index = Index::new(&scopes(selector));
+    let mut updates = updates(client, selector);
+    while let Some(item) = updates.next().await {
+        match item {
+            Ok(update) => {
+                index.update(update);
+                if index.synced() {
+                    return Some(index);
+                }
+            }
+            Err((kind, error)) => {
+                if !on_error(kind, &error) {
+                    return None;
+                }
+            }
+        }
+    }
+    None
+}
+
+fn typed<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match scope {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn dynamic(client: &Client, scope: &Scope, resource: &ApiResource) -> Api<DynamicObject> {
+    match scope {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
+
+/// One kind's watch, converted to cache updates as objects arrive.
+fn kind<K, E>(
+    name: Kind,
+    api: Api<K>,
+    config: watcher::Config,
+    scope: Scope,
+    convert: fn(&K) -> E,
+    wrap: fn(Change<E>) -> Update,
+) -> BoxStream<'static, Item>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    E: Send + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .map(move |event| match event {
+            Ok(event) => Ok(wrap(change(event, &scope, convert))),
+            Err(error) => Err((name, error)),
+        })
+        .boxed()
+}
+
+fn change<K: Resource, E>(event: Event<K>, scope: &Scope, convert: fn(&K) -> E) -> Change<E> {
+    match event {
+        Event::Apply(object) => Change::Apply(convert(&object)),
+        Event::Delete(object) => Change::Delete(ObjectKey::of(object.meta())),
+        Event::Init => Change::Init(scope.clone()),
+        Event::InitApply(object) => Change::InitApply(scope.clone(), convert(&object)),
+        Event::InitDone => Change::InitDone(scope.clone()),
+    }
+}
+
+fn namespace_of(update: &Update) -> Option<&str> {
+    fn of<E: crate::cache::Cached>(change: &Change<E>) -> Option<&str> {
+        match change {
+            Change::Apply(entry) | Change::InitApply(_, entry) => Some(&entry.key().namespace),
+            Change::Delete(key) => Some(&key.namespace),
+            Change::Init(_) | Change::InitDone(_) => None,
+        }
+    }
+    match update {
+        Update::Claim(c) => of(c),
+        Update::Job(c) => of(c),
+        Update::Run(c) => of(c),
+        Update::Pod(c) => of(c),
+    }
+}

@@ -1,0 +1,265 @@
+//! The one place that changes the cluster: claim deletes and the events that explain them.
+//!
+//! Deletes carry `{uid, resourceVersion}` preconditions, so a claim re-created under the same
+//! name, or changed since the decision, is never deleted; finalizers are never touched.
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use kube::Client;
+use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::warn;
+
+use crate::facts::ClaimFacts;
+use crate::metrics::{DeleteResult, Metrics, Operation};
+use crate::policy::Reason;
+
+/// How deletes are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Delete,
+    /// Decide and report, delete nothing. With `server_side`, send the delete with
+    /// `dryRun=All` so RBAC and admission are exercised.
+    DryRun {
+        server_side: bool,
+    },
+}
+
+/// What an event on a claim says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Deleted(Reason),
+    WouldDelete(Reason),
+    InvalidAnnotation(String),
+    CapReached { max: u32, window: String },
+}
+
+pub struct Writer {
+    client: Client,
+    recorder: Recorder,
+    mode: Mode,
+}
+
+impl Writer {
+    pub fn new(client: Client, mode: Mode, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: "workspace-gc".into(),
+            instance,
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            mode,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Deletes the claim as it was when decided. In client-side dry-run nothing is sent and
+    /// the result is `Deleted` as if it had been.
+    pub async fn delete(&self, claim: &ClaimFacts, metrics: &Metrics) -> DeleteResult {
+        let server_dry_run = match self.mode {
+            Mode::Delete => false,
+            Mode::DryRun { server_side: false } => return DeleteResult::Deleted,
+            Mode::DryRun { server_side: true } => true,
+        };
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.key.namespace);
+        let params = DeleteParams {
+            dry_run: server_dry_run,
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: Some(claim.uid.clone()),
+                resource_version: Some(claim.resource_version.clone()),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&claim.key.name, &params).await {
+            Ok(_) => DeleteResult::Deleted,
+            Err(kube::Error::Api(status)) if status.is_not_found() => DeleteResult::NotFound,
+            Err(kube::Error::Api(status)) if status.is_conflict() => DeleteResult::Conflict,
+            Err(error) => {
+                metrics.api_error(Operation::Delete, &error);
+                warn!(claim = %claim.key, %error, "delete failed");
+                DeleteResult::Failed
+            }
+        }
+    }
+
+    /// Publishes an event on the claim; failures are logged and counted, never fatal.
+    pub async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
+        let (type_, reason, note) = match notice {
+            Notice::Deleted(why) => (
+                EventType::Normal,
+                "Deleted",
+                format!(
+                    "workspace-gc deleted this claim: {} ({why})",
+                    why.describe()
+                ),
+            ),
+            Notice::WouldDelete(why) => (
+                EventType::Normal,
+                "WouldDelete",
+                format!(
+                    "dry-run: workspace-gc would delete this claim: {} ({why})",
+                    why.describe()
+                ),
+            ),
+            Notice::InvalidAnnotation(detail) => (
+                EventType::Warning,
+                "InvalidAnnotation",
+                format!("kept: {detail}"),
+            ),
+            Notice::CapReached { max, window } => (
+                EventType::Warning,
+                "BlastRadiusCapReached",
+                format!(
+                    "not deleted yet: {max} claims were deleted within {window}, the configured \
+                     maximum; deletions resume when the window allows"
+                ),
+            ),
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &reference(claim)).await {
+            metrics.api_error(Operation::Event, &error);
+            warn!(claim = %claim.key, %error, "could not publish event");
+        }
+    }
+}
+
+fn reference(claim: &ClaimFacts) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(claim.key.namespace.clone()),
+        name: Some(claim.key.name.clone()),
+        uid: Some(claim.uid.clone()),
+        resource_version: Some(claim.resource_version.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::facts::ObjectKey;
+    use chrono::{DateTime, Utc};
+    use http::{Request, Response};
+    use kube::client::Body;
+    use prometheus_client::registry::Registry;
+    use serde_json::{Value, json};
+    use std::collections::BTreeMap;
+
+    fn claim() -> ClaimFacts {
+        ClaimFacts {
+            key: ObjectKey::new("ml", "nb-build-workspace"),
+            uid: "uid-1".into(),
+            resource_version: "42".into(),
+            created: DateTime::<Utc>::UNIX_EPOCH,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            owner_references: Vec::new(),
+            deletion_timestamp: None,
+            requested_bytes: None,
+        }
+    }
+
+    /// Sends one delete through a mock API server; returns the request's query and body and
+    /// the writer's result for the given response status.
+    async fn delete_against(mode: Mode, status: u16) -> Option<(String, Value, DeleteResult)> {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writer = Writer::new(kube::Client::new(service, "default"), mode, None);
+        let metrics = Metrics::register(&mut Registry::default());
+        let server = tokio::spawn(async move {
+            let (request, reply) = handle.next_request().await?;
+            assert_eq!(request.method(), http::Method::DELETE);
+            assert_eq!(
+                request.uri().path(),
+                "/api/v1/namespaces/ml/persistentvolumeclaims/nb-build-workspace"
+            );
+            let query = request.uri().query().unwrap_or("").to_owned();
+            let body = request.into_body().collect_bytes().await.ok()?;
+            let body: Value = serde_json::from_slice(&body).ok()?;
+            let response = if status == 200 {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200})
+            } else {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status,
+                       "reason": if status == 409 { "Conflict" } else { "NotFound" }, "message": "m"})
+            };
+            reply.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&response).ok()?))
+                    .ok()?,
+            );
+            Some((query, body))
+        });
+        let result = writer.delete(&claim(), &metrics).await;
+        let (query, body) = server.await.ok()??;
+        Some((query, body, result))
+    }
+
+    #[tokio::test]
+    async fn deletes_carry_preconditions_and_background_propagation() {
+        let (query, body, result) = delete_against(Mode::Delete, 200).await.unwrap();
+        assert_eq!(result, DeleteResult::Deleted);
+        assert!(!query.contains("dryRun"), "{query}");
+        assert_eq!(
+            body["preconditions"],
+            json!({"uid": "uid-1", "resourceVersion": "42"})
+        );
+        assert_eq!(body["propagationPolicy"], "Background");
+        assert!(
+            body.get("dryRun").is_none() || body["dryRun"] == json!([]),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn server_side_dry_run_sends_dry_run_all() {
+        let (query, body, result) = delete_against(Mode::DryRun { server_side: true }, 200)
+            .await
+            .unwrap();
+        assert_eq!(result, DeleteResult::Deleted);
+        let dry_run = query.contains("dryRun=All") || body["dryRun"] == json!(["All"]);
+        assert!(dry_run, "query {query}, body {body}");
+        assert_eq!(body["preconditions"]["uid"], "uid-1");
+    }
+
+    #[tokio::test]
+    async fn conflict_and_not_found_are_told_apart() {
+        let (_, _, result) = delete_against(Mode::Delete, 409).await.unwrap();
+        assert_eq!(result, DeleteResult::Conflict);
+        let (_, _, result) = delete_against(Mode::Delete, 404).await.unwrap();
+        assert_eq!(result, DeleteResult::NotFound);
+    }
+
+    #[tokio::test]
+    async fn client_side_dry_run_sends_nothing() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writer = Writer::new(
+            kube::Client::new(service, "default"),
+            Mode::DryRun { server_side: false },
+            None,
+        );
+        let metrics = Metrics::register(&mut Registry::default());
+        assert_eq!(
+            writer.delete(&claim(), &metrics).await,
+            DeleteResult::Deleted
+        );
+        handle.allow(0);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request())
+                .await
+                .is_err(),
+            "no request reached the server"
+        );
+    }
+}
