@@ -76,6 +76,13 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
     stream::select_all(streams)
         .filter(move |item| {
             let keep = match item {
+                // A pod's volumes are immutable: one that mounts no claim never will, so it is
+                // not cached at all and memory follows the build pods, not the cluster's.
+                Ok(Update::Pod(Change::Apply(pod) | Change::InitApply(_, pod)))
+                    if pod.claims.is_empty() =>
+                {
+                    false
+                }
                 Ok(update) => {
                     namespace_of(update).is_none_or(|ns| !excluded.iter().any(|e| e == ns))
                 }
