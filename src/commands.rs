@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::audit;
-use crate::cli::{AuditArgs, AuditOutput, RunArgs};
+use crate::cli::{AuditArgs, AuditOutput};
 use crate::config::{self, Config};
 use crate::controller::{self, RunOptions};
 use crate::watches;
@@ -29,9 +29,17 @@ pub mod exit {
 /// How long start-up waits for the API server before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// A client for the cluster, or the exit code after saying why there is none.
+pub async fn connect_or_exit() -> Result<Client, i32> {
+    connect().await.map_err(|message| {
+        error!("{message}");
+        exit::CLUSTER
+    })
+}
+
 /// Builds a client from the in-cluster service account or the kubeconfig, and checks the
 /// API server answers.
-pub async fn connect() -> Result<Client, String> {
+async fn connect() -> Result<Client, String> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| format!("no usable cluster access (in-cluster or KUBECONFIG): {e}"))?;
@@ -52,13 +60,10 @@ pub async fn connect() -> Result<Client, String> {
 }
 
 /// `workspace-gc run`: the daemon, until SIGTERM or SIGINT.
-pub async fn run(config: Config, _args: &RunArgs) -> i32 {
-    let client = match connect().await {
+pub async fn run(config: Config) -> i32 {
+    let client = match connect_or_exit().await {
         Ok(client) => client,
-        Err(message) => {
-            error!("{message}");
-            return exit::CLUSTER;
-        }
+        Err(code) => return code,
     };
     let stop = CancellationToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
@@ -79,12 +84,9 @@ pub async fn run(config: Config, _args: &RunArgs) -> i32 {
 
 /// `workspace-gc audit`: list once, decide every claim, print, exit.
 pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
-    let client = match connect().await {
+    let client = match connect_or_exit().await {
         Ok(client) => client,
-        Err(message) => {
-            error!("{message}");
-            return exit::CLUSTER;
-        }
+        Err(code) => return code,
     };
     let mut failures = 0;
     let synced = watches::sync_once(&client, &config.selector, |kind, error| {

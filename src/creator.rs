@@ -402,12 +402,9 @@ fn check_existing(existing: &PersistentVolumeClaim, job: &JobRef) -> Result<(), 
 /// Returns [`CREATED`], [`ALREADY_PRESENT`], [`REFUSED`], [`exit::CLUSTER`] or
 /// [`exit::FAILURE`].
 pub async fn command(config: &Config, args: &CreateArgs) -> i32 {
-    let client = match commands::connect().await {
+    let client = match commands::connect_or_exit().await {
         Ok(client) => client,
-        Err(message) => {
-            error!("{message}");
-            return exit::CLUSTER;
-        }
+        Err(code) => return code,
     };
     let ensured = match read_job(&client, &args.namespace, &args.job).await {
         Ok(job) => ensure_build_claim(&client, &job, &config.creator).await,

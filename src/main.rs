@@ -17,7 +17,8 @@ async fn main() {
     };
     telemetry::init(&config.logging);
     let code = match &cli.command {
-        Command::Run(args) => commands::run(config, args).await,
+        // run's flags are all configuration overrides, already in `config`.
+        Command::Run(_) => commands::run(config).await,
         Command::Audit(args) => commands::audit(config, args).await,
         Command::Create(args) => creator::command(&config, args).await,
         Command::CheckConfig(_) => commands::check_config(&config),
