@@ -63,12 +63,8 @@ impl<E: Clone> Table<E> {
         self.items.get(key).cloned().map_or(Found::No, Found::Yes)
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.items.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
     }
 }
 

@@ -208,12 +208,6 @@ pub enum VerdictState {
 }
 
 impl VerdictState {
-    pub const ALL: [VerdictState; 3] = [
-        VerdictState::Keep,
-        VerdictState::Delete,
-        VerdictState::Protected,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             VerdictState::Keep => "keep",
