@@ -91,7 +91,7 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
     let mut failures = 0;
     let synced = watches::sync_once(&client, &config.selector, |kind, error| {
         failures += 1;
-        warn!(kind, %error, "listing failed");
+        warn!(kind = kind.as_str(), %error, "listing failed");
         // A few retries ride out a blip; a persistent error (RBAC, missing CRD) ends the audit.
         failures < 5
     });

@@ -195,8 +195,9 @@ async fn feed(
                 }
             }
             Err((kind, error)) => {
-                controller.metrics.watch_restart(kind);
-                warn!(kind, %error, "watch failed; retrying with backoff");
+                controller.write_index().interrupt(kind);
+                controller.metrics.watch_restart(kind.as_str());
+                warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
             }
         }
     }
@@ -322,8 +323,21 @@ impl Controller {
         };
         tokio::time::sleep_until(slot).await;
 
-        let candidates = linking::candidates(&claim, &*self.read_index());
-        let live = LiveView::read(&self.client, &claim, &candidates, &self.metrics).await;
+        let (candidates, current_pods) = {
+            let index = self.read_index();
+            (
+                linking::candidates(&claim, &*index),
+                index.current_pods_using(&claim.key),
+            )
+        };
+        let live = LiveView::read(
+            &self.client,
+            &claim,
+            &candidates,
+            current_pods,
+            &self.metrics,
+        )
+        .await;
         let facts = linking::facts(&claim, &live);
         let decision = policy::decide(&facts, &self.policy, Utc::now());
         let Verdict::Delete { reason, due_at } = decision.verdict else {

@@ -1,5 +1,10 @@
 //! Fresh reads of what a delete verdict rests on, just before the delete: the caches may be
 //! stale. Read-only; what cannot be read comes back unknown, which keeps the claim.
+//!
+//! The owners are read by name (a GET each, usually the job and its run). The pods come from
+//! the pod watch while it is delivering — its events are as fresh as a read, and a pod on a
+//! node also holds the claim through Kubernetes' `pvc-protection` finalizer — and from a LIST
+//! of the namespace's pods only while that watch is interrupted.
 
 use std::collections::HashMap;
 
@@ -10,22 +15,25 @@ use kube::api::{Api, DynamicObject, ListParams};
 use crate::facts::{ClaimFacts, ObjectKey, PodUse};
 use crate::linking::{Candidates, Found, Lookup};
 use crate::metrics::{Metrics, Operation};
-use crate::resources::{self, JobEntry, PodEntry, RunEntry};
+use crate::resources::{self, JobEntry, RunEntry};
 
 /// What the API server said, for one claim, moments ago.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LiveView {
     jobs: HashMap<String, Found<JobEntry>>,
     runs: HashMap<String, Found<RunEntry>>,
-    pods: Option<Found<Vec<PodEntry>>>,
+    /// The pods that mount the claim.
+    pods: Found<Vec<PodUse>>,
 }
 
 impl LiveView {
-    /// Reads the candidate owners by name and the pods of the claim's namespace.
+    /// Reads the candidate owners by name, and the pods of the claim's namespace unless the
+    /// pod watch vouches for `current_pods`.
     pub async fn read(
         client: &Client,
         claim: &ClaimFacts,
         candidates: &Candidates,
+        current_pods: Option<Vec<PodUse>>,
         metrics: &Metrics,
     ) -> Self {
         let namespace = &claim.key.namespace;
@@ -35,7 +43,15 @@ impl LiveView {
             Api::namespaced_with(client.clone(), namespace, &resources::run_resource());
         let pods_api: Api<Pod> = Api::namespaced(client.clone(), namespace);
 
-        let mut view = LiveView::default();
+        let pods = match current_pods {
+            Some(pods) => Found::Yes(pods),
+            None => list_pods_using(&pods_api, &claim.key.name, metrics).await,
+        };
+        let mut view = LiveView {
+            jobs: HashMap::new(),
+            runs: HashMap::new(),
+            pods,
+        };
         for name in &candidates.jobs {
             let found = get(&jobs_api, name, metrics).await;
             view.jobs
@@ -46,16 +62,28 @@ impl LiveView {
             view.runs
                 .insert(name.clone(), map(found, |o| resources::run_entry(&o)));
         }
-        // No selector can find the pods that mount a claim: list the namespace's pods.
-        let pods = match pods_api.list(&ListParams::default()).await {
-            Ok(list) => Found::Yes(list.items.iter().map(resources::pod_entry).collect()),
-            Err(error) => {
-                metrics.api_error(Operation::List, &error);
-                Found::Unknown(format!("listing pods: {error}"))
-            }
-        };
-        view.pods = Some(pods);
         view
+    }
+}
+
+/// No selector finds the pods that mount a claim: list the namespace's pods.
+async fn list_pods_using(api: &Api<Pod>, claim: &str, metrics: &Metrics) -> Found<Vec<PodUse>> {
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Found::Yes(
+            list.items
+                .iter()
+                .map(resources::pod_entry)
+                .filter(|pod| pod.claims.iter().any(|c| c == claim))
+                .map(|pod| PodUse {
+                    name: pod.key.name,
+                    phase: pod.phase,
+                })
+                .collect(),
+        ),
+        Err(error) => {
+            metrics.api_error(Operation::List, &error);
+            Found::Unknown(format!("listing pods: {error}"))
+        }
     }
 }
 
@@ -109,19 +137,7 @@ impl Lookup for LiveView {
         }
     }
 
-    fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
-        match &self.pods {
-            Some(Found::Yes(pods)) => Found::Yes(
-                pods.iter()
-                    .filter(|pod| pod.claims.contains(&claim.name))
-                    .map(|pod| PodUse {
-                        name: pod.key.name.clone(),
-                        phase: pod.phase.clone(),
-                    })
-                    .collect(),
-            ),
-            Some(Found::Unknown(why)) => Found::Unknown(why.clone()),
-            Some(Found::No) | None => Found::Unknown(not_read("pods of", &claim.namespace)),
-        }
+    fn pods_using(&self, _: &ObjectKey) -> Found<Vec<PodUse>> {
+        self.pods.clone()
     }
 }

@@ -13,13 +13,10 @@ use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::cache::{Change, Index, Scope, Update};
+use crate::cache::{Change, Index, Kind, Scope, Update};
 use crate::config::SelectorConfig;
 use crate::facts::ObjectKey;
 use crate::resources;
-
-/// The kind a watch error came from, for logs and the `watch_restarts` metric.
-pub type Kind = &'static str;
 
 /// One item of the merged watch streams.
 pub type Item = Result<Update, (Kind, watcher::Error)>;
@@ -40,7 +37,7 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
     let claims = watcher::Config::default().labels(&selector.label_selector.to_string());
     for scope in scopes(selector) {
         streams.push(kind(
-            "claims",
+            Kind::Claims,
             typed::<PersistentVolumeClaim>(client, &scope),
             claims.clone(),
             scope.clone(),
@@ -48,7 +45,7 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
             Update::Claim,
         ));
         streams.push(kind(
-            "jobs",
+            Kind::Jobs,
             dynamic(client, &scope, &resources::job_resource()),
             watcher::Config::default(),
             scope.clone(),
@@ -56,7 +53,7 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
             Update::Job,
         ));
         streams.push(kind(
-            "runs",
+            Kind::Runs,
             dynamic(client, &scope, &resources::run_resource()),
             watcher::Config::default(),
             scope.clone(),
@@ -64,7 +61,7 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
             Update::Run,
         ));
         streams.push(kind(
-            "pods",
+            Kind::Pods,
             typed::<Pod>(client, &scope),
             watcher::Config::default(),
             scope.clone(),
