@@ -1,0 +1,1545 @@
+//! The deployment in `manifests/`: every overlay rendered with `kubectl kustomize` and checked;
+//! applied to a real API server with server-side apply, as the README says to; its RBAC checked
+//! *as the ServiceAccount* (every call the daemon makes is allowed, a list of neighbouring rights
+//! is denied, and per namespace the account holds exactly the expected rules); and the real
+//! binary run the way the Deployment runs it, with the ServiceAccount's token and the deployed
+//! ConfigMap, until it deletes an expired claim and records the event.
+//!
+//! Cluster-scoped names (the `workspace-gc` Namespace, ClusterRole and ClusterRoleBinding) are
+//! shared by every test of this binary, so only one test applies the base as shipped; the
+//! others apply a throw-away overlay with a name prefix (and, for audit, a namespace of its
+//! own), which gives each its own ServiceAccount and so its own identity. Two daemons that
+//! compete for the same Lease take turns ([`LEASE`]).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use support::{BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, TestNamespace, wait_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Mutex, OnceCell};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const BINARY: &str = env!("CARGO_BIN_EXE_workspace-gc");
+
+/// Where the shipped manifests put the daemon.
+const NAMESPACE: &str = "workspace-gc";
+/// The namespaces the `namespaced` overlay watches, as shipped.
+const WATCHED: [&str; 2] = ["team-a", "team-b"];
+
+/// The ClusterRole, one line per (API group, resource, verbs): what a reviewer signs off.
+/// Changing it must be deliberate: both the manifest and this table.
+const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
+    ("", "persistentvolumeclaims", &["list", "watch", "delete"]),
+    ("", "pods", &["list", "watch"]),
+    ("tekton.dev", "pipelineruns", &["get", "list", "watch"]),
+    (
+        "mlops.mlops.dev",
+        "notebookvalidationjobs",
+        &["get", "list", "watch"],
+    ),
+    ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// Serializes the daemons that use the Lease `workspace-gc` in namespace `workspace-gc` (the
+/// base's and the namespaced overlay's): a second one would stand by and never delete.
+static LEASE: Mutex<()> = Mutex::const_new(());
+
+/// The base is applied once per test binary, by whichever test needs it first.
+static BASE_APPLIED: OnceCell<()> = OnceCell::const_new();
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn manifests(path: &str) -> PathBuf {
+    Path::new(ROOT).join("manifests").join(path)
+}
+
+// --- rendering --------------------------------------------------------------------------------
+
+/// The objects a kustomization renders to, in kustomize's order.
+#[derive(Debug, Clone)]
+struct Rendered(Vec<Value>);
+
+type Key = (String, String, String);
+
+fn key_of(object: &Value) -> Key {
+    let text = |pointer: &str| {
+        object
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    (
+        text("/kind").to_owned(),
+        text("/metadata/namespace").to_owned(),
+        text("/metadata/name").to_owned(),
+    )
+}
+
+impl Rendered {
+    fn of(dir: &Path) -> Rendered {
+        let output = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run kubectl (v1.32+ with kustomize v5 is expected on PATH)");
+        assert!(
+            output.status.success(),
+            "kubectl kustomize {} failed:\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
+        let objects = serde_yaml::Deserializer::from_str(&text)
+            .map(|document| Value::deserialize(document).expect("kustomize prints valid YAML"))
+            .filter(|object| !object.is_null())
+            .collect();
+        Rendered(objects)
+    }
+
+    fn by_key(&self) -> BTreeMap<Key, Value> {
+        self.0.iter().map(|o| (key_of(o), o.clone())).collect()
+    }
+
+    fn of_kind(&self, kind: &str) -> Vec<&Value> {
+        self.0.iter().filter(|o| o["kind"] == kind).collect()
+    }
+
+    /// The one object of `kind` named `name`, in whatever namespace.
+    fn get(&self, kind: &str, name: &str) -> &Value {
+        let found: Vec<_> = self
+            .of_kind(kind)
+            .into_iter()
+            .filter(|o| o["metadata"]["name"] == name)
+            .collect();
+        assert_eq!(found.len(), 1, "exactly one {kind} {name} in {self:#?}");
+        found[0]
+    }
+
+    fn only(&self, kind: &str) -> &Value {
+        let found = self.of_kind(kind);
+        assert_eq!(found.len(), 1, "exactly one {kind}");
+        found[0]
+    }
+
+    fn deployment(&self) -> &Value {
+        self.only("Deployment")
+    }
+
+    fn container(&self) -> &Value {
+        let containers = self.deployment()["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .expect("containers");
+        assert_eq!(containers.len(), 1, "one container");
+        &containers[0]
+    }
+
+    fn args(&self) -> Vec<String> {
+        strings(&self.container()["args"])
+    }
+
+    /// The ConfigMap the Deployment mounts (its name carries kustomize's content hash).
+    fn mounted_config_map(&self) -> &Value {
+        let volumes = &self.deployment()["spec"]["template"]["spec"]["volumes"];
+        let name = volumes[0]["configMap"]["name"]
+            .as_str()
+            .expect("a ConfigMap volume");
+        self.get("ConfigMap", name)
+    }
+
+    /// The configuration the daemon runs with, as `workspace-gc check-config` prints it: the
+    /// mounted file and the Deployment's environment, through the binary's own loader.
+    fn effective_config(&self, dir: &Path) -> toml::Table {
+        let launch = Launch::from(self, "check", dir);
+        let output = Command::new(BINARY)
+            .arg("check-config")
+            .arg(&launch.config)
+            .env_clear()
+            .envs(launch.env)
+            .output()
+            .expect("run workspace-gc check-config");
+        assert!(
+            output.status.success(),
+            "the deployed configuration is invalid:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        toml::from_str(&String::from_utf8_lossy(&output.stdout)).expect("check-config prints TOML")
+    }
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|v| v.as_str().expect("a string").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A throw-away kustomization (in CARGO_TARGET_TMPDIR) over shipped ones, plus `extra` lines.
+struct Overlay {
+    dir: tempfile::TempDir,
+}
+
+impl Overlay {
+    fn new(resources: &[&str], components: &[&str], extra: &str) -> Overlay {
+        let dir = tempfile::Builder::new()
+            .prefix("deploy-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("create an overlay directory");
+        // kustomize takes other kustomizations only by relative path (any number of `../`).
+        let here = dir.path().canonicalize().expect("canonical overlay path");
+        let up = "../".repeat(here.components().count() - 1);
+        let relative = |path: &str| {
+            let target = manifests(path)
+                .canonicalize()
+                .expect("a shipped kustomization");
+            let target = target.strip_prefix("/").expect("an absolute path");
+            format!("  - {up}{}\n", target.display())
+        };
+        let mut text = String::from(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n",
+        );
+        text.extend(resources.iter().map(|r| relative(r)));
+        if !components.is_empty() {
+            text.push_str("components:\n");
+            text.extend(components.iter().map(|c| relative(c)));
+        }
+        text.push_str(extra);
+        std::fs::write(dir.path().join("kustomization.yaml"), text).expect("write overlay");
+        Overlay { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn render(&self) -> Rendered {
+        Rendered::of(self.path())
+    }
+}
+
+/// A scratch directory for configuration files and logs.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("deploy-run-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("create a scratch directory")
+}
+
+/// Every (group, resource, verb, resourceName) a list of PolicyRules grants; "" for any name.
+type Grant = (String, String, String, String);
+
+fn grants(rules: &Value) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().expect("rules") {
+        let names = strings(&rule["resourceNames"]);
+        let names = if names.is_empty() {
+            vec![String::new()]
+        } else {
+            names
+        };
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in &names {
+                        out.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn table_grants(table: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
+    let rules: Vec<Value> = table
+        .iter()
+        .map(|(group, resource, verbs)| {
+            json!({ "apiGroups": [group], "resources": [resource], "verbs": verbs })
+        })
+        .collect();
+    grants(&Value::Array(rules))
+}
+
+/// The Lease Role's grants: read and renew one Lease by name, create (unrestrictable by name).
+fn lease_grants(lease_name: &str) -> BTreeSet<Grant> {
+    grants(&json!([
+        { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+          "resourceNames": [lease_name], "verbs": ["get", "patch"] },
+        { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"] },
+    ]))
+}
+
+// --- rendering tests --------------------------------------------------------------------------
+
+/// kustomize reads no file outside its root, so the ConfigMap is generated from a copy of the
+/// documented defaults: the copy must never drift.
+#[test]
+fn base_config_is_a_byte_for_byte_copy_of_the_root_config() {
+    let root = std::fs::read(Path::new(ROOT).join("config.toml")).expect("read config.toml");
+    let copy = std::fs::read(manifests("base/config.toml")).expect("read the base's copy");
+    assert!(
+        root == copy,
+        "manifests/base/config.toml differs from config.toml; copy it: \
+         cp config.toml manifests/base/config.toml"
+    );
+}
+
+#[test]
+fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
+    let base = Rendered::of(&manifests("base"));
+    let config_map = base.mounted_config_map().clone();
+    let config_map_name = config_map["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(config_map_name.starts_with("workspace-gc-config-"));
+
+    // Exactly these objects: a new one must show up here, in review.
+    let keys: BTreeSet<Key> = base.by_key().into_keys().collect();
+    let key = |kind: &str, ns: &str, name: &str| (kind.to_owned(), ns.to_owned(), name.to_owned());
+    let expected = BTreeSet::from([
+        key("Namespace", "", NAMESPACE),
+        key("ServiceAccount", NAMESPACE, "workspace-gc"),
+        key("ClusterRole", "", "workspace-gc"),
+        key("ClusterRoleBinding", "", "workspace-gc"),
+        key("Role", NAMESPACE, "workspace-gc-lease"),
+        key("RoleBinding", NAMESPACE, "workspace-gc-lease"),
+        key("ConfigMap", NAMESPACE, &config_map_name),
+        key("Deployment", NAMESPACE, "workspace-gc"),
+        key("Service", NAMESPACE, "workspace-gc"),
+        key("PodDisruptionBudget", NAMESPACE, "workspace-gc"),
+    ]);
+    assert_eq!(keys, expected);
+
+    // The ConfigMap is config.toml, verbatim.
+    let root = std::fs::read_to_string(Path::new(ROOT).join("config.toml")).unwrap();
+    assert_eq!(
+        config_map["data"]["config.toml"].as_str(),
+        Some(root.as_str())
+    );
+    assert_eq!(
+        config_map["data"].as_object().unwrap().len(),
+        1,
+        "config.toml only"
+    );
+
+    let deployment = base.deployment();
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = base.container();
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(pod["serviceAccountName"], "workspace-gc");
+    assert_eq!(container["image"], "workspace-gc:0.1.0");
+    assert_eq!(
+        base.args(),
+        ["run", "--config=/etc/workspace-gc/config.toml"]
+    );
+    // The file named by --config is the ConfigMap's, mounted read-only.
+    assert_eq!(
+        container["volumeMounts"],
+        json!([{ "name": "config", "mountPath": "/etc/workspace-gc", "readOnly": true }])
+    );
+    assert_eq!(
+        pod["volumes"],
+        json!([{ "name": "config", "configMap": { "name": config_map_name } }])
+    );
+    // Lease identity and namespace from the downward API.
+    assert_eq!(
+        container["env"],
+        json!([
+            { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+            { "name": "POD_NAMESPACE",
+              "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
+        ])
+    );
+
+    // Hardening: the restricted Pod Security Standard and then some.
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["runAsNonRoot"], true);
+    assert_eq!(security["capabilities"], json!({ "drop": ["ALL"] }));
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(security.get("privileged").is_none());
+    assert_eq!(
+        base.get("Namespace", NAMESPACE)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+
+    // Probes on the daemon's endpoints, through the named port, which is http.listen's port.
+    assert_eq!(
+        container["ports"],
+        json!([{ "name": "http", "containerPort": 8080, "protocol": "TCP" }])
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(
+            container[probe]["httpGet"],
+            json!({ "path": path, "port": "http" }),
+            "{probe}"
+        );
+    }
+    // Sizes change with the benchmark; that they are set does not.
+    let resources = &container["resources"];
+    for pointer in ["/requests/cpu", "/requests/memory", "/limits/memory"] {
+        assert!(resources.pointer(pointer).is_some(), "resources{pointer}");
+    }
+
+    // The Service and the PodDisruptionBudget select exactly the Deployment's pods.
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap();
+    for (label, value) in selector.as_object().unwrap() {
+        assert_eq!(pod_labels.get(label), Some(value), "pod label {label}");
+    }
+    let service = base.only("Service");
+    assert_eq!(&service["spec"]["selector"], selector);
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{ "name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP" }])
+    );
+    let budget = base.only("PodDisruptionBudget");
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert_eq!(&budget["spec"]["selector"]["matchLabels"], selector);
+
+    // RBAC: the ClusterRole is the reviewed table; the Lease Role names the configured Lease.
+    let cluster_role = base.get("ClusterRole", "workspace-gc");
+    assert_eq!(grants(&cluster_role["rules"]), table_grants(CLUSTER_RULES));
+    let binding = base.get("ClusterRoleBinding", "workspace-gc");
+    assert_eq!(
+        binding["roleRef"],
+        json!({ "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "workspace-gc" })
+    );
+    let subject =
+        json!([{ "kind": "ServiceAccount", "name": "workspace-gc", "namespace": NAMESPACE }]);
+    assert_eq!(binding["subjects"], subject);
+    let lease_binding = base.get("RoleBinding", "workspace-gc-lease");
+    assert_eq!(lease_binding["roleRef"]["name"], "workspace-gc-lease");
+    assert_eq!(lease_binding["subjects"], subject);
+
+    // The binary accepts the deployed configuration, and it agrees with the manifests.
+    let scratch = scratch();
+    let config = base.effective_config(scratch.path());
+    assert_eq!(config["deletion"]["dry_run"].as_bool(), Some(false));
+    assert_eq!(config["leader_election"]["enabled"].as_bool(), Some(true));
+    let lease_name = config["leader_election"]["lease_name"].as_str().unwrap();
+    assert_eq!(
+        grants(&base.get("Role", "workspace-gc-lease")["rules"]),
+        lease_grants(lease_name),
+        "the Lease Role must name leader_election.lease_name"
+    );
+    assert_eq!(
+        config["leader_election"]["lease_namespace"].as_str(),
+        Some(""),
+        "the Lease is in the pod's namespace, where its Role is"
+    );
+    assert_eq!(config["http"]["listen"].as_str(), Some("0.0.0.0:8080"));
+    assert_eq!(
+        config["selector"]["namespaces"].as_array().map(Vec::len),
+        Some(0),
+        "cluster-wide, as the ClusterRole allows"
+    );
+}
+
+#[test]
+fn audit_overlay_only_switches_on_server_side_dry_run() {
+    let base = Rendered::of(&manifests("base"));
+    let audit = Rendered::of(&manifests("overlays/audit"));
+    let dry_run = [
+        json!({ "name": "WORKSPACE_GC_DELETION_DRY_RUN", "value": "true" }),
+        json!({ "name": "WORKSPACE_GC_DELETION_SERVER_SIDE_DRY_RUN", "value": "true" }),
+    ];
+    let env = audit.container()["env"].as_array().unwrap().clone();
+    for variable in &dry_run {
+        assert!(env.contains(variable), "{variable} in {env:#?}");
+    }
+
+    // Without those two variables, the audit overlay is the base, object for object.
+    let mut objects = audit.by_key();
+    let deployment = objects
+        .values_mut()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap();
+    let env = deployment
+        .pointer_mut("/spec/template/spec/containers/0/env")
+        .and_then(Value::as_array_mut)
+        .unwrap();
+    env.retain(|variable| !dry_run.contains(variable));
+    assert_eq!(objects, base.by_key());
+
+    let scratch = scratch();
+    let config = audit.effective_config(scratch.path());
+    assert_eq!(config["deletion"]["dry_run"].as_bool(), Some(true));
+    assert_eq!(
+        config["deletion"]["server_side_dry_run"].as_bool(),
+        Some(true)
+    );
+}
+
+#[test]
+fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wide() {
+    let base = Rendered::of(&manifests("base"));
+    let namespaced = Rendered::of(&manifests("overlays/namespaced"));
+
+    // Nothing cluster-scoped: a namespace admin can apply all of it.
+    for object in &namespaced.0 {
+        assert!(
+            object.pointer("/metadata/namespace").is_some(),
+            "cluster-scoped object in the namespaced overlay: {:?}",
+            key_of(object)
+        );
+    }
+
+    // One Role and RoleBinding per watched namespace, with the ClusterRole's rules, bound to
+    // the daemon's ServiceAccount in the daemon's namespace.
+    let watched: BTreeSet<String> = WATCHED.iter().map(|s| s.to_string()).collect();
+    let namespaces_of = |kind: &str| -> BTreeSet<String> {
+        namespaced
+            .of_kind(kind)
+            .into_iter()
+            .filter(|o| o["metadata"]["name"] == "workspace-gc")
+            .map(|o| o["metadata"]["namespace"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(namespaces_of("Role"), watched);
+    assert_eq!(namespaces_of("RoleBinding"), watched);
+    let service_account = namespaced.get("ServiceAccount", "workspace-gc");
+    for role in namespaced.of_kind("Role") {
+        if role["metadata"]["name"] == "workspace-gc" {
+            assert_eq!(grants(&role["rules"]), table_grants(CLUSTER_RULES));
+        }
+    }
+    for binding in namespaced.of_kind("RoleBinding") {
+        if binding["metadata"]["name"] == "workspace-gc" {
+            assert_eq!(binding["roleRef"]["kind"], "Role");
+            assert_eq!(binding["roleRef"]["name"], "workspace-gc");
+            assert_eq!(
+                binding["subjects"],
+                json!([{ "kind": "ServiceAccount", "name": "workspace-gc",
+                         "namespace": service_account["metadata"]["namespace"] }])
+            );
+        }
+    }
+
+    // The daemon watches exactly those namespaces: the two lists in the kustomization agree.
+    let args = namespaced.args();
+    let flags: BTreeSet<String> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--namespace="))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(flags, watched, "--namespace flags vs Roles");
+
+    // Everything else is the base, minus what needs cluster-admin.
+    let mut rest = namespaced.by_key();
+    rest.retain(|_, o| {
+        o["metadata"]["name"] != "workspace-gc" || !o["kind"].as_str().unwrap().starts_with("Role")
+    });
+    let deployment = rest
+        .values_mut()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"] = json!(
+        args.iter()
+            .filter(|a| !a.starts_with("--namespace="))
+            .collect::<Vec<_>>()
+    );
+    let mut expected = base.by_key();
+    expected.retain(|(kind, _, _), _| {
+        !matches!(
+            kind.as_str(),
+            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+        )
+    });
+    assert_eq!(rest, expected);
+}
+
+#[test]
+fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
+    let overlay = Overlay::new(&["base"], &["components/prometheus"], "");
+    let rendered = overlay.render();
+    let service = rendered.only("Service");
+    let monitor = rendered.only("ServiceMonitor");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["namespace"], NAMESPACE);
+    for (label, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&service["metadata"]["labels"][label], value, "{label}");
+    }
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], service["spec"]["ports"][0]["name"]);
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(
+        endpoint["honorLabels"], true,
+        "keeps the claims' namespace label"
+    );
+
+    let rule = rendered.only("PrometheusRule");
+    assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+    let alerts: BTreeSet<String> = alert_rules(&rendered)
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap().to_owned())
+        .collect();
+    for wanted in [
+        "WorkspaceGCDeletionsFailing",
+        "WorkspaceGCBlastRadiusCapReached",
+        "WorkspaceGCNotReady",
+        "WorkspaceGCReclaimLagHigh",
+    ] {
+        assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
+    }
+    for alert in alert_rules(&rendered) {
+        let name = alert["alert"].as_str().unwrap();
+        assert!(
+            alert["expr"].as_str().is_some_and(|e| !e.trim().is_empty()),
+            "{name}: expr"
+        );
+        assert!(alert["labels"]["severity"].is_string(), "{name}: severity");
+        assert!(
+            alert["annotations"]["summary"].is_string(),
+            "{name}: summary"
+        );
+        assert!(
+            alert["annotations"]["description"].is_string(),
+            "{name}: description"
+        );
+    }
+    // That each metric the alerts use exists is checked against the running daemon, in
+    // `base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configuration`.
+    assert!(!alert_metrics(&rendered).is_empty());
+}
+
+fn alert_rules(rendered: &Rendered) -> Vec<Value> {
+    rendered.only("PrometheusRule")["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|group| group["rules"].as_array().unwrap().clone())
+        .collect()
+}
+
+/// The `workspace_gc_*` series the alert expressions read.
+fn alert_metrics(rendered: &Rendered) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for rule in alert_rules(rendered) {
+        let expr = rule["expr"].as_str().unwrap_or_default();
+        let mut rest = expr;
+        while let Some(at) = rest.find("workspace_gc_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_owned());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+// --- the API server ---------------------------------------------------------------------------
+
+/// `kubectl apply --server-side -k DIR` as cluster-admin, exactly as the README says.
+fn apply(control_plane: &ControlPlane, dir: &Path) {
+    let output = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(control_plane.kubeconfig_path())
+        .args(["apply", "--server-side", "-k"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .output()
+        .expect("run kubectl apply");
+    assert!(
+        output.status.success(),
+        "kubectl apply --server-side -k {} failed:\n{}{}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn apply_base(control_plane: &ControlPlane) {
+    BASE_APPLIED
+        .get_or_init(|| async {
+            // The namespaced overlay's test creates this namespace too; creating it first here
+            // as well leaves one create to win and kubectl only patching, never racing a create.
+            ensure_namespace(&control_plane.client(), NAMESPACE).await;
+            apply(control_plane, &manifests("base"));
+        })
+        .await;
+}
+
+/// Creates namespace `name` unless it exists (for the fixed names of the shipped overlays).
+async fn ensure_namespace(client: &Client, name: &str) {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(error) => panic!("create namespace {name}: {error}"),
+    }
+}
+
+/// One access question, asked by the ServiceAccount about itself.
+#[derive(Debug, Clone)]
+struct Ask {
+    verb: &'static str,
+    group: &'static str,
+    /// `resource` or `resource/subresource`.
+    resource: &'static str,
+    /// "" asks about every namespace at once (a cluster-wide list or watch), or a
+    /// cluster-scoped resource.
+    namespace: String,
+    name: &'static str,
+}
+
+fn ask(verb: &'static str, group: &'static str, resource: &'static str, namespace: &str) -> Ask {
+    Ask {
+        verb,
+        group,
+        resource,
+        namespace: namespace.to_owned(),
+        name: "",
+    }
+}
+
+impl Ask {
+    fn named(mut self, name: &'static str) -> Ask {
+        self.name = name;
+        self
+    }
+}
+
+async fn can(client: &Client, ask: &Ask) -> bool {
+    let (resource, subresource) = match ask.resource.split_once('/') {
+        Some((resource, sub)) => (resource, Some(sub.to_owned())),
+        None => (ask.resource, None),
+    };
+    let some = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: some(ask.verb),
+                group: Some(ask.group.to_owned()),
+                resource: some(resource),
+                subresource,
+                namespace: some(&ask.namespace),
+                name: some(ask.name),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("SelfSubjectAccessReview {ask:?}: {e}"))
+        .status
+        .is_some_and(|status| status.allowed)
+}
+
+/// Asks every question and reports every wrong answer at once.
+async fn assert_access(client: &Client, allowed: &[Ask], denied: &[Ask]) {
+    let mut wrong = Vec::new();
+    for (ask, expected) in allowed
+        .iter()
+        .map(|a| (a, true))
+        .chain(denied.iter().map(|a| (a, false)))
+    {
+        if can(client, ask).await != expected {
+            let expected = if expected { "allowed" } else { "denied" };
+            wrong.push(format!("  should be {expected}: {ask:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the ServiceAccount's access differs:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Everything `client` may do in `namespace`, cluster-wide grants included.
+async fn all_rules_in(client: &Client, namespace: &str) -> BTreeSet<Grant> {
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(namespace.to_owned()),
+        },
+        ..SelfSubjectRulesReview::default()
+    };
+    let status = Api::<SelfSubjectRulesReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("SelfSubjectRulesReview in {namespace}: {e}"))
+        .status
+        .expect("a rules review has a status");
+    assert!(!status.incomplete, "the rules review is complete");
+    grants(&serde_json::to_value(&status.resource_rules).unwrap())
+}
+
+/// What the ServiceAccount may do in `namespace` beyond what any ServiceAccount may (asking
+/// about its own access, reading ClusterTrustBundles, ...): measured with an account bound to
+/// nothing, since those defaults vary with the Kubernetes version.
+async fn rules_in(
+    control_plane: &ControlPlane,
+    client: &Client,
+    namespace: &str,
+) -> BTreeSet<Grant> {
+    let nobody = control_plane
+        .service_account_client("default", "deploy-nobody")
+        .await;
+    let everyone = all_rules_in(&nobody, namespace).await;
+    all_rules_in(client, namespace)
+        .await
+        .difference(&everyone)
+        .cloned()
+        .collect()
+}
+
+/// What the daemon must never be able to do, wherever it runs: write to what it only reads,
+/// read what it never needs, or grow its own rights.
+fn never(test_ns: &str) -> Vec<Ask> {
+    let c = CORE;
+    vec![
+        ask("get", c, "persistentvolumeclaims", test_ns),
+        ask("create", c, "persistentvolumeclaims", test_ns),
+        ask("update", c, "persistentvolumeclaims", test_ns),
+        ask("patch", c, "persistentvolumeclaims", test_ns),
+        ask("deletecollection", c, "persistentvolumeclaims", test_ns),
+        ask("delete", c, "pods", test_ns),
+        ask("create", c, "pods", test_ns),
+        ask("get", c, "pods", test_ns),
+        ask("create", c, "pods/exec", test_ns),
+        ask("create", c, "pods/eviction", test_ns),
+        ask("get", c, "secrets", test_ns),
+        ask("list", c, "secrets", ""),
+        ask("get", c, "configmaps", NAMESPACE),
+        ask("create", c, "events", test_ns),
+        ask("list", "events.k8s.io", "events", test_ns),
+        ask("delete", "events.k8s.io", "events", test_ns),
+        ask("delete", "tekton.dev", "pipelineruns", test_ns),
+        ask("patch", "tekton.dev", "pipelineruns", test_ns),
+        ask("create", "tekton.dev", "pipelineruns", test_ns),
+        ask(
+            "delete",
+            "mlops.mlops.dev",
+            "notebookvalidationjobs",
+            test_ns,
+        ),
+        ask(
+            "update",
+            "mlops.mlops.dev",
+            "notebookvalidationjobs/status",
+            test_ns,
+        ),
+        ask("list", c, "persistentvolumes", ""),
+        ask("delete", c, "persistentvolumes", ""),
+        ask("list", c, "namespaces", ""),
+        ask("list", c, "nodes", ""),
+        ask("list", "coordination.k8s.io", "leases", NAMESPACE),
+        ask("get", "coordination.k8s.io", "leases", NAMESPACE).named("another-lease"),
+        ask("patch", "coordination.k8s.io", "leases", NAMESPACE).named("another-lease"),
+        ask("update", "coordination.k8s.io", "leases", NAMESPACE).named("workspace-gc"),
+        ask("delete", "coordination.k8s.io", "leases", NAMESPACE).named("workspace-gc"),
+        ask("get", "coordination.k8s.io", "leases", "kube-system").named("workspace-gc"),
+        ask("patch", "apps", "deployments", NAMESPACE),
+        ask("create", c, "serviceaccounts/token", NAMESPACE),
+        ask("impersonate", c, "serviceaccounts", ""),
+        ask(
+            "create",
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            NAMESPACE,
+        ),
+        ask("escalate", "rbac.authorization.k8s.io", "clusterroles", ""),
+        ask("bind", "rbac.authorization.k8s.io", "clusterroles", ""),
+    ]
+}
+
+const CORE: &str = "";
+
+/// The daemon's calls in one namespace it watches.
+fn needed_in(ns: &str) -> Vec<Ask> {
+    vec![
+        ask("list", CORE, "persistentvolumeclaims", ns),
+        ask("watch", CORE, "persistentvolumeclaims", ns),
+        ask("delete", CORE, "persistentvolumeclaims", ns),
+        ask("list", CORE, "pods", ns),
+        ask("watch", CORE, "pods", ns),
+        ask("get", "tekton.dev", "pipelineruns", ns),
+        ask("list", "tekton.dev", "pipelineruns", ns),
+        ask("watch", "tekton.dev", "pipelineruns", ns),
+        ask("get", "mlops.mlops.dev", "notebookvalidationjobs", ns),
+        ask("list", "mlops.mlops.dev", "notebookvalidationjobs", ns),
+        ask("watch", "mlops.mlops.dev", "notebookvalidationjobs", ns),
+        ask("create", "events.k8s.io", "events", ns),
+        ask("patch", "events.k8s.io", "events", ns),
+    ]
+}
+
+/// Its cluster-wide watches (every namespace at once).
+fn watched_cluster_wide() -> Vec<Ask> {
+    vec![
+        ask("list", CORE, "persistentvolumeclaims", ""),
+        ask("watch", CORE, "persistentvolumeclaims", ""),
+        ask("list", CORE, "pods", ""),
+        ask("watch", CORE, "pods", ""),
+        ask("list", "tekton.dev", "pipelineruns", ""),
+        ask("watch", "tekton.dev", "pipelineruns", ""),
+        ask("list", "mlops.mlops.dev", "notebookvalidationjobs", ""),
+        ask("watch", "mlops.mlops.dev", "notebookvalidationjobs", ""),
+    ]
+}
+
+/// Its Lease, in its own namespace `ns`.
+fn lease_in(ns: &str) -> Vec<Ask> {
+    vec![
+        ask("get", "coordination.k8s.io", "leases", ns).named("workspace-gc"),
+        ask("patch", "coordination.k8s.io", "leases", ns).named("workspace-gc"),
+        ask("create", "coordination.k8s.io", "leases", ns),
+    ]
+}
+
+// --- running the binary as the Deployment does -------------------------------------------------
+
+/// The command line and environment of the Deployment's container, made runnable here: the
+/// mounted ConfigMap written to a directory (and the paths into its mount rewritten to it), and
+/// the downward-API variables filled in as the kubelet would.
+struct Launch {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    /// The configuration file, here.
+    config: PathBuf,
+}
+
+impl Launch {
+    fn from(rendered: &Rendered, pod_name: &str, dir: &Path) -> Launch {
+        let deployment = rendered.deployment();
+        let container = rendered.container();
+        let mount = &container["volumeMounts"][0];
+        let mount_path = mount["mountPath"].as_str().expect("a mounted volume");
+        let config_map = rendered.mounted_config_map();
+        for (file, content) in config_map["data"].as_object().unwrap() {
+            std::fs::write(dir.join(file), content.as_str().unwrap()).expect("write config");
+        }
+        let here = dir.to_str().expect("a UTF-8 path");
+        let args: Vec<String> = rendered
+            .args()
+            .iter()
+            .map(|arg| arg.replace(mount_path, here))
+            .collect();
+        let config = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--config="))
+            .map(PathBuf::from)
+            .expect("the Deployment passes --config");
+        let namespace = deployment["metadata"]["namespace"].as_str().unwrap();
+        let env = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|variable| {
+                let name = variable["name"].as_str().unwrap().to_owned();
+                let value = match (
+                    variable["value"].as_str(),
+                    variable["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+                ) {
+                    (Some(value), _) => value.to_owned(),
+                    (None, Some("metadata.name")) => pod_name.to_owned(),
+                    (None, Some("metadata.namespace")) => namespace.to_owned(),
+                    _ => panic!("an environment variable this test cannot provide: {variable}"),
+                };
+                (name, value)
+            })
+            .collect();
+        Launch { args, env, config }
+    }
+
+    fn command(&self, kubeconfig: &Path) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(BINARY);
+        // Only what the pod would have: no proxy, no stray WORKSPACE_GC_ variable.
+        command
+            .env_clear()
+            .envs(self.env.iter().cloned())
+            .env("KUBECONFIG", kubeconfig)
+            .stdin(Stdio::null());
+        command
+    }
+}
+
+/// `workspace-gc audit` with the deployed configuration and the given credentials: its exit
+/// code and output.
+async fn audit(launch: &Launch, kubeconfig: &Path, extra: &[String]) -> (Option<i32>, String) {
+    let output = launch
+        .command(kubeconfig)
+        .arg("audit")
+        .arg(format!("--config={}", launch.config.display()))
+        .args(extra)
+        .output();
+    let output = tokio::time::timeout(secs(60), output)
+        .await
+        .expect("audit finishes within a minute")
+        .expect("run workspace-gc audit");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text)
+}
+
+/// The daemon binary, running.
+struct Daemon {
+    child: tokio::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `workspace-gc` with the Deployment's arguments and environment plus `extra_args`
+    /// and `extra_env`, listening on a free loopback port, and waits until it is ready.
+    async fn start(
+        launch: &Launch,
+        kubeconfig: &Path,
+        dir: &Path,
+        extra_args: &[String],
+        extra_env: &[(&str, &str)],
+    ) -> Daemon {
+        let port = free_port();
+        let log = dir.join("daemon.log");
+        let file = std::fs::File::create(&log).expect("create the daemon log");
+        let child = launch
+            .command(kubeconfig)
+            .args(&launch.args)
+            .arg(format!("--listen=127.0.0.1:{port}"))
+            .args(extra_args)
+            .envs(extra_env.iter().copied())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            // A failed assertion must not leave it running.
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start workspace-gc");
+        let mut daemon = Daemon { child, port, log };
+        let deadline = tokio::time::Instant::now() + secs(60);
+        loop {
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                panic!("the daemon exited early ({status}):\n{}", daemon.log());
+            }
+            if daemon.get("/readyz").await.0 == 200 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the daemon did not become ready:\n{}",
+                daemon.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        daemon
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.port, path).await
+    }
+
+    async fn metrics(&self) -> String {
+        self.get("/metrics").await.1
+    }
+
+    /// SIGTERM, as the kubelet sends, and the exit status.
+    async fn stop(mut self) -> (ExitStatus, String) {
+        let pid = self.child.id().expect("the daemon is running");
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "SIGTERM sent");
+        let status = tokio::time::timeout(secs(30), self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the daemon did not stop on SIGTERM:\n{}", self.log()))
+            .expect("wait for the daemon");
+        (status, self.log())
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A plain HTTP/1.0 GET (no HTTP client crate for three endpoints); refused reads as status 0.
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response).await;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one sample line, e.g. `workspace_gc_leader`, or with its labels.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|value| value.split_whitespace().next()?.parse().ok())
+    })
+}
+
+/// No API call of the daemon was forbidden: its rights were enough.
+fn assert_nothing_forbidden(metrics: &str) {
+    let forbidden: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("workspace_gc_api_errors_total") && l.contains("forbidden"))
+        .collect();
+    assert!(forbidden.is_empty(), "forbidden API calls: {forbidden:?}");
+}
+
+/// The events.k8s.io events about claim `name` in `namespace`.
+async fn events_about(client: &Client, namespace: &str, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&Default::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+async fn event_with_reason(
+    client: &Client,
+    namespace: &str,
+    claim: &str,
+    reason: &str,
+) -> Option<Event> {
+    events_about(client, namespace, claim)
+        .await
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some(reason))
+}
+
+async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt("workspace-gc")
+        .await
+        .expect("read the Lease")
+        .and_then(|lease| lease.spec?.holder_identity)
+}
+
+async fn claim_is_gone(client: &Client, namespace: &str, name: &str) -> bool {
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .expect("read the claim")
+        .is_none()
+}
+
+// --- applied ------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn base_grants_its_service_account_what_the_daemon_needs_and_nothing_more() {
+    let control_plane = ControlPlane::shared();
+    apply_base(control_plane).await;
+    let ns = TestNamespace::new(control_plane, "deploy-rbac").await;
+    let sa = control_plane
+        .service_account_client(NAMESPACE, "workspace-gc")
+        .await;
+
+    let mut allowed = needed_in(ns.name());
+    allowed.extend(watched_cluster_wide());
+    allowed.extend(lease_in(NAMESPACE));
+    assert_access(&sa, &allowed, &never(ns.name())).await;
+
+    // And nothing else at all, in a namespace it watches and in its own.
+    let cluster = table_grants(CLUSTER_RULES);
+    assert_eq!(rules_in(control_plane, &sa, ns.name()).await, cluster);
+    let own: BTreeSet<Grant> = cluster
+        .union(&lease_grants("workspace-gc"))
+        .cloned()
+        .collect();
+    assert_eq!(rules_in(control_plane, &sa, NAMESPACE).await, own);
+}
+
+/// The Namespace enforces the "restricted" Pod Security Standard, and the Deployment's pods pass
+/// it: a pod from its template is admitted (server-side dry run; no scheduler runs here), one
+/// with privilege escalation allowed is not, which shows the check is live.
+#[tokio::test(flavor = "multi_thread")]
+async fn base_pods_pass_the_restricted_pod_security_standard() {
+    let control_plane = ControlPlane::shared();
+    apply_base(control_plane).await;
+    let base = Rendered::of(&manifests("base"));
+    let template = &base.deployment()["spec"]["template"];
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "pod-security-check", "labels": template["metadata"]["labels"] },
+        "spec": template["spec"],
+    }))
+    .expect("the template is a pod");
+    let pods = Api::<Pod>::namespaced(control_plane.client(), NAMESPACE);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    if let Err(error) = pods.create(&dry_run, &pod).await {
+        panic!("a pod of the Deployment is not admitted: {error}");
+    }
+
+    let mut escalating = serde_json::to_value(&pod).unwrap();
+    escalating["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
+        json!(true);
+    let escalating: Pod = serde_json::from_value(escalating).unwrap();
+    match pods.create(&dry_run, &escalating).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(status.message.contains("PodSecurity"), "{status:?}");
+        }
+        other => panic!("an escalating pod was not refused: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configuration() {
+    let control_plane = ControlPlane::shared();
+    apply_base(control_plane).await;
+    let admin = control_plane.client();
+    let ns = TestNamespace::new(control_plane, "deploy-base").await;
+    let kubeconfig = control_plane
+        .service_account_kubeconfig(NAMESPACE, "workspace-gc")
+        .await;
+    let base = Rendered::of(&manifests("base"));
+    let scratch = scratch();
+    let pod_name = "workspace-gc-5d9c7b-test1";
+    let launch = Launch::from(&base, pod_name, scratch.path());
+
+    // Cluster-wide reads work with the ClusterRole: the one-shot audit lists every kind in
+    // every namespace (read-only) and exits 0.
+    let (code, output) = audit(&launch, &kubeconfig, &[]).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "cluster-wide audit as the ServiceAccount:\n{output}"
+    );
+
+    // An orphan, expired at once: the operator's claim with no PipelineRun or job.
+    let claim = "orphan-build-workspace";
+    ClaimBuilder::build_workspace(claim).create(&ns).await;
+    let _turn = LEASE.lock().await;
+    // Scoped to this test's namespace (the ClusterRole covers it) so no other test's claim is
+    // touched; otherwise exactly the Deployment's command line and environment.
+    let daemon = Daemon::start(
+        &launch,
+        &kubeconfig,
+        scratch.path(),
+        &[format!("--namespace={}", ns.name())],
+        &[("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s")],
+    )
+    .await;
+
+    assert!(
+        wait_until(secs(30), || claim_is_gone(&admin, ns.name(), claim)).await,
+        "the expired claim was deleted:\n{}",
+        daemon.log()
+    );
+    assert!(
+        wait_until(secs(10), || async {
+            event_with_reason(&admin, ns.name(), claim, "Deleted")
+                .await
+                .is_some()
+        })
+        .await,
+        "a Deleted event:\n{}",
+        daemon.log()
+    );
+    let event = event_with_reason(&admin, ns.name(), claim, "Deleted")
+        .await
+        .unwrap();
+    assert_eq!(event.reporting_controller.as_deref(), Some("workspace-gc"));
+    assert_eq!(event.reporting_instance.as_deref(), Some(pod_name));
+    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    // It led through the Lease in its own namespace, under the pod's name.
+    assert_eq!(
+        lease_holder(&admin, NAMESPACE).await.as_deref(),
+        Some(pod_name)
+    );
+
+    let metrics = daemon.metrics().await;
+    let deleted = format!(
+        "workspace_gc_deletions_total{{namespace=\"{}\",reason=\"orphaned\",result=\"deleted\"}}",
+        ns.name()
+    );
+    assert_eq!(sample(&metrics, &deleted), Some(1.0), "{metrics}");
+    assert_eq!(sample(&metrics, "workspace_gc_leader"), Some(1.0));
+    assert_nothing_forbidden(&metrics);
+    // Every metric the shipped alerts read is one the daemon exports, and the reclaim-lag
+    // alert's bucket bound is spelled as the daemon spells it.
+    let alerts = Overlay::new(&["base"], &["components/prometheus"], "").render();
+    for series in alert_metrics(&alerts) {
+        let family = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| series.strip_suffix(suffix))
+            .unwrap_or(&series);
+        assert!(
+            metrics.contains(&format!("# TYPE {family} ")),
+            "an alert reads {series}, which the daemon does not export"
+        );
+    }
+    assert!(metrics.contains("workspace_gc_reclaim_lag_seconds_bucket{le=\"300.0\"}"));
+
+    let (status, log) = daemon.stop().await;
+    assert_eq!(status.code(), Some(0), "exit 0 on SIGTERM:\n{log}");
+    // It handed the Lease back on the way out, so a standby would not wait for expiry.
+    assert_eq!(lease_holder(&admin, NAMESPACE).await, None);
+}
+
+/// The audit overlay, applied in a namespace of its own: the daemon sends only dry-run deletes
+/// (which RBAC and admission accept), so the expired claim stays and a WouldDelete event says
+/// why; re-applying the base over it switches to real mode.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_overlay_applied_exercises_rbac_with_dry_run_deletes_and_deletes_nothing() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let own = "workspace-gc-audit";
+    let extra = format!("namespace: {own}\nnamePrefix: audit-\n");
+    let audit_overlay = Overlay::new(&["overlays/audit"], &[], &extra);
+    apply(control_plane, audit_overlay.path());
+    let rendered = audit_overlay.render();
+    let ns = TestNamespace::new(control_plane, "deploy-audit").await;
+    let kubeconfig = control_plane
+        .service_account_kubeconfig(own, "audit-workspace-gc")
+        .await;
+    let sa = control_plane
+        .service_account_client(own, "audit-workspace-gc")
+        .await;
+    // The same rights as the base: a dry-run delete is authorized as a delete.
+    let mut allowed = needed_in(ns.name());
+    allowed.extend(lease_in(own));
+    assert_access(&sa, &allowed, &[]).await;
+
+    let claim = "orphan-build-workspace";
+    ClaimBuilder::build_workspace(claim).create(&ns).await;
+    let scratch = scratch();
+    let pod_name = "audit-workspace-gc-test";
+    let launch = Launch::from(&rendered, pod_name, scratch.path());
+    // Its Lease is in its own namespace, so it competes with no other test's daemon.
+    let daemon = Daemon::start(
+        &launch,
+        &kubeconfig,
+        scratch.path(),
+        &[format!("--namespace={}", ns.name())],
+        &[("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s")],
+    )
+    .await;
+    assert!(
+        wait_until(secs(30), || async {
+            event_with_reason(&admin, ns.name(), claim, "WouldDelete")
+                .await
+                .is_some()
+        })
+        .await,
+        "a WouldDelete event:\n{}",
+        daemon.log()
+    );
+    let metrics = daemon.metrics().await;
+    let would = format!(
+        "workspace_gc_dry_run_would_delete_total{{namespace=\"{}\",reason=\"orphaned\"}}",
+        ns.name()
+    );
+    assert_eq!(sample(&metrics, &would), Some(1.0), "{metrics}");
+    assert_nothing_forbidden(&metrics);
+    assert!(
+        !metrics.contains("workspace_gc_deletions_total{"),
+        "{metrics}"
+    );
+    let (status, log) = daemon.stop().await;
+    assert_eq!(status.code(), Some(0), "exit 0 on SIGTERM:\n{log}");
+    assert!(
+        !claim_is_gone(&admin, ns.name(), claim).await,
+        "dry-run deleted nothing"
+    );
+    assert!(
+        event_with_reason(&admin, ns.name(), claim, "Deleted")
+            .await
+            .is_none()
+    );
+
+    // Audit first, then real mode: apply the base (same names) over it; server-side apply
+    // drops the dry-run variables it set before.
+    let real = Overlay::new(&["base"], &[], &extra);
+    apply(control_plane, real.path());
+    let deployment: Value = serde_json::to_value(
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), own)
+            .get("audit-workspace-gc")
+            .await
+            .expect("read the Deployment"),
+    )
+    .unwrap();
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let names: Vec<&str> = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["POD_NAME", "POD_NAMESPACE"]);
+}
+
+/// The namespaced overlay, applied as shipped (with a name prefix, so that its ServiceAccount
+/// is not the base's): rights only in the listed namespaces, none cluster-wide, and the daemon
+/// with the overlay's own `--namespace` flags deletes with nothing more.
+#[tokio::test(flavor = "multi_thread")]
+async fn namespaced_overlay_applied_grants_rights_only_in_the_listed_namespaces() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    // The overlay ships no Namespace objects: the daemon's and the watched ones must exist.
+    for namespace in [NAMESPACE].iter().chain(WATCHED.iter()) {
+        ensure_namespace(&admin, namespace).await;
+    }
+    let overlay = Overlay::new(&["overlays/namespaced"], &[], "namePrefix: ns-\n");
+    apply(control_plane, overlay.path());
+    let rendered = overlay.render();
+    let elsewhere = TestNamespace::new(control_plane, "deploy-unlisted").await;
+    let account = "ns-workspace-gc";
+    let kubeconfig = control_plane
+        .service_account_kubeconfig(NAMESPACE, account)
+        .await;
+    let sa = control_plane
+        .service_account_client(NAMESPACE, account)
+        .await;
+
+    let mut allowed: Vec<Ask> = WATCHED.iter().flat_map(|ns| needed_in(ns)).collect();
+    allowed.extend(lease_in(NAMESPACE));
+    let mut denied = never(WATCHED[0]);
+    // Nothing cluster-wide, and nothing in a namespace that is not listed.
+    denied.extend(watched_cluster_wide());
+    denied.extend(needed_in(elsewhere.name()));
+    assert_access(&sa, &allowed, &denied).await;
+    let cluster = table_grants(CLUSTER_RULES);
+    for watched in WATCHED {
+        assert_eq!(
+            rules_in(control_plane, &sa, watched).await,
+            cluster,
+            "in {watched}"
+        );
+    }
+    assert_eq!(
+        rules_in(control_plane, &sa, elsewhere.name()).await,
+        BTreeSet::new()
+    );
+    assert_eq!(
+        rules_in(control_plane, &sa, NAMESPACE).await,
+        lease_grants("workspace-gc"),
+        "only its Lease in its own namespace"
+    );
+
+    // The one-shot audit shows the difference: cluster-wide it is refused (no cluster access,
+    // exit 3); over the listed namespaces it works.
+    let scratch = scratch();
+    let pod_name = "ns-workspace-gc-test";
+    let launch = Launch::from(&rendered, pod_name, scratch.path());
+    let (code, output) = audit(&launch, &kubeconfig, &[]).await;
+    assert_eq!(code, Some(3), "cluster-wide audit is forbidden:\n{output}");
+    assert!(output.contains("forbidden"), "{output}");
+    let listed: Vec<String> = launch
+        .args
+        .iter()
+        .filter(|a| a.starts_with("--namespace="))
+        .cloned()
+        .collect();
+    let (code, output) = audit(&launch, &kubeconfig, &listed).await;
+    assert_eq!(code, Some(0), "audit of the listed namespaces:\n{output}");
+
+    // The daemon, with exactly the overlay's flags, deletes an expired claim in team-a.
+    let claim = format!("orphan-{}-build-workspace", std::process::id());
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": { "name": claim, "labels": { BUILD_WORKSPACE_LABEL: "true" } },
+        "spec": { "accessModes": ["ReadWriteOnce"],
+                  "resources": { "requests": { "storage": "1Gi" } } },
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(admin.clone(), WATCHED[0])
+        .create(&PostParams::default(), &pvc)
+        .await
+        .expect("create the claim");
+    let _turn = LEASE.lock().await;
+    let daemon = Daemon::start(
+        &launch,
+        &kubeconfig,
+        scratch.path(),
+        &[],
+        &[("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s")],
+    )
+    .await;
+    assert!(
+        wait_until(secs(30), || claim_is_gone(&admin, WATCHED[0], &claim)).await,
+        "the expired claim was deleted:\n{}",
+        daemon.log()
+    );
+    assert!(
+        wait_until(secs(10), || async {
+            event_with_reason(&admin, WATCHED[0], &claim, "Deleted")
+                .await
+                .is_some()
+        })
+        .await,
+        "a Deleted event:\n{}",
+        daemon.log()
+    );
+    assert_nothing_forbidden(&daemon.metrics().await);
+    let (status, log) = daemon.stop().await;
+    assert_eq!(status.code(), Some(0), "exit 0 on SIGTERM:\n{log}");
+}
