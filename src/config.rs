@@ -798,7 +798,7 @@ impl Layer {
             d.creator.storage_class,
             optional_storage_class,
         )?;
-        let labels = take(cr.labels, "creator.labels", d.creator.labels, label_map)?;
+        let labels = take(cr.labels, "creator.labels", d.creator.labels, creator_labels)?;
         let annotations = take(
             cr.annotations,
             "creator.annotations",
@@ -1082,6 +1082,22 @@ fn label_map(labels: BTreeMap<String, String>) -> Result<BTreeMap<String, String
             .map_err(|why| format!("{value:?} (of {key:?}) is not a valid label value: {why}"))?;
     }
     Ok(labels)
+}
+
+/// Extra labels for created claims; the ones `create` sets itself cannot be overridden.
+fn creator_labels(labels: BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+    let fixed = crate::creator::OPERATOR_LABELS
+        .iter()
+        .map(|(key, _)| *key)
+        .chain([crate::creator::JOB_LABEL]);
+    for key in fixed {
+        if labels.contains_key(key) {
+            return Err(format!(
+                "{key:?} is set by workspace-gc create itself and cannot be configured"
+            ));
+        }
+    }
+    label_map(labels)
 }
 
 /// Annotation values are free text; only the keys have a syntax.

@@ -603,6 +603,12 @@ fn bad_environment_forms_are_named() {
             "creator.labels",
             "is not a valid label key",
         ),
+        (
+            "WORKSPACE_GC_CREATOR_LABELS",
+            "mlops.redhat.com/build-workspace=false",
+            "creator.labels",
+            "is set by workspace-gc create itself",
+        ),
     ] {
         rejected(vars(&[(var, raw)]), &format!("${var}: {key}: "), detail);
     }
