@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use thiserror::Error;
 
+/// The prefix of every workspace-gc annotation.
+pub const PREFIX: &str = "workspace-gc.mlops.dev/";
 /// Time to keep the workspace after the build finished, in humantime form (`30m`, `2d`).
 pub const TTL: &str = "workspace-gc.mlops.dev/ttl";
 /// Absolute RFC 3339 instant after which the claim is deleted, unless in use.
@@ -55,6 +57,19 @@ fn quote(value: &str) -> String {
 
 /// Parses the workspace-gc annotations, ignoring every other key.
 pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations, AnnotationError> {
+    // A misspelt key (`…/kep`) must not silently lose its meaning: it keeps the claim too.
+    if let Some(key) = annotations
+        .keys()
+        .find(|key| key.starts_with(PREFIX) && ![KEEP, TTL, EXPIRES].contains(&key.as_str()))
+    {
+        return Err(AnnotationError {
+            key: "workspace-gc.mlops.dev/*",
+            value: quote(key),
+            expected: format!(
+                "an unknown workspace-gc annotation; expected {KEEP}, {TTL} or {EXPIRES}"
+            ),
+        });
+    }
     let keep = match annotations.get(KEEP).map(String::as_str) {
         None | Some("false") => false,
         Some("true") => true,
@@ -76,7 +91,14 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations,
 
 fn parse_ttl(value: &str) -> Result<Duration, AnnotationError> {
     let std = humantime::parse_duration(value.trim()).map_err(|e| {
-        AnnotationError::new(TTL, value, format!("expected a duration like \"2h\" ({e})"))
+        // humantime quotes an unknown unit verbatim, however long: bound it like the value,
+        // or an event explaining the error exceeds the Events API's 1024 bytes and is refused.
+        let why = quote(&e.to_string());
+        AnnotationError::new(
+            TTL,
+            value,
+            format!("expected a duration like \"2h\" ({why})"),
+        )
     })?;
     Duration::from_std(std)
         .map_err(|_| AnnotationError::new(TTL, value, "the duration is out of range"))
@@ -144,11 +166,24 @@ mod tests {
     }
 
     #[test]
+    fn unknown_keys_under_our_prefix_are_errors() {
+        let err = parse(&with("workspace-gc.mlops.dev/kep", "true")).unwrap_err();
+        assert!(
+            err.to_string().contains("workspace-gc.mlops.dev/kep"),
+            "{err}"
+        );
+        assert!(parse(&with("example.com/keep", "true")).is_ok());
+    }
+
+    #[test]
     fn huge_values_are_quoted_shortened() {
         let value = "é".repeat(10_000);
         let err = parse(&with(TTL, &value)).unwrap_err();
         assert_eq!(err.value.chars().count(), QUOTE_LIMIT + 1);
         assert!(err.to_string().len() < 400);
+        // A number then a huge unknown unit, which humantime's message quotes in full.
+        let err = parse(&with(TTL, &format!("1{}", "x".repeat(10_000)))).unwrap_err();
+        assert!(err.to_string().len() < 400, "{}", err.to_string().len());
     }
 
     proptest! {

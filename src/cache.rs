@@ -59,8 +59,6 @@ pub struct Table<E> {
     /// Scopes that have not finished their first list.
     unsynced: HashSet<Scope>,
     relists: HashMap<Scope, HashMap<ObjectKey, E>>,
-    /// The watch failed and has not delivered anything since: the entries may be stale.
-    interrupted: bool,
 }
 
 impl<E> Table<E> {
@@ -69,7 +67,6 @@ impl<E> Table<E> {
             items: HashMap::new(),
             unsynced: scopes.iter().cloned().collect(),
             relists: HashMap::new(),
-            interrupted: false,
         }
     }
 
@@ -152,9 +149,6 @@ impl Index {
     /// Applies one watcher event and returns the claims to re-evaluate.
     pub fn apply<E: Cached>(&mut self, change: Change<E>) -> BTreeSet<ObjectKey> {
         let mut affected = BTreeSet::new();
-        // Live again once the watch delivers an event or finishes a re-list; during a re-list
-        // the table still holds what was known before the failure.
-        E::table(self).interrupted = matches!(change, Change::Init(_) | Change::InitApply(..));
         match change {
             Change::Apply(entry) => self.upsert(entry, &mut affected),
             Change::Delete(key) => self.remove::<E>(&key, &mut affected),
@@ -209,29 +203,6 @@ impl Index {
         if let Some(old) = E::table(self).items.remove(key) {
             old.affected(self, affected);
             old.index(self, false);
-        }
-    }
-
-    /// Notes that a kind's watch failed: until it delivers again, its entries may be stale.
-    pub fn interrupt(&mut self, kind: Kind) {
-        match kind {
-            Kind::Claims => self.claims.interrupted = true,
-            Kind::Jobs => self.jobs.interrupted = true,
-            Kind::Runs => self.runs.interrupted = true,
-            Kind::Pods => self.pods.interrupted = true,
-        }
-    }
-
-    /// The pods that mount `claim`, if the pod watch is synced and delivering: then the cache
-    /// is as fresh as a read (watch events arrive within milliseconds). `None` when it may be
-    /// stale and only a live read will do.
-    pub fn current_pods_using(&self, claim: &ObjectKey) -> Option<Vec<PodUse>> {
-        if self.pods.interrupted {
-            return None;
-        }
-        match self.pods_using(claim) {
-            Found::Yes(pods) => Some(pods),
-            Found::No | Found::Unknown(_) => None,
         }
     }
 
@@ -658,35 +629,5 @@ mod tests {
         assert_eq!(affected, keys(&["a", "c"]));
         let names: BTreeSet<_> = index.claims().map(|c| c.key.name.clone()).collect();
         assert_eq!(names, ["b", "c"].into_iter().map(String::from).collect());
-    }
-
-    #[test]
-    fn an_interrupted_pod_watch_does_not_vouch_for_its_cache() {
-        let mut index = synced();
-        let claim_key = ObjectKey::new("ml", "c");
-        index.apply(Change::Apply(claim("c")));
-        index.apply(Change::Apply(pod("p", &["c"], "Running")));
-        assert_eq!(
-            index.current_pods_using(&claim_key).map(|p| p.len()),
-            Some(1)
-        );
-
-        index.interrupt(Kind::Pods);
-        assert_eq!(
-            index.current_pods_using(&claim_key),
-            None,
-            "stale: read live"
-        );
-        // Other kinds' events say nothing about the pod watch.
-        index.apply(Change::Apply(job("j", "u")));
-        assert_eq!(index.current_pods_using(&claim_key), None);
-
-        index.apply::<PodEntry>(Change::Init(None));
-        assert_eq!(index.current_pods_using(&claim_key), None, "re-listing");
-        index.apply::<PodEntry>(Change::InitDone(None));
-        assert!(
-            index.current_pods_using(&claim_key).is_some(),
-            "delivering again"
-        );
     }
 }

@@ -798,7 +798,12 @@ impl Layer {
             d.creator.storage_class,
             optional_storage_class,
         )?;
-        let labels = take(cr.labels, "creator.labels", d.creator.labels, creator_labels)?;
+        let labels = take(
+            cr.labels,
+            "creator.labels",
+            d.creator.labels,
+            creator_labels,
+        )?;
         let annotations = take(
             cr.annotations,
             "creator.annotations",

@@ -10,6 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use kube::Client;
+use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -23,8 +24,8 @@ use crate::http::{self, Health};
 use crate::leader::Leadership;
 use crate::limiter::{Admission, Limiter};
 use crate::linking;
-use crate::live::LiveView;
-use crate::metrics::{DeleteResult, Metrics};
+use crate::live::{LiveView, PodLists};
+use crate::metrics::{DeleteResult, ErrorCategory, Metrics};
 use crate::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::watches;
 use crate::writer::{Mode, Notice, Writer};
@@ -35,6 +36,8 @@ const CONCURRENCY: usize = 16;
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// After a delete conflict, the watch brings the new version within moments.
 const RETRY_AFTER_CONFLICT: Duration = Duration::from_secs(1);
+/// While the API server cannot be reached, how often to check whether it answers again.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// What `run` needs besides the configuration.
 pub struct RunOptions {
@@ -68,6 +71,7 @@ struct Controller {
     cap: (u32, String),
     schedule: crate::scheduler::Schedule,
     leading: watch::Receiver<bool>,
+    pod_lists: PodLists,
 }
 
 /// Runs the daemon until `stop` is cancelled: finishes the deletes in flight, releases the
@@ -126,6 +130,7 @@ pub async fn run(
         ),
         schedule,
         leading: leadership.subscribe(),
+        pod_lists: PodLists::default(),
         client: client.clone(),
     });
 
@@ -163,9 +168,27 @@ async fn feed(
     mut updates: futures::stream::BoxStream<'static, watches::Item>,
     health: Arc<Health>,
 ) {
-    while let Some(item) = updates.next().await {
+    loop {
+        let item = if health.is_unreachable() {
+            // A watch that resumes where it left off delivers nothing until something changes,
+            // so probe for the way back instead of waiting for an event.
+            tokio::select! {
+                item = updates.next() => item,
+                () = tokio::time::sleep(PROBE_EVERY) => {
+                    let probe = controller.client.apiserver_version();
+                    if let Ok(Ok(_)) = tokio::time::timeout(PROBE_EVERY, probe).await {
+                        reachable(&controller, &health, true);
+                    }
+                    continue;
+                }
+            }
+        } else {
+            updates.next().await
+        };
+        let Some(item) = item else { break };
         match item {
             Ok(update) => {
+                reachable(&controller, &health, true);
                 let (affected, all) = {
                     let mut index = controller.write_index();
                     let was_synced = index.synced();
@@ -188,18 +211,46 @@ async fn feed(
                         "caches synced; evaluating every claim"
                     );
                     health.set_synced();
-                    controller.metrics.set_ready(true);
+                    controller.metrics.set_ready(health.is_ready());
                 }
                 for key in affected {
                     controller.schedule.now(key);
                 }
             }
             Err((kind, error)) => {
-                controller.write_index().interrupt(kind);
                 controller.metrics.watch_restart(kind.as_str());
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
+                if cannot_connect(&error) {
+                    reachable(&controller, &health, false);
+                }
             }
         }
+    }
+}
+
+/// Records whether the API server can be reached: `/readyz` and the `ready` gauge follow it.
+fn reachable(controller: &Controller, health: &Health, reachable: bool) {
+    let unreachable = !reachable;
+    if health.is_unreachable() == unreachable {
+        return;
+    }
+    health.set_unreachable(unreachable);
+    controller.metrics.set_ready(health.is_ready());
+    if reachable {
+        info!("the API server answers again");
+    } else {
+        warn!("the API server cannot be reached; not ready until it answers");
+    }
+}
+
+/// A watch failed to connect at all (refused, reset, timed out), as opposed to the API server
+/// answering with an error (403, 410, 5xx), which does not make the daemon unready.
+fn cannot_connect(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => ErrorCategory::of(e) == ErrorCategory::Connection,
+        _ => false,
     }
 }
 
@@ -323,18 +374,15 @@ impl Controller {
         };
         tokio::time::sleep_until(slot).await;
 
-        let (candidates, current_pods) = {
-            let index = self.read_index();
-            (
-                linking::candidates(&claim, &*index),
-                index.current_pods_using(&claim.key),
-            )
-        };
+        let candidates = linking::candidates(&claim, &*self.read_index());
+        // The pods are always listed live: a watch can go silent without an error (a wedged
+        // API server, a dead connection) and its cache would miss a pod started since
+        // (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
         let live = LiveView::read(
             &self.client,
             &claim,
             &candidates,
-            current_pods,
+            &self.pod_lists,
             &self.metrics,
         )
         .await;

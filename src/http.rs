@@ -1,5 +1,5 @@
 //! The HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz` (the process is alive) and
-//! `/readyz` (every watch has synced once).
+//! `/readyz` (every watch has synced once, and the API server can be reached).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,11 +21,26 @@ use tracing::{info, warn};
 pub struct Health {
     synced: AtomicBool,
     leader: AtomicBool,
+    /// The watches cannot connect to the API server: the caches are going stale.
+    unreachable: AtomicBool,
 }
 
 impl Health {
     pub fn set_synced(&self) {
         self.synced.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.unreachable.store(unreachable, Ordering::Relaxed);
+    }
+
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Relaxed)
+    }
+
+    /// What `/readyz` answers 200 to.
+    pub fn is_ready(&self) -> bool {
+        self.synced.load(Ordering::Relaxed) && !self.is_unreachable()
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -80,17 +95,23 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    if shared.health.synced.load(Ordering::Relaxed) {
-        let role = if shared.health.leader.load(Ordering::Relaxed) {
+    let health = &shared.health;
+    if !health.synced.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the watches have not all synced yet\n".to_owned(),
+        )
+    } else if health.is_unreachable() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the API server cannot be reached; the watches are retrying\n".to_owned(),
+        )
+    } else {
+        let role = if health.leader.load(Ordering::Relaxed) {
             "leader"
         } else {
             "standby"
         };
         (StatusCode::OK, format!("ready ({role})\n"))
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the watches have not all synced yet\n".to_owned(),
-        )
     }
 }

@@ -238,7 +238,7 @@ impl Metrics {
         );
         r.register(
             "ready",
-            "1 once every watch has synced",
+            "1 while /readyz answers 200: synced once, and the API server reachable",
             metrics.ready.clone(),
         );
         r.register(

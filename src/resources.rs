@@ -6,11 +6,17 @@
 //! still converts (to a state that keeps the claim) instead of failing a whole list.
 
 use chrono::{DateTime, Utc};
+use std::borrow::Cow;
+
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::{NamespaceResourceScope, Resource as _};
+use kube::Resource;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use serde::Deserialize;
 use serde_json::Value;
 
+use crate::annotations;
 use crate::facts::{
     ClaimFacts, JOB_GROUP, JOB_KIND, ObjectKey, OwnerRef, Progress, RUN_GROUP, RUN_KIND,
 };
@@ -81,7 +87,14 @@ pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
             .as_ref()
             .map_or(DateTime::<Utc>::MAX_UTC, to_chrono),
         labels: meta.labels.clone().unwrap_or_default(),
-        annotations: meta.annotations.clone().unwrap_or_default(),
+        // Only workspace-gc's own annotations are read; others (possibly large) are not kept.
+        annotations: meta
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(key, _)| key.starts_with(annotations::PREFIX))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
         owner_references: meta
             .owner_references
             .iter()
@@ -157,20 +170,109 @@ pub fn run_entry(run: &DynamicObject) -> RunEntry {
     }
 }
 
-pub fn pod_entry(pod: &Pod) -> PodEntry {
-    let claims = pod
-        .spec
-        .as_ref()
-        .map(|spec| spec.volumes.iter().flatten())
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|pvc| pvc.claim_name.clone())
-        .collect();
+/// A pod as workspace-gc reads it: name, the claims its volumes mount, and its phase. Listing
+/// and watching pods decode into this instead of `Pod`, so the rest of each pod (containers,
+/// managed fields, status details) is skipped by the parser rather than allocated and dropped:
+/// pods are the largest and most numerous objects read.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PodVolumes {
+    #[serde(deserialize_with = "identity_only")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: PodVolumesSpec,
+    #[serde(default)]
+    status: PodPhase,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct PodVolumesSpec {
+    #[serde(default)]
+    volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Volume {
+    #[serde(default, rename = "persistentVolumeClaim")]
+    claim: Option<ClaimSource>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ClaimSource {
+    #[serde(rename = "claimName")]
+    claim_name: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct PodPhase {
+    phase: Option<String>,
+}
+
+/// The metadata the watcher and the cache need: identity and version.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Identity {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+fn identity_only<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let Identity {
+        name,
+        namespace,
+        uid,
+        resource_version,
+    } = Identity::deserialize(d)?;
+    Ok(ObjectMeta {
+        name,
+        namespace,
+        uid,
+        resource_version,
+        ..ObjectMeta::default()
+    })
+}
+
+impl Resource for PodVolumes {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Pod::KIND.into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Pod::GROUP.into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Pod::VERSION.into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Pod::URL_PATH_SEGMENT.into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+pub fn pod_entry(pod: &PodVolumes) -> PodEntry {
     PodEntry {
         key: ObjectKey::of(&pod.metadata),
-        phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
-        claims,
+        phase: pod.status.phase.clone(),
+        claims: pod
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|v| v.claim.as_ref())
+            .map(|c| c.claim_name.clone())
+            .collect(),
     }
 }
 
@@ -260,5 +362,33 @@ mod tests {
                    "status": {"phase": "Succeeded", "completionTime": "yesterday"}}),
         );
         assert_eq!(job_entry(&job).progress, Progress::Finished { at: None });
+    }
+
+    #[test]
+    fn pods_decode_to_their_claims_and_phase_only() {
+        let pod: PodVolumes = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ml", "uid": "u", "resourceVersion": "9",
+                         "labels": {"a": "b"}, "managedFields": [{"manager": "x", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"containers": [{"name": "c", "image": "i"}], "volumes": [
+                {"name": "ws", "persistentVolumeClaim": {"claimName": "nb-build-workspace"}},
+                {"name": "cfg", "configMap": {"name": "x"}}
+            ]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        assert_eq!(pod.meta().resource_version.as_deref(), Some("9"));
+        assert!(pod.meta().labels.is_none(), "only identity is kept");
+        assert_eq!(
+            pod_entry(&pod),
+            PodEntry {
+                key: ObjectKey::new("ml", "p"),
+                phase: Some("Running".into()),
+                claims: vec!["nb-build-workspace".into()],
+            }
+        );
+        let bare: PodVolumes =
+            serde_json::from_value(json!({"metadata": {"name": "q", "namespace": "ml"}})).unwrap();
+        assert_eq!(pod_entry(&bare).claims, Vec::<String>::new());
     }
 }

@@ -6,7 +6,7 @@ use std::fmt::Debug;
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -62,7 +62,7 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
         ));
         streams.push(kind(
             Kind::Pods,
-            typed::<Pod>(client, &scope),
+            typed::<resources::PodVolumes>(client, &scope),
             watcher::Config::default(),
             scope.clone(),
             resources::pod_entry,

@@ -123,7 +123,7 @@ impl Writer {
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            note: Some(bounded(note)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -132,6 +132,20 @@ impl Writer {
             warn!(claim = %claim.key, %error, "could not publish event");
         }
     }
+}
+
+/// The Events API refuses a note over 1024 bytes; cut at a character boundary.
+fn bounded(mut note: String) -> String {
+    const LIMIT: usize = 1024;
+    if note.len() > LIMIT {
+        let mut cut = LIMIT - '…'.len_utf8();
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push('…');
+    }
+    note
 }
 
 fn reference(claim: &ClaimFacts) -> ObjectReference {
@@ -204,6 +218,13 @@ mod tests {
         let result = writer.delete(&claim(), &metrics).await;
         let (query, body) = server.await.ok()??;
         Some((query, body, result))
+    }
+
+    #[test]
+    fn event_notes_fit_the_events_api() {
+        assert_eq!(bounded("short".into()), "short");
+        let long = bounded("é".repeat(2000));
+        assert!(long.len() <= 1024 && long.ends_with('…'), "{}", long.len());
     }
 
     #[tokio::test]

@@ -14,11 +14,9 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
-    ClaimBuilder, ControlPlane, JobBuilder, PipelineRunBuilder, PodBuilder, TestNamespace,
-    claim_exists, wait_until,
+    ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, TestNamespace,
+    claim_exists, free_port, http_get, metric, wait_until,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use workspace_gc::annotations;
 use workspace_gc::config::Config;
@@ -26,87 +24,6 @@ use workspace_gc::controller::{self, RunOptions};
 use workspace_gc::metrics::Metrics;
 use workspace_gc::resources;
 use workspace_gc::writer::{Mode, Writer};
-
-/// A daemon running in this process until stopped.
-struct Daemon {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-    port: u16,
-}
-
-impl Daemon {
-    async fn start(client: kube::Client, config: Config, identity: &str) -> Daemon {
-        let port = free_port();
-        let stop = CancellationToken::new();
-        let options = RunOptions {
-            identity: identity.to_owned(),
-            pod_namespace: None,
-            listen: ([127, 0, 0, 1], port).into(),
-        };
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            async move {
-                controller::run(client, config, options, stop)
-                    .await
-                    .expect("the daemon runs until stopped");
-            }
-        });
-        let daemon = Daemon { stop, task, port };
-        assert!(
-            wait_until(Duration::from_secs(30), || daemon.ready()).await,
-            "the daemon became ready"
-        );
-        daemon
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.port, path).await
-    }
-
-    async fn ready(&self) -> bool {
-        self.get("/readyz").await.0 == 200
-    }
-
-    async fn metrics(&self) -> String {
-        self.get("/metrics").await.1
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.expect("the daemon stopped cleanly");
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// A plain HTTP/1.0 GET; no HTTP client crate needed for three endpoints. A refused
-/// connection reads as status 0.
-async fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return (0, String::new());
-    };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return (0, String::new());
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response).await;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
 
 /// A configuration that watches only `ns`, without leader election, with a generous rate.
 fn config_for(ns: &TestNamespace) -> Config {
@@ -181,16 +98,18 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
         "unlabelled claim untouched"
     );
     let metrics = daemon.metrics().await;
-    let line = format!(
-        "workspace_gc_deletions_total{{namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"}} 1",
+    let labels = format!(
+        "namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
         ns.name()
     );
-    assert!(
-        metrics.contains(&line),
+    assert_eq!(
+        metric(&metrics, "workspace_gc_deletions_total", &labels),
+        1.0,
         "metrics report the deletion:\n{metrics}"
     );
-    assert!(
-        metrics.contains("workspace_gc_reclaimed_bytes_total 1073741824"),
+    assert_eq!(
+        metric(&metrics, "workspace_gc_reclaimed_bytes_total", ""),
+        1_073_741_824.0,
         "{metrics}"
     );
     daemon.stop().await;
@@ -281,8 +200,13 @@ async fn young_orphan_is_kept() {
     tokio::time::sleep(secs(3)).await;
     assert!(claim_exists(&ns, "fresh-build-workspace").await);
     let metrics = daemon.metrics().await;
-    assert!(
-        metrics.contains("workspace_gc_claims{state=\"keep\",reason=\"within-orphan-grace\"} 1"),
+    assert_eq!(
+        metric(
+            &metrics,
+            "workspace_gc_claims",
+            "state=\"keep\",reason=\"within-orphan-grace\""
+        ),
+        1.0,
         "{metrics}"
     );
     daemon.stop().await;
@@ -538,8 +462,9 @@ async fn blast_radius_cap_stops_deletions_at_the_cap() {
     }
     assert!(capped_event, "a claim held back by the cap says so");
     let metrics = daemon.metrics().await;
-    assert!(
-        metrics.contains("workspace_gc_blast_radius_capped 1"),
+    assert_eq!(
+        metric(&metrics, "workspace_gc_blast_radius_capped", ""),
+        1.0,
         "{metrics}"
     );
     daemon.stop().await;
@@ -556,13 +481,16 @@ async fn only_the_leader_deletes_and_the_standby_takes_over() {
     let first = Daemon::start(ns.client().clone(), config.clone(), "replica-a").await;
     assert!(
         wait_until(secs(10), || async {
-            first.metrics().await.contains("workspace_gc_leader 1")
+            metric(&first.metrics().await, "workspace_gc_leader", "") == 1.0
         })
         .await,
         "the first replica leads"
     );
     let second = Daemon::start(ns.client().clone(), config, "replica-b").await;
-    assert!(second.metrics().await.contains("workspace_gc_leader 0"));
+    assert_eq!(
+        metric(&second.metrics().await, "workspace_gc_leader", ""),
+        0.0
+    );
 
     ClaimBuilder::build_workspace("a-build-workspace")
         .create(&ns)
@@ -592,7 +520,7 @@ async fn only_the_leader_deletes_and_the_standby_takes_over() {
     first.stop().await;
     assert!(
         wait_until(secs(10), || async {
-            second.metrics().await.contains("workspace_gc_leader 1")
+            metric(&second.metrics().await, "workspace_gc_leader", "") == 1.0
         })
         .await,
         "the standby takes over"

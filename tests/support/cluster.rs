@@ -147,6 +147,102 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// The admin client configuration, e.g. to point a client at a [`super::Proxy`] instead.
+    pub fn config(&self) -> Config {
+        self.config.clone()
+    }
+
+    /// An admin client that reaches the API server at `url` (a [`super::Proxy`]).
+    pub fn client_via(&self, url: &str) -> Client {
+        let mut config = self.config.clone();
+        config.cluster_url = url.parse().expect("a valid proxy URL");
+        Client::try_from(config).expect("build a client through the proxy")
+    }
+
+    /// A copy of the admin kubeconfig that reaches the API server at `url` (a
+    /// [`super::Proxy`]), for the daemon's binary.
+    pub fn kubeconfig_via(&self, url: &str) -> PathBuf {
+        let server = self.config.cluster_url.to_string();
+        let server = server.trim_end_matches('/');
+        let text = std::fs::read_to_string(&self.kubeconfig)
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.kubeconfig.display()));
+        assert!(text.contains(server), "the kubeconfig names {server}");
+        let port = url.rsplit(':').next().unwrap_or("proxy");
+        let path = self.dir.join(format!("via-{port}.kubeconfig"));
+        std::fs::write(&path, text.replace(server, url))
+            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        path
+    }
+
+    /// The API server's `host:port`, for a [`super::Proxy`] to forward to.
+    pub fn api_address(&self) -> String {
+        let url = &self.config.cluster_url;
+        format!(
+            "{}:{}",
+            url.host().expect("the API server URL has a host"),
+            url.port_u16().unwrap_or(443)
+        )
+    }
+
+    /// Stops one component (`etcd`, `kube-apiserver`, `kube-controller-manager`) of this
+    /// dedicated control plane: SIGTERM, or SIGKILL with `kill`, as a crash.
+    pub async fn stop_component(&self, component: &str, kill: bool) {
+        assert!(
+            self.dedicated,
+            "faults are only for a dedicated control plane"
+        );
+        let mut args = vec!["stop", component];
+        if kill {
+            args.push("--kill");
+        }
+        self.script(&args).await;
+    }
+
+    /// Starts a stopped component again, with its original flags, and waits until it is healthy.
+    pub async fn start_component(&self, component: &str) {
+        assert!(
+            self.dedicated,
+            "faults are only for a dedicated control plane"
+        );
+        self.script(&["start", component]).await;
+    }
+
+    /// Compacts etcd's history to its current revision and returns that revision: watches
+    /// resumed from an older resourceVersion get 410 Gone (where etcd serves them, i.e. with
+    /// `--watch-cache=false`).
+    pub async fn compact_etcd(&self) -> u64 {
+        assert!(
+            self.dedicated,
+            "faults are only for a dedicated control plane"
+        );
+        let stdout = self.script(&["compact"]).await;
+        stdout
+            .lines()
+            .last()
+            .and_then(|line| line.trim().parse().ok())
+            .unwrap_or_else(|| panic!("`{SCRIPT} compact` printed no revision: {stdout}"))
+    }
+
+    /// Runs `scripts/control-plane ARGS --dir DIR` without blocking the runtime (a daemon under
+    /// test runs on it meanwhile); returns its stdout.
+    async fn script(&self, args: &[&str]) -> String {
+        let output = tokio::process::Command::new(SCRIPT)
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("run {SCRIPT} {args:?}: {e}"));
+        assert!(
+            output.status.success(),
+            "`{SCRIPT} {args:?}` failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// A kubeconfig authenticating as ServiceAccount `namespace/name` (created if missing) with a
     /// bound token from the TokenRequest API. It carries no rights beyond what RBAC grants that
     /// account, so tests can check the daemon's Role as the daemon's own identity.
@@ -338,6 +434,47 @@ impl TestNamespace {
         )
         .await;
         TestNamespace { name, client }
+    }
+
+    /// Creates the namespace `name` (for a run that wants fixed names, such as the soak run).
+    pub async fn named(control_plane: &ControlPlane, name: &str) -> TestNamespace {
+        let client = control_plane.client();
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_owned()),
+                        ..ObjectMeta::default()
+                    },
+                    ..Namespace::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        create_if_missing(
+            &Api::<ServiceAccount>::namespaced(client.clone(), name),
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some("default".to_owned()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await;
+        TestNamespace {
+            name: name.to_owned(),
+            client,
+        }
+    }
+
+    /// A namespace that already exists, reached with `client`.
+    pub fn existing(client: Client, name: &str) -> TestNamespace {
+        TestNamespace {
+            name: name.to_owned(),
+            client,
+        }
     }
 
     pub fn name(&self) -> &str {

@@ -4,16 +4,22 @@
 #![allow(dead_code)]
 
 mod cluster;
+mod daemon;
 mod objects;
+mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
 pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace};
 #[allow(unused_imports)]
+pub use daemon::{Daemon, Process, binary, free_port, http_get, metric, metric_sum};
+#[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
     notebook_validation_job_resource, pipeline_run_resource,
 };
+#[allow(unused_imports)]
+pub use proxy::Proxy;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

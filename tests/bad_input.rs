@@ -1,0 +1,492 @@
+//! Bad input, through the real binary and the pure parsers: every configuration key malformed
+//! in turn, malformed configuration files, missing or malformed kubeconfigs and an unreachable
+//! API server, each with its documented exit code (2: configuration, 3: no cluster access) and
+//! a message on stderr; then property tests that arbitrary annotations and arbitrary owner
+//! statuses never panic and never turn into a deletion they do not justify.
+//!
+//! No control plane: every case here fails before or at the first connection.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use kube::api::DynamicObject;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use workspace_gc::annotations;
+use workspace_gc::commands::exit;
+use workspace_gc::facts::{ClaimFacts, Facts, ObjectKey, Progress, Users};
+use workspace_gc::policy::{self, Policy, Reason, Verdict};
+use workspace_gc::resources;
+
+/// The subcommands that load the configuration, with the arguments they require.
+const COMMANDS: &[&[&str]] = &[
+    &["run"],
+    &["audit"],
+    &["create", "--namespace", "ml", "--job", "nb"],
+    &["check-config"],
+];
+
+/// The subcommands that need the cluster.
+const CLUSTER_COMMANDS: &[&[&str]] = &[
+    &["run", "--listen", "127.0.0.1:0"],
+    &["audit"],
+    &["create", "--namespace", "ml", "--job", "nb"],
+];
+
+/// Every configuration key, with a value its environment variable cannot take.
+const MALFORMED: &[(&str, &str)] = &[
+    ("selector.label_selector", "a in (b"),
+    ("selector.namespaces", "Not_OK"),
+    ("selector.exclude_namespaces", "-x"),
+    ("policy.ttl_after_finished", "an hour"),
+    ("policy.orphan_grace", "0s"),
+    ("policy.max_age", "1000y"),
+    ("deletion.dry_run", "yes"),
+    ("deletion.server_side_dry_run", "maybe"),
+    ("deletion.deletes_per_second", "fast"),
+    ("deletion.max_deletions_per_window", "-1"),
+    ("deletion.window", "0ms"),
+    ("leader_election.enabled", "on"),
+    ("leader_election.lease_name", "Lease_1"),
+    ("leader_election.lease_namespace", "a.b"),
+    ("leader_election.lease_duration", "1500ms"),
+    ("http.listen", "localhost:8080"),
+    ("logging.format", "text"),
+    ("logging.level", "workspace_gc=loud"),
+    ("creator.storage", "1GB"),
+    ("creator.storage_class", "Fast SSD"),
+    ("creator.labels", "team"),
+    ("creator.annotations", "bad key=x"),
+];
+
+fn env_name(key: &str) -> String {
+    format!("WORKSPACE_GC_{}", key.replace('.', "_").to_uppercase())
+}
+
+/// Runs the binary with a clean environment: no configuration variables, no kubeconfig unless
+/// given, a HOME without `.kube`, and not in a cluster.
+fn workspace_gc(args: &[&str], vars: &[(&str, &str)], kubeconfig: Option<&Path>) -> Output {
+    let home = tempfile::tempdir().expect("an empty HOME");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_workspace-gc"));
+    command
+        .args(args)
+        .env("HOME", home.path())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("WORKSPACE_GC_") {
+            command.env_remove(key);
+        }
+    }
+    if let Some(path) = kubeconfig {
+        command.env("KUBECONFIG", path);
+    }
+    for (key, value) in vars {
+        command.env(key, value);
+    }
+    command.output().expect("run workspace-gc")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[track_caller]
+fn assert_exit(output: &Output, code: i32, what: &str) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{what}: exit {:?}, stderr:\n{}",
+        output.status.code(),
+        stderr(output)
+    );
+}
+
+#[test]
+fn every_malformed_key_exits_2_naming_variable_and_key() {
+    for (key, value) in MALFORMED {
+        let var = env_name(key);
+        // `run` with no cluster access at all: the configuration is checked first.
+        let output = workspace_gc(&["run"], &[(&var, value)], None);
+        assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
+        let message = stderr(&output);
+        assert!(
+            message.starts_with(&format!("error: ${var}: {key}: ")),
+            "{var}={value}: {message}"
+        );
+        assert_eq!(message.lines().count(), 1, "one line: {message}");
+        assert!(output.stdout.is_empty());
+    }
+}
+
+#[test]
+fn every_subcommand_checks_the_configuration_first() {
+    for args in COMMANDS {
+        for (key, value) in [
+            ("policy.max_age", "soon"),
+            ("http.listen", "nope"),
+            ("creator.storage", "lots"),
+        ] {
+            let var = env_name(key);
+            let output = workspace_gc(args, &[(&var, value)], None);
+            assert_exit(&output, exit::CONFIG, &format!("{args:?} {var}={value}"));
+            assert!(stderr(&output).contains(key), "{}", stderr(&output));
+        }
+        let output = workspace_gc(args, &[("WORKSPACE_GC_POLICY_MAXAGE", "1d")], None);
+        assert_exit(&output, exit::CONFIG, &format!("{args:?} unknown variable"));
+        assert!(
+            stderr(&output).contains("unknown environment variable"),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn malformed_configuration_files_exit_2_naming_file_and_line() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let cases: &[(&str, &[u8], &str)] = &[
+        (
+            "broken.toml",
+            b"[policy\nmax_age = \"1d\"\n",
+            "broken.toml:1",
+        ),
+        (
+            "unknown.toml",
+            b"[policy]\nmaxage = \"1d\"\n",
+            "policy.maxage",
+        ),
+        (
+            "type.toml",
+            b"[deletion]\ndry_run = \"yes\"\n",
+            "deletion.dry_run",
+        ),
+        ("section.toml", b"[nonsense]\nkey = 1\n", "nonsense"),
+        ("binary.toml", b"\xff\xfe\x00garbage", "binary.toml"),
+    ];
+    for (name, text, expected) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write the file");
+        for args in COMMANDS {
+            let mut args: Vec<&str> = args.to_vec();
+            let flag = path.to_str().expect("a UTF-8 temp path");
+            args.splice(0..0, ["--config", flag]);
+            let output = workspace_gc(&args, &[], None);
+            assert_exit(&output, exit::CONFIG, &format!("{name} {args:?}"));
+            let message = stderr(&output);
+            assert!(message.starts_with("error: "), "{name}: {message}");
+            assert!(message.contains(expected), "{name}: {message}");
+        }
+    }
+    let missing = dir.path().join("missing.toml");
+    let output = workspace_gc(
+        &["--config", missing.to_str().expect("UTF-8"), "run"],
+        &[],
+        None,
+    );
+    assert_exit(&output, exit::CONFIG, "missing file");
+    assert!(
+        stderr(&output).contains("missing.toml"),
+        "{}",
+        stderr(&output)
+    );
+    let output = workspace_gc(
+        &["--config", dir.path().to_str().expect("UTF-8"), "run"],
+        &[],
+        None,
+    );
+    assert_exit(&output, exit::CONFIG, "a directory as the file");
+}
+
+#[test]
+fn malformed_command_lines_exit_2() {
+    for args in [
+        &["run", "--listen", "nope"][..],
+        &["--log-format", "text", "run"],
+        &["audit", "--output", "xml"],
+        &["create", "--job", "nb"],
+        &["frobnicate"],
+        &[],
+    ] {
+        let output = workspace_gc(args, &[], None);
+        assert_exit(&output, exit::CONFIG, &format!("{args:?}"));
+        assert!(!stderr(&output).is_empty());
+    }
+}
+
+/// A kubeconfig whose server is `server`, with a token (nothing checks it before connecting).
+fn kubeconfig_for(dir: &Path, server: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+  - name: c
+    cluster:
+      server: {server}
+      insecure-skip-tls-verify: true
+users:
+  - name: u
+    user:
+      token: not-a-real-token
+contexts:
+  - name: x
+    context:
+      cluster: c
+      user: u
+current-context: x
+"
+    );
+    std::fs::write(&path, text).expect("write the kubeconfig");
+    path
+}
+
+#[test]
+fn missing_or_malformed_kubeconfig_exits_3() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let garbage = dir.path().join("garbage");
+    std::fs::write(&garbage, "{{{ this is not yaml").expect("write");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "").expect("write");
+    let no_context = dir.path().join("no-context");
+    std::fs::write(
+        &no_context,
+        "apiVersion: v1\nkind: Config\nclusters: []\nusers: []\ncontexts: []\ncurrent-context: gone\n",
+    )
+    .expect("write");
+    let cases: [(&str, Option<&Path>); 5] = [
+        ("no kubeconfig at all", None),
+        (
+            "a path that does not exist",
+            Some(Path::new("/nonexistent/kubeconfig")),
+        ),
+        ("not YAML", Some(&garbage)),
+        ("an empty file", Some(&empty)),
+        ("a current context that does not exist", Some(&no_context)),
+    ];
+    for (what, kubeconfig) in cases {
+        for args in CLUSTER_COMMANDS {
+            let output = workspace_gc(args, &[], kubeconfig);
+            assert_exit(&output, exit::CLUSTER, &format!("{what}, {args:?}"));
+            assert!(
+                stderr(&output).contains("no usable cluster access"),
+                "{what}, {args:?}: {}",
+                stderr(&output)
+            );
+        }
+    }
+}
+
+#[test]
+fn unreachable_api_server_at_start_exits_3() {
+    let dir = tempfile::tempdir().expect("a directory");
+    // A port that was free a moment ago: connections are refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a port");
+    let kubeconfig = kubeconfig_for(dir.path(), &format!("https://127.0.0.1:{port}"));
+    for args in CLUSTER_COMMANDS {
+        let started = Instant::now();
+        let output = workspace_gc(args, &[], Some(&kubeconfig));
+        assert_exit(&output, exit::CLUSTER, &format!("{args:?}"));
+        let message = stderr(&output);
+        assert!(
+            message.contains(&format!("127.0.0.1:{port}")) && message.contains("did not answer"),
+            "{args:?}: {message}"
+        );
+        // A refused connection fails fast; only a silent one waits for the 15 s timeout.
+        assert!(started.elapsed() < Duration::from_secs(10), "{args:?}");
+    }
+    // And a configuration error still wins over the cluster error.
+    let output = workspace_gc(
+        &["run"],
+        &[("WORKSPACE_GC_POLICY_MAX_AGE", "x")],
+        Some(&kubeconfig),
+    );
+    assert_exit(&output, exit::CONFIG, "configuration before cluster");
+}
+
+#[test]
+fn a_server_that_never_answers_times_out_at_start_with_exit_3() {
+    let dir = tempfile::tempdir().expect("a directory");
+    // Bound but never accepted: the kernel completes the TCP handshake, then nothing answers,
+    // as with a server behind a black hole.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let port = silent.local_addr().expect("its address").port();
+    let kubeconfig = kubeconfig_for(dir.path(), &format!("https://127.0.0.1:{port}"));
+    let started = Instant::now();
+    let output = workspace_gc(&["audit"], &[], Some(&kubeconfig));
+    let took = started.elapsed();
+    assert_exit(&output, exit::CLUSTER, "a silent server");
+    assert!(
+        stderr(&output).contains("did not answer within 15s"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        (Duration::from_secs(14)..Duration::from_secs(30)).contains(&took),
+        "gave up after {took:?}"
+    );
+    drop(silent);
+}
+
+// --- property tests ---------------------------------------------------------------------------
+
+/// A claim that every deadline has passed for: created long ago, no owner, no user. Only its
+/// annotations can keep it.
+fn overdue(annotations: BTreeMap<String, String>) -> Facts {
+    Facts {
+        claim: ClaimFacts {
+            key: ObjectKey::new("ml", "nb-build-workspace"),
+            uid: "uid".into(),
+            resource_version: "1".into(),
+            created: DateTime::<Utc>::UNIX_EPOCH,
+            labels: BTreeMap::new(),
+            annotations,
+            owner_references: Vec::new(),
+            deletion_timestamp: None,
+            requested_bytes: None,
+        },
+        owners: Vec::new(),
+        users: Users::Known { pods: Vec::new() },
+    }
+}
+
+/// Annotation values: arbitrary text, and near misses of valid ones.
+fn annotation_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,40}",
+        "\\PC{0,300}",
+        prop::sample::select(vec![
+            "true",
+            "false",
+            "TRUE",
+            "True",
+            " true",
+            "1",
+            "yes",
+            "2h",
+            "-2h",
+            "0s",
+            "99999999999y",
+            "１時間",
+            "2026-13-01T00:00:00Z",
+            "2026-01-01T00:00:00Z",
+            "2026-01-01",
+            "",
+        ])
+        .prop_map(String::from),
+    ]
+}
+
+/// JSON trees shaped loosely like an owner's status, with the words that matter.
+fn status_json() -> impl Strategy<Value = Value> {
+    let word = prop::sample::select(vec![
+        "Succeeded",
+        "Failed",
+        "True",
+        "False",
+        "Unknown",
+        "Running",
+        "Building",
+        "2026-01-01T00:00:00Z",
+        "yesterday",
+        "",
+    ]);
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        word.prop_map(Value::from),
+        "\\PC{0,12}".prop_map(Value::from),
+    ];
+    let key = prop::sample::select(vec![
+        "phase",
+        "completionTime",
+        "conditions",
+        "type",
+        "status",
+        "reason",
+        "other",
+    ]);
+    leaf.prop_recursive(4, 32, 4, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(key.clone().prop_map(String::from), inner, 0..5)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+fn owner(kind: &str, api_version: &str, status: &Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": "nb", "namespace": "ml", "uid": "u"},
+        "spec": {"workspaces": status},
+        "status": status,
+    }))
+    .expect("any JSON status makes an object")
+}
+
+proptest! {
+    /// However the three workspace-gc annotations are spelled, an overdue claim is deleted
+    /// only if they all parse and `keep` is not "true"; otherwise it is kept with the reason.
+    #[test]
+    fn annotations_delete_only_when_they_parse_and_do_not_keep(
+        values in prop::collection::vec(
+            (prop::sample::select(vec![annotations::KEEP, annotations::TTL, annotations::EXPIRES]),
+             annotation_value()),
+            0..4,
+        ),
+        other in "\\PC{0,200}",
+    ) {
+        let mut map: BTreeMap<String, String> = values
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        map.insert("example.com/other".into(), other);
+        let parsed = annotations::parse(&map);
+        let decision = policy::decide(&overdue(map.clone()), &Policy::default(), Utc::now());
+        match (&parsed, &decision.verdict) {
+            (Err(_), Verdict::Keep { reason: Reason::InvalidAnnotation, .. }) => {
+                prop_assert!(decision.detail.is_some());
+            }
+            (Ok(a), Verdict::Protected { reason: Reason::KeepAnnotation }) => prop_assert!(a.keep),
+            (Ok(a), Verdict::Delete { .. }) => prop_assert!(!a.keep),
+            (parsed, verdict) => prop_assert!(false, "{map:?}: {parsed:?} gave {verdict:?}"),
+        }
+    }
+
+    /// An owner's status of any shape converts without panicking, and counts as finished only
+    /// when it says so in the one way it can: a job's terminal phase, a run's `Succeeded`
+    /// condition being True or False.
+    #[test]
+    fn owner_statuses_of_any_shape_are_finished_only_when_they_say_so(status in status_json()) {
+        let job = resources::job_entry(&owner("NotebookValidationJob", "mlops.mlops.dev/v1alpha1", &status));
+        if matches!(job.progress, Progress::Finished { .. }) {
+            let phase = status.get("phase").and_then(Value::as_str);
+            prop_assert!(matches!(phase, Some("Succeeded" | "Failed")), "{status}");
+        }
+        let run = resources::run_entry(&owner("PipelineRun", "tekton.dev/v1", &status));
+        if matches!(run.progress, Progress::Finished { .. }) {
+            let succeeded = status
+                .get("conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Succeeded"))
+                .and_then(|c| c.get("status"))
+                .and_then(Value::as_str);
+            prop_assert!(matches!(succeeded, Some("True" | "False")), "{status}");
+        }
+    }
+}

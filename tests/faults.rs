@@ -1,0 +1,1120 @@
+//! The daemon under faults, against a real kube-apiserver and etcd: an API server restart,
+//! watches expired by etcd compaction (410 Gone), a network partition, a silently stalled
+//! watch, the leader killed with SIGKILL, a delete denied by RBAC, a claim re-created just
+//! before its delete, clock skew, and objects with odd fields.
+//!
+//! What every test checks, besides its fault: no claim is deleted before its deadline or while
+//! something protects it, every due claim is deleted within a bound once the fault is over, and
+//! the daemon stays alive. Tests that break the control plane itself get a dedicated one
+//! (without kube-controller-manager, so a deleted claim stays Terminating and its
+//! `deletionTimestamp` records when the delete landed); the others share one and break only the
+//! daemon's own connection, through a [`Proxy`]. RELIABILITY.md has the matrix.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, SubsecRound, Utc};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{
+    ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder, PipelineRunBuilder,
+    PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
+    notebook_validation_job_resource, pipeline_run_resource, wait_until,
+};
+use workspace_gc::annotations;
+use workspace_gc::config::Config;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Whole seconds from now, as the `expires` annotation states deadlines.
+fn in_secs(n: i64) -> DateTime<Utc> {
+    (Utc::now() + chrono::Duration::seconds(n)).trunc_subsecs(0)
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A build-workspace claim due at `at` through the `expires` annotation: a per-claim deadline,
+/// so one test can have claims due before, during and after a fault.
+fn expiring(name: &str, at: DateTime<Utc>) -> ClaimBuilder {
+    ClaimBuilder::build_workspace(name).annotation(annotations::EXPIRES, &rfc3339(at))
+}
+
+/// A configuration that watches only `ns`, without leader election, deleting as fast as
+/// asked, and with an orphan grace long enough that only the deadlines a test sets apply.
+fn config_for(ns: &TestNamespace) -> Config {
+    let mut config = Config::default();
+    config.selector.namespaces = vec![ns.name().to_owned()];
+    config.leader_election.enabled = false;
+    config.deletion.deletes_per_second = 100.0;
+    config.deletion.max_deletions_per_window = 1000;
+    config.policy.orphan_grace = secs(3600);
+    config
+}
+
+/// The same configuration for the binary, as environment variables.
+fn binary_vars(ns: &TestNamespace) -> Vec<(&'static str, String)> {
+    vec![
+        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
+        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".into()),
+        ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "100".into()),
+        (
+            "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+            "1000".into(),
+        ),
+        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1h".into()),
+    ]
+}
+
+/// Where a claim stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Live,
+    /// Deleted, held by the `pvc-protection` finalizer; the time is its `deletionTimestamp`.
+    Terminating(DateTime<Utc>),
+    Gone,
+}
+
+async fn fate(ns: &TestNamespace, name: &str) -> Fate {
+    let claim = ns
+        .api::<PersistentVolumeClaim>()
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get claim {name}: {e}"));
+    match claim {
+        None => Fate::Gone,
+        Some(claim) => match claim.metadata.deletion_timestamp {
+            Some(at) => Fate::Terminating(workspace_gc::resources::to_chrono(&at)),
+            None => Fate::Live,
+        },
+    }
+}
+
+async fn deleted(ns: &TestNamespace, name: &str) -> bool {
+    fate(ns, name).await != Fate::Live
+}
+
+/// When the delete of a claim landed, by the API server's clock (whole seconds): the
+/// `deletionTimestamp` of a claim kept Terminating (no kube-controller-manager runs).
+async fn deleted_at(ns: &TestNamespace, name: &str) -> DateTime<Utc> {
+    match fate(ns, name).await {
+        Fate::Terminating(at) => at,
+        other => panic!("{name} is {other:?}, expected Terminating"),
+    }
+}
+
+async fn events(ns: &TestNamespace, claim: &str, reason: &str) -> Vec<Event> {
+    ns.api::<Event>()
+        .list(&Default::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+async fn deleted_events(ns: &TestNamespace, claim: &str) -> Vec<Event> {
+    events(ns, claim, "Deleted").await
+}
+
+/// How many claims the daemon's cache holds.
+async fn cached_claims(daemon: &Daemon) -> f64 {
+    metric(
+        &daemon.metrics().await,
+        "workspace_gc_cached_objects",
+        "kind=\"claims\"",
+    )
+}
+
+fn log_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("workspace-gc-faults-")
+        .tempdir()
+        .expect("a directory for daemon logs")
+}
+
+/// The kube-apiserver stops (SIGKILL, as a crash) for a quarter of a minute and comes back.
+/// Meanwhile the daemon stays alive and says it is not ready; a deadline that passes during the
+/// outage is met once the server is back, one set before the outage for after it is met on
+/// time, changes made after the restart reach the daemon, and nothing protected is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn apiserver_restart_mid_run() {
+    let cp = ControlPlane::start(false);
+    let ns = TestNamespace::new(&cp, "restart").await;
+    let outage = secs(15);
+    // Due well after the restart: the daemon's timer, set before the outage, must still fire.
+    let after_due = in_secs(45);
+    expiring("after-build-workspace", after_due)
+        .create(&ns)
+        .await;
+    // Due long ago, but protected.
+    expiring("kept-build-workspace", in_secs(-60))
+        .annotation(annotations::KEEP, "true")
+        .create(&ns)
+        .await;
+    expiring("busy-build-workspace", in_secs(-60))
+        .create(&ns)
+        .await;
+    PodBuilder::new("affinity-assistant")
+        .mounting("busy-build-workspace")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    JobBuilder::new("nb").phase("Building").create(&ns).await;
+    PipelineRunBuilder::for_job("nb")
+        .running()
+        .create(&ns)
+        .await;
+    ClaimBuilder::for_job("nb").create(&ns).await;
+
+    let mut config = config_for(&ns);
+    config.policy.ttl_after_finished = Duration::ZERO;
+    let daemon = Daemon::start(cp.client(), config, "restart").await;
+    // Due a few seconds into the outage.
+    let during_due = in_secs(5);
+    expiring("during-build-workspace", during_due)
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(10), || async { cached_claims(&daemon).await == 5.0 }).await,
+        "the daemon saw every claim before the outage"
+    );
+
+    let stopped = Instant::now();
+    cp.stop_component("kube-apiserver", true).await;
+    assert!(
+        wait_until(secs(10), || async { daemon.get("/readyz").await.0 == 503 }).await,
+        "readiness drops while the API server is unreachable"
+    );
+    assert_eq!(daemon.get("/healthz").await.0, 200, "alive all the same");
+    // The outage itself: a fixed length, whatever the checks above took.
+    tokio::time::sleep(outage.saturating_sub(stopped.elapsed())).await;
+    assert!(daemon.running(), "the daemon survived the outage");
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+    cp.start_component("kube-apiserver").await;
+    let restarted = Utc::now();
+    assert!(
+        restarted + chrono::Duration::seconds(5) < after_due,
+        "the setup assumes the restart ends well before {after_due}"
+    );
+
+    assert!(
+        wait_until(secs(30), || daemon.ready()).await,
+        "ready again once the API server answers"
+    );
+    let metrics = daemon.metrics().await;
+    assert!(
+        metric_sum(&metrics, "workspace_gc_watch_restarts_total") > 0.0,
+        "{metrics}"
+    );
+
+    // The deadline that passed in the dark: met on the next retry.
+    assert!(
+        wait_until(secs(15), || deleted(&ns, "during-build-workspace")).await,
+        "a claim due during the outage is deleted soon after it"
+    );
+    assert!(deleted_at(&ns, "during-build-workspace").await >= during_due);
+
+    // Catching up: a change made after the restart reaches the daemon through its watches.
+    let finished = Utc::now();
+    let completion = json!({"status": {"phase": "Succeeded", "completionTime": rfc3339(finished)}});
+    ns.dynamic_api(&notebook_validation_job_resource())
+        .patch_status("nb", &PatchParams::default(), &Patch::Merge(&completion))
+        .await
+        .expect("finish the job");
+    let run_completion = json!({"status": {
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": "Succeeded"}],
+        "completionTime": rfc3339(finished)}});
+    ns.dynamic_api(&pipeline_run_resource())
+        .patch_status(
+            "nb-build",
+            &PatchParams::default(),
+            &Patch::Merge(&run_completion),
+        )
+        .await
+        .expect("finish the run");
+    // The watches resume on their own backoff (kube-runtime's default: at most 30 s, with
+    // jitter), so the change may wait for it; then TTL 0 collects the claim at once. The bound
+    // leaves room for two fault tests sharing two loaded cores.
+    let patched = Instant::now();
+    assert!(
+        wait_until(secs(75), || deleted(&ns, "nb-build-workspace")).await,
+        "a build finished after the restart is collected once the watches resume"
+    );
+    eprintln!(
+        "restart: a change {:?} after the restart reached the daemon and was acted on",
+        patched.elapsed()
+    );
+
+    // The deadline set before the outage, for after it.
+    let wait = (after_due - Utc::now()).to_std().unwrap_or_default() + secs(3);
+    assert!(
+        wait_until(wait, || deleted(&ns, "after-build-workspace")).await,
+        "the later deadline is met"
+    );
+    assert!(deleted_at(&ns, "after-build-workspace").await >= after_due);
+
+    for name in ["kept-build-workspace", "busy-build-workspace"] {
+        assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
+    }
+    for name in [
+        "during-build-workspace",
+        "nb-build-workspace",
+        "after-build-workspace",
+    ] {
+        assert!(
+            wait_until(secs(5), || async {
+                deleted_events(&ns, name).await.len() == 1
+            })
+            .await,
+            "exactly one Deleted event for {name}"
+        );
+    }
+    daemon.stop().await;
+}
+
+/// With the watch cache off, etcd serves the watches, so compacting its history expires the
+/// resourceVersion a watch resumes from: after a short partition the daemon's watches get
+/// 410 Gone and must list again. A claim created during the partition is then found, and the
+/// deadlines before and after the re-list are met.
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_compaction_forces_410_gone_and_a_relist() {
+    let cp = ControlPlane::start_with(&ControlPlaneOptions {
+        controller_manager: false,
+        apiserver_args: vec!["--watch-cache=false".into()],
+    });
+    let ns = TestNamespace::new(&cp, "compact").await;
+    let proxy = Proxy::start(cp.api_address()).await;
+    let before_due = in_secs(35);
+    expiring("before-build-workspace", before_due)
+        .create(&ns)
+        .await;
+    expiring("kept-build-workspace", in_secs(-60))
+        .annotation(annotations::KEEP, "true")
+        .create(&ns)
+        .await;
+
+    let logs = log_dir();
+    let daemon = Process::spawn(
+        &cp.kubeconfig_via(&proxy.url()),
+        &binary_vars(&ns),
+        "compact",
+        &logs.path().join("daemon.log"),
+    );
+    assert!(
+        wait_until(secs(30), || daemon.ready()).await,
+        "ready:\n{}",
+        daemon.logs()
+    );
+
+    proxy.cut();
+    assert!(
+        wait_until(secs(15), || async { daemon.get("/readyz").await.0 == 503 }).await,
+        "unready while partitioned:\n{}",
+        daemon.logs()
+    );
+    // Changes the daemon cannot see, then the history it would resume from is compacted away.
+    let during_due = in_secs(8);
+    expiring("during-build-workspace", during_due)
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("gone-build-workspace")
+        .create(&ns)
+        .await;
+    ns.api::<PersistentVolumeClaim>()
+        .delete("gone-build-workspace", &DeleteParams::default())
+        .await
+        .expect("delete a claim during the partition");
+    let revision = cp.compact_etcd().await;
+    proxy.heal();
+
+    assert!(
+        wait_until(secs(45), || async {
+            let logs = daemon.logs();
+            logs.contains("too old") || logs.contains("410")
+        })
+        .await,
+        "a watch resumed from before revision {revision} got 410 Gone:\n{}",
+        daemon.logs()
+    );
+    assert!(
+        wait_until(secs(15), || daemon.ready()).await,
+        "{}",
+        daemon.logs()
+    );
+    let metrics = daemon.metrics().await;
+    assert!(
+        metric_sum(&metrics, "workspace_gc_watch_restarts_total") > 0.0,
+        "{metrics}"
+    );
+
+    // Created while the daemon was blind: the re-list found it, and its deadline is met.
+    let wait = (during_due - Utc::now()).to_std().unwrap_or_default() + secs(5);
+    assert!(
+        wait_until(wait, || deleted(&ns, "during-build-workspace")).await,
+        "the claim created during the partition is collected:\n{}",
+        daemon.logs()
+    );
+    assert!(deleted_at(&ns, "during-build-workspace").await >= during_due);
+    let wait = (before_due - Utc::now()).to_std().unwrap_or_default() + secs(3);
+    assert!(
+        wait_until(wait, || deleted(&ns, "before-build-workspace")).await,
+        "the deadline after the re-list is met:\n{}",
+        daemon.logs()
+    );
+    assert!(deleted_at(&ns, "before-build-workspace").await >= before_due);
+    assert_eq!(fate(&ns, "kept-build-workspace").await, Fate::Live);
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// The daemon is cut off from the API server for twenty seconds while the cluster carries on.
+/// It stays alive, `/readyz` says 503 (and 200 again after), and it deletes nothing on the
+/// strength of its stale caches: a claim that got a user and one that got the keep annotation
+/// while it was blind survive their deadlines; the claims that became due are deleted after.
+#[tokio::test(flavor = "multi_thread")]
+async fn partition_from_the_api_server() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "partition").await;
+    let proxy = Proxy::start(cp.api_address()).await;
+    let due = in_secs(10);
+    for name in ["used", "kept", "plain"] {
+        expiring(&format!("{name}-build-workspace"), due)
+            .create(&ns)
+            .await;
+    }
+    let job = JobBuilder::new("owner").phase("Building").create(&ns).await;
+    ClaimBuilder::build_workspace("owned-build-workspace")
+        .owned_by(&job)
+        .create(&ns)
+        .await;
+
+    let daemon = Daemon::start(cp.client_via(&proxy.url()), config_for(&ns), "partition").await;
+    proxy.cut();
+    let cut = Instant::now();
+    assert!(
+        wait_until(secs(10), || async { daemon.get("/readyz").await.0 == 503 }).await,
+        "readiness drops when the API server cannot be reached"
+    );
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+
+    // The world moves on without the daemon.
+    PodBuilder::new("late-user")
+        .mounting("used-build-workspace")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    ns.api::<PersistentVolumeClaim>()
+        .patch(
+            "kept-build-workspace",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {annotations::KEEP: "true"}}})),
+        )
+        .await
+        .expect("annotate");
+    ns.dynamic_api(&notebook_validation_job_resource())
+        .delete("owner", &DeleteParams::default())
+        .await
+        .expect("delete the owner");
+
+    // The deadline passes in the dark: the live re-check cannot read, so nothing is deleted.
+    assert!(
+        wait_until(secs(20), || async {
+            let metrics = daemon.metrics().await;
+            metric(
+                &metrics,
+                "workspace_gc_api_errors_total",
+                "operation=\"get\",category=\"connection\"",
+            ) + metric(
+                &metrics,
+                "workspace_gc_api_errors_total",
+                "operation=\"list\",category=\"connection\"",
+            ) > 0.0
+        })
+        .await,
+        "the live re-check at the deadline failed to read: {}",
+        daemon.metrics().await
+    );
+    // The partition lasts 20 s in all.
+    tokio::time::sleep(secs(20).saturating_sub(cut.elapsed())).await;
+    assert!(daemon.running());
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+    assert_eq!(daemon.get("/readyz").await.0, 503);
+    proxy.heal();
+
+    assert!(
+        wait_until(secs(20), || daemon.ready()).await,
+        "ready again once the API server answers"
+    );
+    // The watches resume on their own backoff (at most 30 s) after the partition.
+    for name in ["plain-build-workspace", "owned-build-workspace"] {
+        assert!(
+            wait_until(secs(40), || deleted(&ns, name)).await,
+            "{name}, due meanwhile, is deleted after the partition"
+        );
+    }
+    assert!(
+        wait_until(secs(40), || async {
+            let metrics = daemon.metrics().await;
+            metric(
+                &metrics,
+                "workspace_gc_claims",
+                "state=\"protected\",reason=\"in-use\"",
+            ) == 1.0
+                && metric(
+                    &metrics,
+                    "workspace_gc_claims",
+                    "state=\"protected\",reason=\"keep-annotation\"",
+                ) == 1.0
+        })
+        .await,
+        "the daemon caught up with the changes: {}",
+        daemon.metrics().await
+    );
+    for name in ["used-build-workspace", "kept-build-workspace"] {
+        assert_eq!(fate(&ns, name).await, Fate::Live, "{name} survived");
+    }
+    daemon.stop().await;
+}
+
+/// The daemon's watch connections go silent without any error, as watches on a wedged API
+/// server replica do, while new requests still work. A pod that starts using a claim then
+/// never reaches the cache; the claim's deadline passes and the live re-check before the delete
+/// must still see the pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn silently_stalled_watch_does_not_hide_a_new_user() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "stall").await;
+    let proxy = Proxy::start(cp.api_address()).await;
+    let due = in_secs(6);
+    expiring("stale-build-workspace", due).create(&ns).await;
+    let daemon = Daemon::start(cp.client_via(&proxy.url()), config_for(&ns), "stall").await;
+
+    proxy.stall();
+    // A build pod already on its node: deleting the claim now would leave it Terminating, and
+    // the pipeline's next pods could not mount it.
+    PodBuilder::new("new-user")
+        .mounting("stale-build-workspace")
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    // Past the deadline and the first live re-check: the cache still has no pod.
+    let wait = (due - Utc::now()).to_std().unwrap_or_default() + secs(4);
+    tokio::time::sleep(wait).await;
+    let metrics = daemon.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "workspace_gc_claims",
+            "state=\"protected\",reason=\"in-use\""
+        ),
+        0.0,
+        "the stalled pod watch has not delivered the pod"
+    );
+    assert_eq!(
+        fate(&ns, "stale-build-workspace").await,
+        Fate::Live,
+        "the claim in use survived its deadline"
+    );
+
+    proxy.unstall();
+    assert!(
+        wait_until(secs(10), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_claims",
+                "state=\"protected\",reason=\"in-use\"",
+            ) == 1.0
+        })
+        .await,
+        "the watch delivers again"
+    );
+    assert_eq!(fate(&ns, "stale-build-workspace").await, Fate::Live);
+    daemon.stop().await;
+}
+
+/// Two replicas of the real binary with a 4 s lease; the leader is SIGKILLed between two
+/// deadlines. The standby takes over within the lease duration (plus the up-to-1 s random
+/// wait the lease manager adds), each due claim is deleted exactly once (one `Deleted` event,
+/// from the replica that led at its deadline), and nothing protected is touched.
+#[tokio::test(flavor = "multi_thread")]
+async fn leader_killed_with_sigkill_standby_takes_over() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "leader").await;
+    let lease_duration = secs(4);
+    let mut vars = binary_vars(&ns);
+    vars.retain(|(key, _)| *key != "WORKSPACE_GC_LEADER_ELECTION_ENABLED");
+    vars.push((
+        "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
+        ns.name().into(),
+    ));
+    vars.push(("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", "4s".into()));
+    let logs = log_dir();
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || a.leading()).await,
+        "replica-a leads:\n{}",
+        a.logs()
+    );
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    assert!(!b.leading().await, "one leader at a time");
+
+    // Deadlines a whole second away from the kill on either side, so no delete is in flight
+    // when it lands: the kill is at `kill_at`.
+    let kill_at = in_secs(10);
+    let offsets = [-2, -1, 1, 2, 3, 5, 7, 9];
+    let wave: Vec<(String, DateTime<Utc>)> = offsets
+        .iter()
+        .map(|offset| {
+            let name = format!("wave{}-build-workspace", offset + 2);
+            (name, kill_at + chrono::Duration::seconds(*offset))
+        })
+        .collect();
+    for (name, due) in &wave {
+        expiring(name, *due).create(&ns).await;
+    }
+    expiring("kept-build-workspace", in_secs(-60))
+        .annotation(annotations::KEEP, "true")
+        .create(&ns)
+        .await;
+    // The user first: the replicas are running, and an expired claim without one is due.
+    PodBuilder::new("user")
+        .mounting("busy-build-workspace")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    expiring("busy-build-workspace", in_secs(-60))
+        .create(&ns)
+        .await;
+    let all = (wave.len() + 2) as f64;
+    for replica in [&a, &b] {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(
+                    &replica.metrics().await,
+                    "workspace_gc_cached_objects",
+                    "kind=\"claims\"",
+                ) == all
+            })
+            .await,
+            "both replicas cached every claim: {}",
+            replica.metrics().await
+        );
+    }
+
+    let wait = (kill_at - Utc::now()).to_std().expect("the kill is ahead");
+    tokio::time::sleep(wait).await;
+    let killed = Instant::now();
+    a.kill().await;
+    assert!(
+        wait_until(secs(15), || b.leading()).await,
+        "replica-b takes over:\n{}",
+        b.logs()
+    );
+    let takeover = killed.elapsed();
+    eprintln!(
+        "leader: replica-b took over {takeover:?} after the SIGKILL (lease {lease_duration:?})"
+    );
+    // The lease runs out at most `lease_duration` after the kill; the standby then waits up to
+    // 1 s at random before taking it, and polling and a loaded machine add up to a second more.
+    assert!(
+        takeover <= lease_duration + secs(3),
+        "took over after {takeover:?}, lease {lease_duration:?}"
+    );
+
+    let last_due = wave.iter().map(|(_, due)| *due).max().unwrap_or(kill_at);
+    let wait = (last_due - Utc::now()).to_std().unwrap_or_default() + secs(5);
+    for (name, _) in &wave {
+        assert!(
+            wait_until(wait, || deleted(&ns, name)).await,
+            "{name} is deleted:\n{}",
+            b.logs()
+        );
+    }
+    for (name, due) in &wave {
+        let events = deleted_events(&ns, name).await;
+        assert_eq!(events.len(), 1, "{name}: one Deleted event, got {events:?}");
+        let by = events[0].reporting_instance.as_deref();
+        let expected = if *due < kill_at {
+            "replica-a"
+        } else {
+            "replica-b"
+        };
+        assert_eq!(
+            by,
+            Some(expected),
+            "{name}, due {due}, deleted by the leader"
+        );
+    }
+    for name in ["kept-build-workspace", "busy-build-workspace"] {
+        assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
+        assert!(deleted_events(&ns, name).await.is_empty());
+    }
+    let lease = ns
+        .api::<Lease>()
+        .get("workspace-gc")
+        .await
+        .expect("the lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-b")
+    );
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+/// The daemon's Role, with or without `delete` on claims.
+fn daemon_role(can_delete: bool) -> Role {
+    let claim_verbs: &[&str] = if can_delete {
+        &["get", "list", "watch", "delete"]
+    } else {
+        &["get", "list", "watch"]
+    };
+    Role {
+        metadata: ObjectMeta {
+            name: Some("workspace-gc".into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![
+            rule(&[""], &["persistentvolumeclaims"], claim_verbs),
+            rule(&[""], &["pods"], &["list", "watch"]),
+            rule(
+                &["tekton.dev"],
+                &["pipelineruns"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["mlops.mlops.dev"],
+                &["notebookvalidationjobs"],
+                &["get", "list", "watch"],
+            ),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        ]),
+    }
+}
+
+/// The daemon may read everything but not delete claims: each delete gets 403. It logs a clear
+/// error naming the claim, counts it under `operation="delete",category="forbidden"`, stays
+/// alive and ready, and deletes the claim once the right is granted.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_denied_by_rbac_is_reported_and_recovers() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "forbidden").await;
+    expiring("denied-build-workspace", in_secs(-60))
+        .create(&ns)
+        .await;
+    let roles = ns.api::<Role>();
+    roles
+        .create(&PostParams::default(), &daemon_role(false))
+        .await
+        .expect("role");
+    ns.api::<RoleBinding>()
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some("workspace-gc".into()),
+                    ..ObjectMeta::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: "workspace-gc".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: "workspace-gc".into(),
+                    namespace: Some(ns.name().to_owned()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await
+        .expect("binding");
+    let kubeconfig = cp
+        .service_account_kubeconfig(ns.name(), "workspace-gc")
+        .await;
+    let logs = log_dir();
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &binary_vars(&ns),
+        "forbidden",
+        &logs.path().join("daemon.log"),
+    );
+    assert!(
+        wait_until(secs(30), || daemon.ready()).await,
+        "{}",
+        daemon.logs()
+    );
+    assert!(
+        wait_until(secs(10), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_api_errors_total",
+                "operation=\"delete\",category=\"forbidden\"",
+            ) >= 1.0
+        })
+        .await,
+        "the denied delete is counted: {}",
+        daemon.metrics().await
+    );
+    let logged = daemon.logs();
+    assert!(
+        logged.lines().any(|line| line.contains("delete failed")
+            && line.contains("denied-build-workspace")
+            && line.contains("forbidden")),
+        "a clear error names the claim and the denial:\n{logged}"
+    );
+    assert_eq!(fate(&ns, "denied-build-workspace").await, Fate::Live);
+    assert!(
+        daemon.ready().await,
+        "a denied delete does not make it unready"
+    );
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+
+    roles
+        .replace("workspace-gc", &PostParams::default(), &daemon_role(true))
+        .await
+        .expect("grant delete");
+    // The daemon retries a failed delete every 10 s.
+    assert!(
+        wait_until(secs(25), || deleted(&ns, "denied-build-workspace")).await,
+        "deleted once allowed:\n{}",
+        daemon.logs()
+    );
+    assert_eq!(deleted_events(&ns, "denied-build-workspace").await.len(), 1);
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// With one delete per 10 s, the second of two due claims waits for its slot with its
+/// decision made; meanwhile it is deleted and re-created under the same name (with the keep
+/// annotation). The delete that finally goes out carries the old claim's UID and
+/// resourceVersion: the API server refuses it (409) and the new claim survives. The writer-level
+/// version is `claim_recreated_between_decision_and_delete_survives` in tests/collector.rs.
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_recreated_just_before_its_delete_survives() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "recreate").await;
+    let names = ["one-build-workspace", "two-build-workspace"];
+    for name in names {
+        expiring(name, in_secs(-60)).create(&ns).await;
+    }
+    let mut config = config_for(&ns);
+    config.deletion.deletes_per_second = 0.1;
+    let daemon = Daemon::start(ns.client().clone(), config, "recreate").await;
+    assert!(
+        wait_until(secs(10), || async {
+            deleted(&ns, names[0]).await || deleted(&ns, names[1]).await
+        })
+        .await,
+        "the first claim is deleted at once"
+    );
+    // The limiter picks the order; the other one waits for its slot.
+    let second = if deleted(&ns, names[0]).await {
+        names[1]
+    } else {
+        names[0]
+    };
+    assert_eq!(fate(&ns, second).await, Fate::Live, "one slot per 10 s");
+
+    let api = ns.api::<PersistentVolumeClaim>();
+    let old_uid = api
+        .get(second)
+        .await
+        .expect("the second claim")
+        .metadata
+        .uid;
+    api.delete(second, &DeleteParams::default())
+        .await
+        .expect("delete the second claim");
+    assert!(wait_until(secs(8), || async { fate(&ns, second).await == Fate::Gone }).await);
+    let new = expiring(second, in_secs(-60))
+        .annotation(annotations::KEEP, "true")
+        .create(&ns)
+        .await;
+    assert_ne!(new.metadata.uid, old_uid);
+
+    let conflict = format!(
+        "namespace=\"{}\",reason=\"expired\",result=\"conflict\"",
+        ns.name()
+    );
+    assert!(
+        wait_until(secs(15), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_deletions_total",
+                &conflict,
+            ) >= 1.0
+        })
+        .await,
+        "the stale delete went out and was refused: {}",
+        daemon.metrics().await
+    );
+    let survivor = api.get(second).await.expect("the new claim");
+    assert_eq!(survivor.metadata.uid, new.metadata.uid);
+    assert!(survivor.metadata.deletion_timestamp.is_none());
+    assert!(deleted_events(&ns, second).await.iter().all(|e| {
+        e.regarding.as_ref().and_then(|r| r.uid.as_deref()) != new.metadata.uid.as_deref()
+    }));
+    daemon.stop().await;
+}
+
+/// Completion times in the future (the operator's or Tekton's clock ahead of ours) are not
+/// expired: such a claim is kept, and one whose completion time comes in a few seconds is
+/// deleted only once it has come, as the Job TTL controller does.
+#[tokio::test(flavor = "multi_thread")]
+async fn completion_times_in_the_future_are_not_expired() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "skew").await;
+    let finished = |name: &'static str, at: DateTime<Utc>| {
+        let ns = &ns;
+        async move {
+            JobBuilder::new(name)
+                .phase("Succeeded")
+                .completed_at(at)
+                .create(ns)
+                .await;
+            PipelineRunBuilder::for_job(name)
+                .succeeded_at(at)
+                .create(ns)
+                .await;
+            ClaimBuilder::for_job(name).create(ns).await;
+        }
+    };
+    finished("past", in_secs(-3600)).await;
+    finished("skewed", in_secs(3600)).await;
+    let soon = in_secs(8);
+    finished("soon", soon).await;
+    let mut config = config_for(&ns);
+    config.policy.ttl_after_finished = Duration::ZERO;
+    let daemon = Daemon::start(ns.client().clone(), config, "skew").await;
+
+    assert!(
+        wait_until(secs(5), || deleted(&ns, "past-build-workspace")).await,
+        "the control: a build finished in the past is collected (TTL 0)"
+    );
+    let in_future = "state=\"keep\",reason=\"completion-in-future\"";
+    assert_eq!(
+        metric(&daemon.metrics().await, "workspace_gc_claims", in_future),
+        2.0
+    );
+    let wait = (soon - Utc::now()).to_std().unwrap_or_default() + secs(3);
+    assert!(
+        wait_until(wait, || deleted(&ns, "soon-build-workspace")).await,
+        "collected right after its completion time comes"
+    );
+    let observed = Utc::now();
+    assert!(observed >= soon, "not before its completion time");
+    assert_eq!(fate(&ns, "skewed-build-workspace").await, Fate::Live);
+    assert_eq!(
+        metric(&daemon.metrics().await, "workspace_gc_claims", in_future),
+        1.0
+    );
+    daemon.stop().await;
+}
+
+/// Owners and claims with missing, unknown or odd fields: no status, unknown conditions and
+/// phases, finished without a completion time, a pod of unknown phase, annotations that are
+/// huge or not ASCII. No panic; each claim is kept and the reason is visible in the metrics,
+/// in an event for a bad annotation, and in `workspace-gc audit --output json`. A claim with
+/// harmless odd annotations is still collected.
+#[tokio::test(flavor = "multi_thread")]
+async fn odd_objects_keep_their_claims_and_say_why() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "odd").await;
+    let runs = ns.dynamic_api(&pipeline_run_resource());
+    let set_run_status = |name: &'static str, status: Value| {
+        let runs = runs.clone();
+        async move {
+            runs.patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+        }
+    };
+    let mut expected: Vec<(&str, &str, &str)> = Vec::new();
+
+    // No status at all: the operator has not seen it yet.
+    JobBuilder::new("nostatus").create(&ns).await;
+    ClaimBuilder::for_job("nostatus").create(&ns).await;
+    expected.push(("nostatus-build-workspace", "keep", "owner-running"));
+    // A phase this version does not know.
+    JobBuilder::new("exploded")
+        .phase("Exploded")
+        .create(&ns)
+        .await;
+    ClaimBuilder::for_job("exploded").create(&ns).await;
+    expected.push(("exploded-build-workspace", "keep", "owner-running"));
+    // Only conditions of other types.
+    PipelineRunBuilder::for_job("weird").create(&ns).await;
+    set_run_status(
+        "weird-build",
+        json!({"conditions": [{"type": "Ready", "status": "True"}, {"type": "Sideways", "status": "Yes"}]}),
+    )
+    .await;
+    ClaimBuilder::for_job("weird").create(&ns).await;
+    expected.push(("weird-build-workspace", "keep", "owner-running"));
+    // The Succeeded condition with a status that is none of True, False, Unknown.
+    PipelineRunBuilder::for_job("maybe").create(&ns).await;
+    set_run_status(
+        "maybe-build",
+        json!({"conditions": [{"type": "Succeeded", "status": "Maybe"}], "completionTime": rfc3339(in_secs(-7200))}),
+    )
+    .await;
+    ClaimBuilder::for_job("maybe").create(&ns).await;
+    expected.push(("maybe-build-workspace", "keep", "owner-running"));
+    // Finished, but neither owner recorded when.
+    JobBuilder::new("notime")
+        .phase("Succeeded")
+        .create(&ns)
+        .await;
+    PipelineRunBuilder::for_job("notime").create(&ns).await;
+    set_run_status(
+        "notime-build",
+        json!({"conditions": [{"type": "Succeeded", "status": "True"}]}),
+    )
+    .await;
+    ClaimBuilder::for_job("notime").create(&ns).await;
+    expected.push(("notime-build-workspace", "keep", "completion-time-missing"));
+    // A pod whose phase is Unknown (its node stopped reporting) still uses the claim.
+    expiring("limbo-build-workspace", in_secs(-60))
+        .create(&ns)
+        .await;
+    PodBuilder::new("limbo")
+        .mounting("limbo-build-workspace")
+        .phase("Unknown")
+        .create(&ns)
+        .await;
+    expected.push(("limbo-build-workspace", "protected", "in-use"));
+    // Bad annotations: huge, full-width digits and Japanese, an emoji after a valid instant,
+    // characters that print escaped.
+    let huge = format!("1{}", "x".repeat(100_000));
+    ClaimBuilder::build_workspace("huge-build-workspace")
+        .annotation(annotations::TTL, &huge)
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("kanji-build-workspace")
+        .annotation(annotations::TTL, "１時間")
+        .annotation(annotations::KEEP, "はい")
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("emoji-build-workspace")
+        .annotation(annotations::EXPIRES, "2020-01-01T00:00:00Z🙂")
+        .create(&ns)
+        .await;
+    // Characters that print escaped, which makes a quoted value longer than the value.
+    let escaped = format!("1{}", "\u{10ffff}\u{1b}".repeat(100));
+    ClaimBuilder::build_workspace("escaped-build-workspace")
+        .annotation(annotations::TTL, &escaped)
+        .create(&ns)
+        .await;
+    let invalid = [
+        ("huge-build-workspace", annotations::TTL),
+        ("escaped-build-workspace", annotations::TTL),
+        ("kanji-build-workspace", annotations::KEEP),
+        ("emoji-build-workspace", annotations::EXPIRES),
+    ];
+    for (name, _) in invalid {
+        expected.push((name, "keep", "invalid-annotation"));
+    }
+    // Odd but harmless annotations do not stand in the way of a due claim.
+    expiring("harmless-build-workspace", in_secs(-60))
+        .annotation("example.com/description", "ünïcødé ✓ 工作区 🙂")
+        .annotation("example.com/blob", &"z".repeat(100_000))
+        .create(&ns)
+        .await;
+
+    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "odd").await;
+    assert!(
+        wait_until(secs(5), || deleted(&ns, "harmless-build-workspace")).await,
+        "odd unrelated annotations do not block a due claim"
+    );
+    let mut counts = std::collections::BTreeMap::<(&str, &str), f64>::new();
+    for (_, state, reason) in &expected {
+        *counts.entry((state, reason)).or_default() += 1.0;
+    }
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = daemon.metrics().await;
+            counts.iter().all(|((state, reason), count)| {
+                let labels = format!("state=\"{state}\",reason=\"{reason}\"");
+                metric(&metrics, "workspace_gc_claims", &labels) == *count
+            })
+        })
+        .await,
+        "every claim's reason is counted: want {counts:?}\n{}",
+        daemon.metrics().await
+    );
+    for (name, key) in invalid {
+        assert!(
+            wait_until(secs(10), || async {
+                !events(&ns, name, "InvalidAnnotation").await.is_empty()
+            })
+            .await,
+            "an InvalidAnnotation event explains {name}"
+        );
+        let note = events(&ns, name, "InvalidAnnotation").await[0]
+            .note
+            .clone()
+            .unwrap_or_default();
+        assert!(note.contains(key), "{name}: {note}");
+    }
+
+    let audit = tokio::process::Command::new(binary())
+        .args(["audit", "--output", "json", "--namespace", ns.name()])
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .await
+        .expect("run workspace-gc audit");
+    assert!(
+        audit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&audit.stderr)
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&audit.stdout).expect("audit JSON");
+    for (name, state, reason) in &expected {
+        let row = rows
+            .iter()
+            .find(|row| row["name"] == *name)
+            .unwrap_or_else(|| panic!("{name} is in the audit"));
+        assert_eq!(row["verdict"], *state, "{name}: {row}");
+        assert_eq!(row["reason"], *reason, "{name}: {row}");
+    }
+    for (name, key) in invalid {
+        let row = rows.iter().find(|row| row["name"] == name).expect("row");
+        let detail = row["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(key), "{name}: {detail}");
+    }
+    for (name, _, _) in &expected {
+        assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is kept");
+    }
+    assert!(daemon.running());
+    daemon.stop().await;
+}
