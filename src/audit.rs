@@ -238,7 +238,6 @@ mod tests {
             uid: format!("{name}-uid"),
             resource_version: "1".into(),
             created,
-            labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             owner_references: Vec::new(),
             deletion_timestamp: None,

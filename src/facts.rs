@@ -90,14 +90,14 @@ impl OwnerRef {
     }
 }
 
-/// Everything the policy reads about the claim itself.
+/// Everything the policy reads about the claim itself (labels are matched by the API server's
+/// label selector and not kept; of the annotations only workspace-gc's own are).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClaimFacts {
     pub key: ObjectKey,
     pub uid: String,
     pub resource_version: String,
     pub created: DateTime<Utc>,
-    pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     pub owner_references: Vec<OwnerRef>,
     pub deletion_timestamp: Option<DateTime<Utc>>,

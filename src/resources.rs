@@ -86,7 +86,6 @@ pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
             .creation_timestamp
             .as_ref()
             .map_or(DateTime::<Utc>::MAX_UTC, to_chrono),
-        labels: meta.labels.clone().unwrap_or_default(),
         // Only workspace-gc's own annotations are read; others (possibly large) are not kept.
         annotations: meta
             .annotations

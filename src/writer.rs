@@ -177,7 +177,6 @@ mod tests {
             uid: "uid-1".into(),
             resource_version: "42".into(),
             created: DateTime::<Utc>::UNIX_EPOCH,
-            labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             owner_references: Vec::new(),
             deletion_timestamp: None,

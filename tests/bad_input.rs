@@ -349,7 +349,6 @@ fn overdue(annotations: BTreeMap<String, String>) -> Facts {
             uid: "uid".into(),
             resource_version: "1".into(),
             created: DateTime::<Utc>::UNIX_EPOCH,
-            labels: BTreeMap::new(),
             annotations,
             owner_references: Vec::new(),
             deletion_timestamp: None,

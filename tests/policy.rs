@@ -25,7 +25,6 @@ fn claim() -> ClaimFacts {
         uid: "claim-uid".into(),
         resource_version: "7".into(),
         created: t0(),
-        labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         owner_references: Vec::new(),
         deletion_timestamp: None,
