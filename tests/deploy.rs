@@ -29,8 +29,10 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use support::{BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, TestNamespace, wait_until};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{
+    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, TestNamespace, free_port, http_get,
+    wait_until,
+};
 use tokio::sync::{Mutex, OnceCell};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -1100,36 +1102,6 @@ impl Daemon {
             .expect("wait for the daemon");
         (status, self.log())
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// A plain HTTP/1.0 GET (no HTTP client crate for three endpoints); refused reads as status 0.
-async fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return (0, String::new());
-    };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return (0, String::new());
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response).await;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// The value of one sample line, e.g. `workspace_gc_leader`, or with its labels.
