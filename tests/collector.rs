@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
@@ -590,29 +590,7 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
         .create(&PostParams::default(), &role)
         .await
         .expect("role");
-    ns.api::<RoleBinding>()
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("workspace-gc".into()),
-                    ..ObjectMeta::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "workspace-gc".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: "workspace-gc".into(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await
-        .expect("binding");
+    ns.bind_role("workspace-gc", "workspace-gc").await;
 
     let mut config = config_for(&ns);
     config.policy.orphan_grace = secs(1);

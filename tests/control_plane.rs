@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{Duration as TimeDelta, Utc};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use support::{
@@ -240,26 +240,7 @@ async fn service_account_needs_rbac_to_list_claims() {
         )
         .await
         .expect("create role");
-    ns.api::<RoleBinding>()
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: meta("claim-reader"),
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                    kind: "Role".to_owned(),
-                    name: "claim-reader".to_owned(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".to_owned(),
-                    name: "workspace-gc".to_owned(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await
-        .expect("create role binding");
+    ns.bind_role("claim-reader", "workspace-gc").await;
 
     // The authorizer reads RBAC objects from an informer, so the grant lands a moment later.
     let allowed = wait_until(Duration::from_secs(10), || async {

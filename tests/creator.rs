@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 use kube::api::{DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
@@ -421,26 +421,7 @@ async fn the_creator_needs_update_on_the_jobs_finalizers() {
         )
         .await
         .expect("create role");
-    ns.api::<RoleBinding>()
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: meta("creator"),
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                    kind: "Role".to_owned(),
-                    name: "creator".to_owned(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".to_owned(),
-                    name: "creator".to_owned(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await
-        .expect("create role binding");
+    ns.bind_role("creator", "creator").await;
     let as_creator = control_plane
         .service_account_client(ns.name(), "creator")
         .await;

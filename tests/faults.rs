@@ -18,7 +18,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
@@ -730,29 +730,7 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         .create(&PostParams::default(), &daemon_role(false))
         .await
         .expect("role");
-    ns.api::<RoleBinding>()
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("workspace-gc".into()),
-                    ..ObjectMeta::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "workspace-gc".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: "workspace-gc".into(),
-                    namespace: Some(ns.name().to_owned()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await
-        .expect("binding");
+    ns.bind_role("workspace-gc", "workspace-gc").await;
     let kubeconfig = cp
         .service_account_kubeconfig(ns.name(), "workspace-gc")
         .await;

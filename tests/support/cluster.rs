@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -497,5 +498,31 @@ impl TestNamespace {
     /// A dynamic API in this namespace, e.g. for [`super::notebook_validation_job_resource`].
     pub fn dynamic_api(&self, resource: &ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), &self.name, resource)
+    }
+
+    /// Binds Role `role` of this namespace to ServiceAccount `service_account` of it, with a
+    /// RoleBinding named after the role.
+    pub async fn bind_role(&self, role: &str, service_account: &str) {
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(role.to_owned()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "Role".to_owned(),
+                name: role.to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: service_account.to_owned(),
+                namespace: Some(self.name.clone()),
+                ..Subject::default()
+            }]),
+        };
+        self.api::<RoleBinding>()
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap_or_else(|e| panic!("bind role {role} in {}: {e}", self.name));
     }
 }
