@@ -1,0 +1,175 @@
+//! Request accounting from the kube-apiserver audit log (level Metadata): every request of the
+//! contenders' users and of kube-controller-manager, with its verb, resource, namespace, user
+//! agent and the instant the server received it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::Result;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use crate::cluster::{DAEMON_USER, KCM_USER, SWEEP_USER};
+
+pub fn policy() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n  \
+         - level: Metadata\n    users: [\"{DAEMON_USER}\", \"{SWEEP_USER}\", \"{KCM_USER}\"]\n  \
+         - level: None\n"
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawEvent {
+    #[serde(rename = "auditID")]
+    audit_id: String,
+    verb: String,
+    user: RawUser,
+    #[serde(default)]
+    user_agent: String,
+    #[serde(default)]
+    object_ref: Option<RawRef>,
+    request_received_timestamp: DateTime<Utc>,
+    #[serde(default)]
+    response_status: Option<RawStatus>,
+}
+
+#[derive(Deserialize)]
+struct RawUser {
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct RawRef {
+    #[serde(default)]
+    resource: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    subresource: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawStatus {
+    #[serde(default)]
+    code: Option<u16>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub user: String,
+    /// The last `/`-separated part of the user agent: the controller name for
+    /// kube-controller-manager (`generic-garbage-collector`, `pvc-protection-controller`).
+    pub agent: String,
+    pub verb: String,
+    pub resource: String,
+    pub namespaced: bool,
+    pub at: DateTime<Utc>,
+    pub code: u16,
+}
+
+pub fn read(path: &Path) -> Result<Vec<Request>> {
+    let file = std::fs::File::open(path)?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        let Ok(event) = serde_json::from_str::<RawEvent>(&line) else {
+            continue;
+        };
+        // A watch is logged when its response starts and again when it ends.
+        if !seen.insert(event.audit_id) {
+            continue;
+        }
+        let (resource, namespaced) = match &event.object_ref {
+            Some(r) => {
+                let mut resource = r.resource.clone().unwrap_or_default();
+                if let Some(sub) = &r.subresource {
+                    resource = format!("{resource}/{sub}");
+                }
+                (resource, r.namespace.is_some())
+            }
+            None => ("(non-resource)".to_owned(), false),
+        };
+        out.push(Request {
+            user: event.user.username,
+            agent: event
+                .user_agent
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            verb: event.verb,
+            resource,
+            namespaced,
+            at: event.request_received_timestamp,
+            code: event
+                .response_status
+                .and_then(|s| s.code)
+                .unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
+
+/// Requests matching `filter` received within `[from, to)`, counted by verb and by
+/// `verb resource`.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Counts {
+    pub by_verb: BTreeMap<String, u64>,
+    pub by_verb_resource: BTreeMap<String, u64>,
+    /// LIST requests scoped to one namespace (the live re-check's pod lists).
+    pub namespaced_lists: u64,
+    /// LIST requests across all namespaces (initial lists, watch re-lists, sweeps).
+    pub cluster_lists: u64,
+    /// Answers of 400 and above, by `verb resource code` (a GET of a deleted owner is a 404).
+    pub errors: BTreeMap<String, u64>,
+    pub total: u64,
+}
+
+impl Counts {
+    pub fn verb(&self, verb: &str) -> u64 {
+        self.by_verb.get(verb).copied().unwrap_or(0)
+    }
+
+    /// Requests other than watches (a watch is one long-lived request per kind).
+    pub fn non_watch(&self) -> u64 {
+        self.total - self.verb("watch")
+    }
+}
+
+pub fn count(
+    requests: &[Request],
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    filter: impl Fn(&Request) -> bool,
+) -> Counts {
+    let mut counts = Counts::default();
+    for r in requests
+        .iter()
+        .filter(|r| r.at >= from && r.at < to && filter(r))
+    {
+        *counts.by_verb.entry(r.verb.clone()).or_default() += 1;
+        *counts
+            .by_verb_resource
+            .entry(format!("{} {}", r.verb, r.resource))
+            .or_default() += 1;
+        if r.verb == "list" {
+            if r.namespaced {
+                counts.namespaced_lists += 1;
+            } else {
+                counts.cluster_lists += 1;
+            }
+        }
+        if r.code >= 400 {
+            *counts
+                .errors
+                .entry(format!("{} {} {}", r.verb, r.resource, r.code))
+                .or_default() += 1;
+        }
+        counts.total += 1;
+    }
+    counts
+}

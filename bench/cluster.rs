@@ -1,0 +1,464 @@
+//! The control plane for one benchmark size, reached the one way the project starts it
+//! (`scripts/control-plane`), plus what the benchmark adds on top: an audit policy, an identity
+//! (client certificate) per contender, RBAC, and readings of processes and API server metrics.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The user names the contenders authenticate as (the CN of their client certificates). The
+/// audit policy records exactly these and the controller manager.
+pub const DAEMON_USER: &str = "bench:workspace-gc";
+pub const SWEEP_USER: &str = "bench:sweep";
+pub const KCM_USER: &str = "system:kube-controller-manager";
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn script() -> PathBuf {
+    root().join("scripts/control-plane")
+}
+
+/// A running control plane started by `scripts/control-plane up`, stopped by [`Self::down`]
+/// (and by the script's watchdog if this process dies).
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub started_in: Duration,
+}
+
+impl ControlPlane {
+    pub fn up(dir: &Path, apiserver_args: &[String]) -> Result<Self> {
+        let started = std::time::Instant::now();
+        let mut up = Command::new(script());
+        up.arg("up")
+            .arg("--dir")
+            .arg(dir)
+            .arg("--controller-manager")
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string());
+        for arg in apiserver_args {
+            up.arg(format!("--apiserver-arg={arg}"));
+        }
+        let output = up
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .context("run scripts/control-plane up")?;
+        if !output.status.success() {
+            bail!("scripts/control-plane up failed ({})", output.status);
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let kubeconfig = PathBuf::from(
+            stdout
+                .lines()
+                .last()
+                .ok_or_else(|| anyhow!("control-plane up printed nothing"))?
+                .trim(),
+        );
+        let parsed = Kubeconfig::read_from(&kubeconfig)?;
+        let server = parsed
+            .clusters
+            .first()
+            .and_then(|c| c.cluster.as_ref())
+            .and_then(|c| c.server.clone())
+            .ok_or_else(|| anyhow!("no server in {}", kubeconfig.display()))?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            kubeconfig,
+            server,
+            started_in: started.elapsed(),
+        })
+    }
+
+    pub fn down(&self) {
+        let result = Command::new(script())
+            .arg("down")
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status();
+        if let Err(error) = result {
+            eprintln!("bench: control-plane down: {error}");
+        }
+    }
+
+    pub async fn admin_client(&self) -> Result<Client> {
+        client_from(&self.kubeconfig).await
+    }
+
+    /// The pid of one of the daemons the script started (etcd, kube-apiserver,
+    /// kube-controller-manager), checked against its recorded start time.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        let text = std::fs::read_to_string(self.dir.join(format!("{name}.pid"))).ok()?;
+        let mut fields = text.split_whitespace();
+        let pid: u32 = fields.next()?.parse().ok()?;
+        let start = fields.next()?;
+        (proc_start_time(pid)?.as_str() == start).then_some(pid)
+    }
+
+    /// Stops kube-controller-manager (which this run started through the script), so that
+    /// the garbage collector cannot race the contenders measured after it.
+    pub fn stop_controller_manager(&self) -> Result<()> {
+        let Some(pid) = self.pid("kube-controller-manager") else {
+            bail!("kube-controller-manager is not running");
+        };
+        signal(pid, "TERM");
+        for _ in 0..100 {
+            if proc_start_time(pid).is_none() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        signal(pid, "KILL");
+        Ok(())
+    }
+
+    /// Version lines of the control plane's binaries.
+    pub fn versions(&self) -> BTreeMap<&'static str, String> {
+        let mut out = BTreeMap::new();
+        let bin = Command::new(script())
+            .arg("build")
+            .stderr(Stdio::null())
+            .output();
+        let Some(bin) = bin
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.lines().last().map(|l| PathBuf::from(l.trim())))
+        else {
+            return out;
+        };
+        let run = |binary: &str, arg: &str| {
+            Command::new(bin.join(binary))
+                .arg(arg)
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        };
+        if let Some(v) = run("kube-apiserver", "--version") {
+            out.insert("kube-apiserver", v);
+        }
+        if let Some(v) = run("etcd", "--version") {
+            out.insert("etcd", v.lines().next().unwrap_or_default().to_owned());
+        }
+        out
+    }
+
+    /// Bytes etcd keeps on disk (its data directory on the tmpfs).
+    pub fn etcd_bytes(&self) -> u64 {
+        dir_size(&self.dir.join("etcd"))
+    }
+
+    /// Bytes of etcd's database file (the data itself, without the preallocated WAL).
+    pub fn etcd_db_bytes(&self) -> u64 {
+        std::fs::metadata(self.dir.join("etcd/member/snap/db"))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    }
+
+    /// A client certificate for `user`, signed by the cluster CA, and a kubeconfig using it.
+    pub fn identity_kubeconfig(&self, aux: &Path, user: &str) -> Result<PathBuf> {
+        let pki = self.dir.join("pki");
+        let stem = user.replace(':', "-");
+        let key = aux.join(format!("{stem}.key"));
+        let csr = aux.join(format!("{stem}.csr"));
+        let crt = aux.join(format!("{stem}.crt"));
+        let ext = aux.join(format!("{stem}.ext"));
+        std::fs::write(
+            &ext,
+            "basicConstraints = critical,CA:FALSE\nkeyUsage = critical,digitalSignature\n\
+             extendedKeyUsage = clientAuth\n",
+        )?;
+        let serial = format!(
+            "0x{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_nanos()
+        );
+        openssl(&[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            path_str(&key)?,
+        ])?;
+        openssl(&[
+            "req",
+            "-new",
+            "-config",
+            path_str(&pki.join("openssl.cnf"))?,
+            "-key",
+            path_str(&key)?,
+            "-subj",
+            &format!("/CN={user}"),
+            "-out",
+            path_str(&csr)?,
+        ])?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            path_str(&csr)?,
+            "-CA",
+            path_str(&pki.join("ca.crt"))?,
+            "-CAkey",
+            path_str(&pki.join("ca.key"))?,
+            "-set_serial",
+            &serial,
+            "-days",
+            "2",
+            "-extfile",
+            path_str(&ext)?,
+            "-out",
+            path_str(&crt)?,
+        ])?;
+        let kubeconfig = aux.join(format!("{stem}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n  - name: bench\n    cluster:\n      \
+             server: {server}\n      certificate-authority: {ca}\nusers:\n  - name: \"{user}\"\n    \
+             user:\n      client-certificate: {crt}\n      client-key: {key}\ncontexts:\n  - name: \
+             bench\n    context:\n      cluster: bench\n      user: \"{user}\"\n      namespace: \
+             default\ncurrent-context: bench\n",
+            server = self.server,
+            ca = pki.join("ca.crt").display(),
+            crt = crt.display(),
+            key = key.display(),
+        );
+        std::fs::write(&kubeconfig, text)?;
+        Ok(kubeconfig)
+    }
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| anyhow!("non-UTF-8 path {}", path.display()))
+}
+
+fn openssl(args: &[&str]) -> Result<()> {
+    let output = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("run openssl")?;
+    if !output.status.success() {
+        bail!(
+            "openssl {} failed: {}",
+            args.first().copied().unwrap_or_default(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
+    let parsed = Kubeconfig::read_from(kubeconfig)?;
+    let mut config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default()).await?;
+    config.proxy_url = None;
+    // Creation pushes many requests at once through one client; the default 295 s read
+    // timeout is fine, but connects must not hang.
+    config.connect_timeout = Some(Duration::from_secs(10));
+    Ok(Client::try_from(config)?)
+}
+
+/// Grants the daemon's own ClusterRole (manifests/base/rbac-cluster.yaml, so the benchmark
+/// runs with exactly the rights a deployment has) to both contenders' users.
+pub async fn grant(client: &Client) -> Result<()> {
+    let text = std::fs::read_to_string(root().join("manifests/base/rbac-cluster.yaml"))?;
+    let mut role: Option<ClusterRole> = None;
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(document)?;
+        if value.get("kind").and_then(|k| k.as_str()) == Some("ClusterRole") {
+            role = Some(serde_yaml::from_value(value)?);
+        }
+    }
+    let role = role.ok_or_else(|| anyhow!("no ClusterRole in rbac-cluster.yaml"))?;
+    let role_name = role.metadata.name.clone().unwrap_or_default();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    for user in [DAEMON_USER, SWEEP_USER] {
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(user.replace(':', "-")),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: role_name.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: user.into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                namespace: None,
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&PostParams::default(), &binding)
+            .await?;
+    }
+    Ok(())
+}
+
+use serde::Deserialize as _;
+
+// --- processes ---------------------------------------------------------------------------------
+
+/// Field 22 of /proc/PID/stat (start time in ticks), or `None` if gone or a zombie.
+pub fn proc_start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19).map(|s| (*s).to_owned())
+}
+
+pub fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// What /proc says about a process: peak and current resident memory, CPU seconds.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct ProcSample {
+    pub hwm_kib: u64,
+    pub rss_kib: u64,
+    pub cpu_s: f64,
+}
+
+pub fn sample(pid: u32) -> Option<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some(ProcSample {
+        hwm_kib: kib("VmHWM:")?,
+        rss_kib: kib("VmRSS:")?,
+        cpu_s: cpu_seconds(pid)?,
+    })
+}
+
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+fn dir_size(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+// --- metrics -----------------------------------------------------------------------------------
+
+/// Fetches a Prometheus text endpoint over the API server (`/metrics`).
+pub async fn apiserver_metrics(client: &Client) -> Result<String> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(client.request_text(request).await?)
+}
+
+/// Sums every sample of `family` (e.g. `apiserver_response_sizes_sum`) whose labels contain
+/// all of `labels` (`key="value"` fragments).
+pub fn metric_sum(text: &str, family: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name_labels, value) = l.rsplit_once(' ')?;
+            let (name, rest) = match name_labels.split_once('{') {
+                Some((n, r)) => (n, r),
+                None => (name_labels, ""),
+            };
+            (name == family && labels.iter().all(|want| rest.contains(want)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// One plain HTTP/1.1 GET to 127.0.0.1:`port`; the status code and body.
+pub async fn local_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&response);
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The load average line of /proc/loadavg (1, 5, 15 minutes).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

@@ -1,0 +1,880 @@
+//! Reclaim benchmark (issue 8): workspace-gc against a periodic sweep janitor and against
+//! owner references plus Kubernetes' garbage collector, on one local control plane and the same
+//! objects per size.
+//!
+//!     cargo bench --bench reclaim [-- --sizes 1000,10000]
+//!
+//! For each size N it starts `scripts/control-plane up --controller-manager` on a tmpfs
+//! (/dev/shm), with an audit log of the contenders' requests, creates N builds (job, run,
+//! claim, two pods each; see population.rs), then measures three phases one after the other:
+//!
+//! 1. Kubernetes' garbage collector (kube-controller-manager): claims with an owner reference to
+//!    their job; the benchmark deletes jobs at known instants. kube-controller-manager is then
+//!    stopped, so that it cannot race the contenders measured after it (PVC protection stops
+//!    with it: claims deleted later stay Terminating, which the benchmark's watch counts as
+//!    deleted, the instant the delete took effect).
+//! 2. workspace-gc, the release binary, as user `bench:workspace-gc`: start to /readyz, then
+//!    owner-deleted events (as in 1) interleaved with TTL events (a validating job finishes at a
+//!    known instant; the claim is due TTL later).
+//! 3. The sweep janitor (sweep.rs), as user `bench:sweep`, on the same kinds of events.
+//!
+//! Reclaim lag is measured by the benchmark's own watch on claims; requests from the audit log;
+//! memory and CPU from /proc. bench/RESULTS.md is rewritten at the end.
+
+mod audit;
+mod cluster;
+mod observe;
+mod population;
+mod report;
+mod sweep;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use chrono::{DateTime, Utc};
+use kube::Client;
+use tokio::io::AsyncBufReadExt;
+
+use crate::audit::Counts;
+use crate::cluster::{ControlPlane, DAEMON_USER, KCM_USER, ProcSample, SWEEP_USER};
+use crate::observe::Observer;
+use crate::population::{Build, EventKind, Plan, State, Target};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Options {
+    pub sizes: Vec<usize>,
+    pub namespaces: usize,
+    /// Events per kind and contender; default min(N/10, 400).
+    pub events: Option<usize>,
+    /// Events per second per kind.
+    pub rate: f64,
+    pub ttl_s: u64,
+    pub sweep_interval_s: u64,
+    pub concurrency: usize,
+    pub out: PathBuf,
+    pub workdir: PathBuf,
+    /// Other workspace-gc binaries to measure instead of the one built here (variants of src/
+    /// built elsewhere); without --with-baselines the baselines are then skipped.
+    pub variants: Vec<DaemonSpec>,
+    pub with_baselines: bool,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Self> {
+        let mut options = Options {
+            sizes: vec![1000, 10_000],
+            namespaces: 20,
+            events: None,
+            rate: 8.0,
+            ttl_s: 30,
+            sweep_interval_s: 30,
+            concurrency: 48,
+            out: cluster::root().join("bench/RESULTS.md"),
+            workdir: PathBuf::from("/dev/shm"),
+            variants: Vec::new(),
+            with_baselines: false,
+        };
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| anyhow!("{arg} needs a value"))
+            };
+            match arg.as_str() {
+                "--sizes" => {
+                    options.sizes = value()?
+                        .split(',')
+                        .map(|s| s.trim().replace('_', "").parse())
+                        .collect::<Result<_, _>>()?
+                }
+                "--namespaces" => options.namespaces = value()?.parse()?,
+                "--events" => options.events = Some(value()?.parse()?),
+                "--rate" => options.rate = value()?.parse()?,
+                "--ttl" => options.ttl_s = value()?.parse()?,
+                "--sweep-interval" => options.sweep_interval_s = value()?.parse()?,
+                "--concurrency" => options.concurrency = value()?.parse()?,
+                "--out" => options.out = PathBuf::from(value()?),
+                "--workdir" => options.workdir = PathBuf::from(value()?),
+                "--variant" => {
+                    // LABEL,PATH[,KEY=VALUE...]
+                    let text = value()?;
+                    let mut parts = text.split(',');
+                    let label = parts.next().unwrap_or_default().to_owned();
+                    let path = PathBuf::from(
+                        parts
+                            .next()
+                            .ok_or_else(|| anyhow!("--variant LABEL,PATH[,KEY=VALUE...]"))?,
+                    );
+                    let env = parts
+                        .map(|kv| {
+                            kv.split_once('=')
+                                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                                .ok_or_else(|| anyhow!("--variant: {kv} is not KEY=VALUE"))
+                        })
+                        .collect::<Result<_>>()?;
+                    options.variants.push(DaemonSpec { label, path, env });
+                }
+                "--with-baselines" => options.with_baselines = true,
+                "-h" | "--help" => {
+                    eprintln!(
+                        "cargo bench --bench reclaim -- [--sizes 1000,10000] [--namespaces 20] \
+                         [--events E] [--rate 8] [--ttl 30] [--sweep-interval 30] \
+                         [--concurrency 48] [--out bench/RESULTS.md] [--workdir /dev/shm] \
+                         [--variant LABEL,PATH[,KEY=VALUE...]]... [--with-baselines]"
+                    );
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other} (try --help)"),
+            }
+        }
+        if options.namespaces == 0 || options.rate <= 0.0 || options.sizes.is_empty() {
+            bail!("--namespaces, --rate and --sizes must be positive");
+        }
+        Ok(options)
+    }
+
+    fn baselines(&self) -> bool {
+        self.variants.is_empty() || self.with_baselines
+    }
+
+    /// The workspace-gc binaries measured, in order.
+    fn daemons(&self) -> Vec<DaemonSpec> {
+        if self.variants.is_empty() {
+            vec![DaemonSpec {
+                label: "workspace-gc".into(),
+                path: PathBuf::from(env!("CARGO_BIN_EXE_workspace-gc")),
+                env: Vec::new(),
+            }]
+        } else {
+            self.variants.clone()
+        }
+    }
+
+    /// Phases that consume owner-deleted and TTL events.
+    fn owner_phases(&self) -> usize {
+        self.daemons().len() + if self.baselines() { 2 } else { 0 }
+    }
+
+    fn ttl_phases(&self) -> usize {
+        self.daemons().len() + usize::from(self.baselines())
+    }
+
+    fn events_for(&self, n: usize) -> usize {
+        // As many as the builds that are not running or kept can supply to every phase.
+        let spare = n - n / 5 - n / 20;
+        let fits = spare / (self.owner_phases() + self.ttl_phases()).max(1);
+        self.events.unwrap_or((n / 10).min(400).min(fits)).max(1)
+    }
+}
+
+/// One contender's figures for one size.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Contender {
+    pub name: String,
+    pub role: Role,
+    /// From process start to /readyz (daemon) or to the end of the first sweep (janitor).
+    pub ready_s: Option<f64>,
+    /// (kind, lag in seconds or None if not reclaimed in the window).
+    pub lags: Vec<(EventKind, Option<f64>)>,
+    /// Requests from start to ready.
+    pub sync: Counts,
+    /// Requests from ready (or the first event) to the end of the phase.
+    pub steady: Counts,
+    /// For the garbage-collector phase: PVC protection's requests, reported apart.
+    pub other: Option<(String, Counts)>,
+    /// Bytes the API server returned to LIST requests from ready to the end of the phase.
+    pub list_bytes: f64,
+    /// The same, from start to ready (the initial lists).
+    pub sync_list_bytes: f64,
+    pub at_ready: Option<ProcSample>,
+    pub at_end: Option<ProcSample>,
+    /// Objects held in the contender's caches (the daemon's metric), or in the cluster.
+    pub tracked: Option<u64>,
+    pub apiserver_cpu_s: f64,
+    pub etcd_cpu_s: f64,
+    pub window_s: f64,
+    pub unexpected_deletions: usize,
+    pub notes: Vec<String>,
+    /// The janitor's sweeps: (list seconds, whole sweep seconds).
+    pub sweeps: Vec<(f64, f64)>,
+}
+
+impl Contender {
+    pub fn reclaimed(&self) -> usize {
+        self.lags.iter().filter(|(_, lag)| lag.is_some()).count()
+    }
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct SizeResult {
+    pub n: usize,
+    pub namespaces: usize,
+    pub events: usize,
+    pub states: Vec<(String, usize)>,
+    pub control_plane_s: f64,
+    pub create_s: f64,
+    pub create_requests: usize,
+    pub create_objects: usize,
+    pub etcd_bytes: u64,
+    pub etcd_db_bytes: u64,
+    /// Events per second per kind actually used: at most --rate, and spread over at least one
+    /// sweep interval, so the janitor's lag is not biased by where its cycle happens to be.
+    pub rate: f64,
+    pub load_before: String,
+    pub load_after: String,
+    pub contenders: Vec<Contender>,
+    pub versions: Vec<(String, String)>,
+    pub total_s: f64,
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.first().map(String::as_str) == Some(sweep::SUBCOMMAND) {
+        return sweep::main(&args[1..]);
+    }
+    let options = Options::parse(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let started = Utc::now();
+    let mut results = Vec::new();
+    for &n in &options.sizes {
+        eprintln!("bench: === N = {n} ===");
+        let result = runtime.block_on(run_size(n, &options))?;
+        let stem = options
+            .out
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "results".into());
+        let raw = cluster::root().join(format!("target/bench-reclaim/{stem}-{n}.json"));
+        if let Some(dir) = raw.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&raw, serde_json::to_string_pretty(&result)?)?;
+        eprintln!("bench: raw results in {}", raw.display());
+        results.push(result);
+    }
+    let text = report::render(&options, &results, started);
+    std::fs::write(&options.out, &text)?;
+    eprintln!("bench: wrote {}", options.out.display());
+    Ok(())
+}
+
+/// Everything a phase needs.
+struct Ctx {
+    cp: ControlPlane,
+    admin: Client,
+    observer: Observer,
+    aux: PathBuf,
+    options: Options,
+    audit_log: PathBuf,
+}
+
+async fn run_size(n: usize, options: &Options) -> Result<SizeResult> {
+    let size_started = std::time::Instant::now();
+    let events = options.events_for(n);
+    let plan = Plan::new(
+        n,
+        options.namespaces,
+        options.owner_phases() * events,
+        options.ttl_phases() * events,
+    )?;
+    let base = options
+        .workdir
+        .join(format!("workspace-gc-bench-{}-{n}", std::process::id()));
+    let aux = base.join("aux");
+    std::fs::create_dir_all(&aux)?;
+    let policy = aux.join("audit-policy.yaml");
+    std::fs::write(&policy, audit::policy())?;
+    let audit_log = aux.join("audit.log");
+    let load_before = cluster::loadavg();
+
+    eprintln!("bench: starting the control plane in {}", base.display());
+    let cp = ControlPlane::up(
+        &base.join("cp"),
+        &[
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", audit_log.display()),
+        ],
+    )?;
+    let outcome = run_phases(n, events, options, &plan, cp, aux.clone(), audit_log).await;
+    let _ = std::fs::remove_dir_all(&base);
+    let mut result = outcome?;
+    result.load_before = load_before;
+    result.load_after = cluster::loadavg();
+    result.total_s = size_started.elapsed().as_secs_f64();
+    Ok(result)
+}
+
+async fn run_phases(
+    n: usize,
+    events: usize,
+    options: &Options,
+    plan: &Plan,
+    cp: ControlPlane,
+    aux: PathBuf,
+    audit_log: PathBuf,
+) -> Result<SizeResult> {
+    let admin = match cp.admin_client().await {
+        Ok(client) => client,
+        Err(error) => {
+            cp.down();
+            return Err(error);
+        }
+    };
+    let mut result = SizeResult {
+        n,
+        namespaces: options.namespaces,
+        events,
+        control_plane_s: cp.started_in.as_secs_f64(),
+        versions: cp
+            .versions()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        states: [
+            ("running (in use)", State::Running),
+            ("validating (build finished)", State::Validating),
+            ("owned by their job (build finished)", State::Owned),
+            ("finished, keep=true", State::Kept),
+        ]
+        .into_iter()
+        .map(|(name, state)| (name.to_owned(), plan.count(state)))
+        .collect(),
+        ..SizeResult::default()
+    };
+    let body = async {
+        cluster::grant(&admin).await?;
+        eprintln!(
+            "bench: creating {n} builds ({} objects) with {} requests in flight",
+            n * 5,
+            options.concurrency
+        );
+        let created = population::create(&admin, plan, options.concurrency).await?;
+        result.create_s = created.elapsed.as_secs_f64();
+        result.create_requests = created.requests;
+        result.create_objects = created.objects;
+        result.etcd_bytes = cp.etcd_bytes();
+        result.etcd_db_bytes = cp.etcd_db_bytes();
+        eprintln!(
+            "bench: created in {:.0} s ({:.0} requests/s); etcd {:.0} MiB",
+            result.create_s,
+            created.requests as f64 / result.create_s,
+            result.etcd_bytes as f64 / 1048576.0
+        );
+        let observer = Observer::start(&admin).await;
+        let ctx = Ctx {
+            cp,
+            admin: admin.clone(),
+            observer,
+            aux,
+            options: options.clone(),
+            audit_log,
+        };
+        let outcome = phases(&ctx, plan, events, &mut result).await;
+        ctx.observer.stop();
+        ctx.cp.down();
+        outcome
+    };
+    body.await?;
+    Ok(result)
+}
+
+/// Which kind of contender a column is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Role {
+    #[default]
+    Daemon,
+    Sweep,
+    Gc,
+}
+
+/// A workspace-gc binary to measure: the one built with this benchmark, or a variant.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DaemonSpec {
+    pub label: String,
+    pub path: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+/// Which builds have been given out to events so far.
+#[derive(Default)]
+struct Used {
+    owned: usize,
+    validating: usize,
+}
+
+async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) -> Result<()> {
+    let mut used = Used::default();
+    let rate = ctx
+        .options
+        .rate
+        .min(events as f64 / ctx.options.sweep_interval_s.max(1) as f64);
+    result.rate = rate;
+    let mut windows = Vec::new();
+    let mut asked: Vec<String> = Vec::new();
+    let baselines = ctx.options.baselines();
+
+    if baselines {
+        eprintln!("bench: phase: kube-controller-manager's garbage collector");
+        let (gc, window, targets) = gc_phase(ctx, plan, &mut used, events, rate).await?;
+        windows.push(window);
+        asked.extend(targets.iter().map(|t| t.claim.clone()));
+        result.contenders.push(gc);
+    }
+    // From here on the garbage collector must not race the contenders.
+    ctx.cp.stop_controller_manager()?;
+
+    for spec in ctx.options.daemons() {
+        eprintln!("bench: phase: {}", spec.label);
+        let (daemon, window, targets) =
+            daemon_phase(ctx, plan, &mut used, events, rate, &spec).await?;
+        windows.push(window);
+        asked.extend(targets.iter().map(|t| t.claim.clone()));
+        result.contenders.push(daemon);
+    }
+
+    if baselines {
+        eprintln!("bench: phase: sweep janitor");
+        let (janitor, window, targets) = sweep_phase(ctx, plan, &mut used, events, rate).await?;
+        windows.push(window);
+        asked.extend(targets.iter().map(|t| t.claim.clone()));
+        result.contenders.push(janitor);
+    }
+
+    // The garbage collector's requests, now that the log is complete.
+    let requests = audit::read(&ctx.audit_log)?;
+    for (contender, (from, to)) in result.contenders.iter_mut().zip(&windows) {
+        if contender.role != Role::Gc {
+            continue;
+        }
+        let (from, to) = (*from, *to);
+        contender.steady = audit::count(&requests, from, to, |r| {
+            r.user == KCM_USER && r.agent == "generic-garbage-collector"
+        });
+        contender.other = Some((
+            "PVC protection (kube-controller-manager, every contender's deletes in a real cluster)"
+                .into(),
+            audit::count(&requests, from, to, |r| {
+                r.user == KCM_USER && r.agent == "pvc-protection-controller"
+            }),
+        ));
+        let rest = audit::count(&requests, from, to, |r| {
+            r.user == KCM_USER
+                && r.agent != "generic-garbage-collector"
+                && r.agent != "pvc-protection-controller"
+        });
+        if rest.total > 0 {
+            contender.notes.push(format!(
+                "other kube-controller-manager requests in the window: {:?}",
+                rest.by_verb_resource
+            ));
+        }
+    }
+    // Deletions nobody asked for (there must be none: nothing else is due), by phase.
+    let asked: std::collections::HashSet<String> = asked.into_iter().collect();
+    let seen = ctx.observer.all();
+    for (contender, (from, to)) in result.contenders.iter_mut().zip(windows) {
+        contender.unexpected_deletions = seen
+            .iter()
+            .filter(|(key, at)| **at >= from && **at <= to && !asked.contains(*key))
+            .count();
+    }
+    Ok(())
+}
+
+type Phase = (Contender, (DateTime<Utc>, DateTime<Utc>), Vec<Target>);
+
+async fn gc_phase(
+    ctx: &Ctx,
+    plan: &Plan,
+    used: &mut Used,
+    events: usize,
+    rate: f64,
+) -> Result<Phase> {
+    let mut gc = Contender {
+        name: "Kubernetes GC".into(),
+        role: Role::Gc,
+        ..Contender::default()
+    };
+    let kcm = ctx.cp.pid("kube-controller-manager");
+    let fired = plan
+        .take(State::Owned, &mut used.owned, events)
+        .into_iter()
+        .map(|b| (b, EventKind::OwnerDeleted))
+        .collect();
+    let window = Window::open(ctx).await;
+    let targets = fire_and_wait(ctx, fired, rate, Duration::from_secs(60)).await?;
+    gc.at_end = kcm.and_then(cluster::sample);
+    let span = window.close(ctx, &mut gc).await;
+    gc.lags = lags(&ctx.observer, &targets);
+    gc.notes.push(
+        "kube-controller-manager's peak RSS and CPU cover every controller it runs (garbage \
+         collector, PVC protection, namespace, service accounts) since the control plane started"
+            .into(),
+    );
+    Ok((gc, span, targets))
+}
+
+async fn daemon_phase(
+    ctx: &Ctx,
+    plan: &Plan,
+    used: &mut Used,
+    events: usize,
+    rate: f64,
+    spec: &DaemonSpec,
+) -> Result<Phase> {
+    let mut daemon = Contender {
+        name: spec.label.clone(),
+        role: Role::Daemon,
+        ..Contender::default()
+    };
+    let kubeconfig = ctx.cp.identity_kubeconfig(&ctx.aux, DAEMON_USER)?;
+    let port = cluster::free_port()?;
+    let log_path = ctx
+        .aux
+        .join(format!("{}.log", spec.label.replace('/', "_")));
+    let log = std::fs::File::create(&log_path)?;
+    // Run a private copy: others' `cargo build --release` in the same target directory must not
+    // swap the binary during the run.
+    let binary = ctx
+        .aux
+        .join(format!("bin-{}", spec.label.replace(['/', ' '], "_")));
+    std::fs::copy(&spec.path, &binary).with_context(|| format!("copy {}", spec.path.display()))?;
+    let mut command = tokio::process::Command::new(&binary);
+    command
+        .args([
+            "run",
+            "--no-leader-election",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true);
+    clean_env(&mut command);
+    command
+        .env("KUBECONFIG", &kubeconfig)
+        .env(
+            "WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED",
+            format!("{}s", ctx.options.ttl_s),
+        )
+        .env("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "1000")
+        .env("WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW", "1000000");
+    for (key, value) in &spec.env {
+        command.env(key, value);
+    }
+    let mut window = Window::open(ctx).await;
+    let spawned = Utc::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("start {}", spec.path.display()))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow!("workspace-gc has no pid"))?;
+    let ready = loop {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "workspace-gc exited ({status}) before it was ready; see its log: {}",
+                log_path.display()
+            );
+        }
+        if matches!(cluster::local_get(port, "/readyz").await, Some((200, _))) {
+            break Utc::now();
+        }
+        if (Utc::now() - spawned).num_seconds() > 300 {
+            bail!("workspace-gc not ready after 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    window.ready(ctx).await;
+    daemon.ready_s = Some(secs(ready - spawned));
+    daemon.at_ready = cluster::sample(pid);
+    if let Some((_, metrics)) = cluster::local_get(port, "/metrics").await {
+        daemon.tracked =
+            Some(cluster::metric_sum(&metrics, "workspace_gc_cached_objects", &[]) as u64);
+    }
+    eprintln!(
+        "bench:   ready after {:.2} s, {} objects cached",
+        daemon.ready_s.unwrap_or_default(),
+        daemon.tracked.unwrap_or_default()
+    );
+    // Nothing in the population is due: the first seconds after ready must delete nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut fired = Vec::new();
+    let owner = plan.take(State::Owned, &mut used.owned, events);
+    let ttl = plan.take(State::Validating, &mut used.validating, events);
+    interleave(&mut fired, owner, ttl);
+    let targets = fire_and_wait(ctx, fired, 2.0 * rate, Duration::from_secs(60)).await?;
+    // Let trailing requests (the Event after the last delete) land in the window.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    daemon.at_end = cluster::sample(pid);
+    if let Some((_, metrics)) = cluster::local_get(port, "/metrics").await {
+        let restarts = cluster::metric_sum(&metrics, "workspace_gc_watch_restarts_total", &[]);
+        let errors = cluster::metric_sum(&metrics, "workspace_gc_api_errors_total", &[]);
+        if restarts > 0.0 || errors > 0.0 {
+            daemon.notes.push(format!(
+                "the daemon counted {restarts} watch restarts and {errors} API errors"
+            ));
+        }
+    }
+    let span = window.close(ctx, &mut daemon).await;
+    stop(&mut child, pid).await;
+    daemon.lags = lags(&ctx.observer, &targets);
+    daemon.sync = count_user(ctx, DAEMON_USER, spawned, ready)?;
+    daemon.steady = count_user(ctx, DAEMON_USER, ready, span.1)?;
+    Ok((daemon, span, targets))
+}
+
+async fn sweep_phase(
+    ctx: &Ctx,
+    plan: &Plan,
+    used: &mut Used,
+    events: usize,
+    rate: f64,
+) -> Result<Phase> {
+    let mut janitor = Contender {
+        name: format!("sweep janitor ({} s)", ctx.options.sweep_interval_s),
+        role: Role::Sweep,
+        ..Contender::default()
+    };
+    let kubeconfig = ctx.cp.identity_kubeconfig(&ctx.aux, SWEEP_USER)?;
+    let mut command = tokio::process::Command::new(std::env::current_exe()?);
+    command
+        .arg(sweep::SUBCOMMAND)
+        .args(["--interval", &ctx.options.sweep_interval_s.to_string()])
+        .args(["--ttl", &ctx.options.ttl_s.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(ctx.aux.join("sweep.log"))?)
+        .kill_on_drop(true);
+    clean_env(&mut command);
+    command.env("KUBECONFIG", &kubeconfig);
+    let mut window = Window::open(ctx).await;
+    let spawned = Utc::now();
+    let mut child = command.spawn().context("start the sweep janitor")?;
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow!("the janitor has no pid"))?;
+    let lines: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let sink = lines.clone();
+    let reader = tokio::spawn(async move {
+        let mut first = Some(first_tx);
+        let mut stdout = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = stdout.next_line().await {
+            if let Ok(value) = serde_json::from_str(&line) {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(value);
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(Utc::now());
+                }
+            }
+        }
+    });
+    let ready = tokio::time::timeout(Duration::from_secs(300), first_rx)
+        .await
+        .map_err(|_| anyhow!("the janitor's first sweep did not finish in 300 s"))?
+        .map_err(|_| {
+            anyhow!(
+                "the janitor exited before its first sweep; see {}",
+                ctx.aux.join("sweep.log").display()
+            )
+        })?;
+    window.ready(ctx).await;
+    janitor.ready_s = Some(secs(ready - spawned));
+    janitor.at_ready = cluster::sample(pid);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut fired = Vec::new();
+    let owner = plan.take(State::Owned, &mut used.owned, events);
+    let ttl = plan.take(State::Validating, &mut used.validating, events);
+    interleave(&mut fired, owner, ttl);
+    let grace = Duration::from_secs(2 * ctx.options.sweep_interval_s + 60);
+    let targets = fire_and_wait(ctx, fired, 2.0 * rate, grace).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    janitor.at_end = cluster::sample(pid);
+    let span = window.close(ctx, &mut janitor).await;
+    stop(&mut child, pid).await;
+    reader.abort();
+    janitor.lags = lags(&ctx.observer, &targets);
+    janitor.sync = count_user(ctx, SWEEP_USER, spawned, ready)?;
+    janitor.steady = count_user(ctx, SWEEP_USER, ready, span.1)?;
+    let lines = lines.lock().unwrap_or_else(|e| e.into_inner());
+    janitor.tracked = lines.iter().filter_map(|v| v["objects"].as_u64()).max();
+    janitor.sweeps = lines
+        .iter()
+        .map(|v| {
+            (
+                v["list_s"].as_f64().unwrap_or_default(),
+                v["duration_s"].as_f64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    drop(lines);
+    Ok((janitor, span, targets))
+}
+
+fn interleave(out: &mut Vec<(Build, EventKind)>, owner: Vec<Build>, ttl: Vec<Build>) {
+    let mut owner = owner.into_iter();
+    let mut ttl = ttl.into_iter();
+    loop {
+        let a = owner.next();
+        let b = ttl.next();
+        if a.is_none() && b.is_none() {
+            break;
+        }
+        out.extend(a.map(|b| (b, EventKind::OwnerDeleted)));
+        out.extend(b.map(|b| (b, EventKind::TtlPassed)));
+    }
+}
+
+/// A phase's measuring window: API server and etcd CPU and LIST bytes between open and close.
+struct Window {
+    opened: DateTime<Utc>,
+    apiserver_cpu: f64,
+    etcd_cpu: f64,
+    list_bytes: f64,
+    /// LIST bytes when the contender became ready.
+    ready_list_bytes: Option<f64>,
+}
+
+const LISTED: [&str; 4] = [
+    "resource=\"pods\"",
+    "resource=\"persistentvolumeclaims\"",
+    "resource=\"pipelineruns\"",
+    "resource=\"notebookvalidationjobs\"",
+];
+
+async fn list_bytes(admin: &Client) -> f64 {
+    let Ok(text) = cluster::apiserver_metrics(admin).await else {
+        return 0.0;
+    };
+    LISTED
+        .iter()
+        .map(|r| cluster::metric_sum(&text, "apiserver_response_sizes_sum", &["verb=\"LIST\"", r]))
+        .sum()
+}
+
+impl Window {
+    async fn open(ctx: &Ctx) -> Self {
+        Self {
+            opened: Utc::now(),
+            apiserver_cpu: cpu(ctx, "kube-apiserver"),
+            etcd_cpu: cpu(ctx, "etcd"),
+            list_bytes: list_bytes(&ctx.admin).await,
+            ready_list_bytes: None,
+        }
+    }
+
+    /// Splits the LIST bytes: before this, the initial lists; after it, the steady state.
+    async fn ready(&mut self, ctx: &Ctx) {
+        self.ready_list_bytes = Some(list_bytes(&ctx.admin).await);
+    }
+
+    async fn close(self, ctx: &Ctx, into: &mut Contender) -> (DateTime<Utc>, DateTime<Utc>) {
+        let closed = Utc::now();
+        into.window_s = secs(closed - self.opened);
+        into.apiserver_cpu_s = cpu(ctx, "kube-apiserver") - self.apiserver_cpu;
+        into.etcd_cpu_s = cpu(ctx, "etcd") - self.etcd_cpu;
+        let now = list_bytes(&ctx.admin).await;
+        let ready = self.ready_list_bytes.unwrap_or(self.list_bytes);
+        into.sync_list_bytes = ready - self.list_bytes;
+        into.list_bytes = now - ready;
+        (self.opened, closed)
+    }
+}
+
+fn cpu(ctx: &Ctx, name: &str) -> f64 {
+    ctx.cp
+        .pid(name)
+        .and_then(cluster::cpu_seconds)
+        .unwrap_or_default()
+}
+
+fn secs(d: chrono::TimeDelta) -> f64 {
+    d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+/// Fires the events and waits until every target claim is seen deleted, or `grace` after the
+/// last deadline.
+async fn fire_and_wait(
+    ctx: &Ctx,
+    events: Vec<(Build, EventKind)>,
+    rate: f64,
+    grace: Duration,
+) -> Result<Vec<Target>> {
+    let count = events.len();
+    eprintln!("bench:   firing {count} events at {rate}/s");
+    let ttl = Duration::from_secs(ctx.options.ttl_s);
+    let targets = population::fire(&ctx.admin, events, rate, ttl).await?;
+    let last = targets
+        .iter()
+        .map(|t| t.deadline)
+        .max()
+        .unwrap_or_else(Utc::now);
+    let give_up = last + chrono::Duration::from_std(grace)?;
+    loop {
+        let missing = targets
+            .iter()
+            .filter(|t| ctx.observer.deleted_at(&t.claim).is_none())
+            .count();
+        if missing == 0 {
+            break;
+        }
+        if Utc::now() > give_up {
+            eprintln!("bench:   {missing} of {count} claims not reclaimed in time");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(targets)
+}
+
+fn lags(observer: &Observer, targets: &[Target]) -> Vec<(EventKind, Option<f64>)> {
+    targets
+        .iter()
+        .map(|t| {
+            (
+                t.kind,
+                observer
+                    .deleted_at(&t.claim)
+                    .map(|at| secs(at - t.deadline)),
+            )
+        })
+        .collect()
+}
+
+fn count_user(ctx: &Ctx, user: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Counts> {
+    let requests = audit::read(&ctx.audit_log)?;
+    Ok(audit::count(&requests, from, to, |r| r.user == user))
+}
+
+/// A child process inherits nothing that could change what it does: no proxy, no stray
+/// workspace-gc configuration.
+fn clean_env(command: &mut tokio::process::Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("WORKSPACE_GC_") || key.to_ascii_lowercase().ends_with("_proxy") {
+            command.env_remove(key.as_ref());
+        }
+    }
+    command.env("NO_PROXY", "127.0.0.1,localhost");
+}
+
+async fn stop(child: &mut tokio::process::Child, pid: u32) {
+    cluster::signal(pid, "TERM");
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
