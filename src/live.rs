@@ -148,7 +148,9 @@ impl PodLists {
 }
 
 async fn list_pods(api: &Api<PodVolumes>, metrics: &Metrics) -> Found<Vec<PodEntry>> {
-    match api.list(&ListParams::default()).await {
+    // Finished pods never hold a claim (`PodUse::is_active`): let the server leave them out.
+    let active = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    match api.list(&active).await {
         Ok(list) => Found::Yes(
             list.items
                 .iter()
@@ -236,6 +238,13 @@ mod tests {
         tokio::spawn(async move {
             while let Some((request, reply)) = handle.next_request().await {
                 assert_eq!(request.uri().path(), "/api/v1/namespaces/ml/pods");
+                let query = request.uri().query().unwrap_or_default();
+                assert!(
+                    query.contains(
+                        "fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed"
+                    ),
+                    "{query}"
+                );
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 let list = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
