@@ -10,12 +10,12 @@ use std::time::Duration;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, TestNamespace,
-    claim_exists, free_port, http_get, metric, wait_until,
+    claim_exists, free_port, http_get, metric, policy_rule, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 use workspace_gc::annotations;
@@ -554,12 +554,6 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
     let sa_client = control_plane
         .service_account_client(ns.name(), "workspace-gc")
         .await;
-    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
-        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
-        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
-        verbs: verbs.iter().map(|s| s.to_string()).collect(),
-        ..PolicyRule::default()
-    };
     // Everything but pods.
     let role = Role {
         metadata: ObjectMeta {
@@ -567,22 +561,22 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
             ..ObjectMeta::default()
         },
         rules: Some(vec![
-            rule(
+            policy_rule(
                 &[""],
                 &["persistentvolumeclaims"],
                 &["get", "list", "watch", "delete"],
             ),
-            rule(
+            policy_rule(
                 &["tekton.dev"],
                 &["pipelineruns"],
                 &["get", "list", "watch"],
             ),
-            rule(
+            policy_rule(
                 &["mlops.mlops.dev"],
                 &["notebookvalidationjobs"],
                 &["get", "list", "watch"],
             ),
-            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ]),
     };
     let roles = ns.api::<Role>();
@@ -631,10 +625,11 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
     );
 
     let mut granted = role.clone();
-    granted
-        .rules
-        .get_or_insert_with(Vec::new)
-        .push(rule(&[""], &["pods"], &["list", "watch"]));
+    granted.rules.get_or_insert_with(Vec::new).push(policy_rule(
+        &[""],
+        &["pods"],
+        &["list", "watch"],
+    ));
     roles
         .replace("workspace-gc", &PostParams::default(), &granted)
         .await

@@ -18,13 +18,13 @@ use chrono::{DateTime, SubsecRound, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
     ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder, PipelineRunBuilder,
     PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, wait_until,
+    notebook_validation_job_resource, pipeline_run_resource, policy_rule, wait_until,
 };
 use workspace_gc::annotations;
 use workspace_gc::config::Config;
@@ -676,15 +676,6 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
     assert!(status.success(), "{status}");
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
-        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
-        verbs: verbs.iter().map(|s| s.to_string()).collect(),
-        ..PolicyRule::default()
-    }
-}
-
 /// The daemon's Role, with or without `delete` on claims.
 fn daemon_role(can_delete: bool) -> Role {
     let claim_verbs: &[&str] = if can_delete {
@@ -698,19 +689,19 @@ fn daemon_role(can_delete: bool) -> Role {
             ..ObjectMeta::default()
         },
         rules: Some(vec![
-            rule(&[""], &["persistentvolumeclaims"], claim_verbs),
-            rule(&[""], &["pods"], &["list", "watch"]),
-            rule(
+            policy_rule(&[""], &["persistentvolumeclaims"], claim_verbs),
+            policy_rule(&[""], &["pods"], &["list", "watch"]),
+            policy_rule(
                 &["tekton.dev"],
                 &["pipelineruns"],
                 &["get", "list", "watch"],
             ),
-            rule(
+            policy_rule(
                 &["mlops.mlops.dev"],
                 &["notebookvalidationjobs"],
                 &["get", "list", "watch"],
             ),
-            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ]),
     }
 }

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -524,5 +524,16 @@ impl TestNamespace {
             .create(&PostParams::default(), &binding)
             .await
             .unwrap_or_else(|e| panic!("bind role {role} in {}: {e}", self.name));
+    }
+}
+
+/// An RBAC rule granting `verbs` on `resources` of `groups`.
+pub fn policy_rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let owned = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(owned(groups)),
+        resources: Some(owned(resources)),
+        verbs: owned(verbs),
+        ..PolicyRule::default()
     }
 }

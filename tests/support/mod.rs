@@ -10,7 +10,7 @@ mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
-pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace};
+pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace, policy_rule};
 #[allow(unused_imports)]
 pub use daemon::{Daemon, Process, binary, free_port, http_get, metric, metric_sum};
 #[allow(unused_imports)]
