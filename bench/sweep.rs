@@ -18,9 +18,9 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Preconditions, PropagationPolicy};
 use serde::de::DeserializeOwned;
 use workspace_gc::cache::{Change, Index, Update};
+use workspace_gc::facts::PodEntry;
 use workspace_gc::facts::{ClaimFacts, ObjectKey};
 use workspace_gc::policy::{self, Policy};
-use workspace_gc::resources::PodEntry;
 use workspace_gc::{linking, resources};
 
 pub const SUBCOMMAND: &str = "sweep-janitor";

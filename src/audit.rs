@@ -181,6 +181,7 @@ fn short_kind(kind: crate::facts::OwnerKind) -> &'static str {
     match kind {
         crate::facts::OwnerKind::Job => "nvj",
         crate::facts::OwnerKind::Run => "pr",
+        crate::facts::OwnerKind::TaskRun => "tr",
     }
 }
 
@@ -223,8 +224,7 @@ fn size(bytes: u64) -> String {
 mod tests {
     use super::*;
     use crate::cache::{Change, Update};
-    use crate::facts::{ClaimFacts, ObjectKey};
-    use crate::resources::{JobEntry, RunEntry};
+    use crate::facts::{ClaimFacts, JobEntry, ObjectKey, OwnerKind, RunEntry};
     use chrono::TimeZone;
     use std::collections::BTreeMap;
 
@@ -275,6 +275,7 @@ mod tests {
             Update::Run(Change::InitApply(
                 None,
                 RunEntry {
+                    kind: OwnerKind::Run,
                     key: ObjectKey::new("ml", "done-build"),
                     uid: "r1".into(),
                     claims: vec!["done-build-workspace".into()],
@@ -282,6 +283,7 @@ mod tests {
                 },
             )),
             Update::Run(Change::InitDone(None)),
+            Update::TaskRun(Change::InitDone(None)),
             Update::Pod(Change::Init(None)),
             Update::Pod(Change::InitDone(None)),
         ] {

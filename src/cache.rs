@@ -1,12 +1,15 @@
-//! The in-memory index the watchers feed: stripped entries for claims, jobs, runs and pods,
+//! The in-memory index the watchers feed: stripped entries for claims, jobs, PipelineRuns,
+//! TaskRuns and pods,
 //! with the secondary indices that map a change of any of them to exactly the claims it can
 //! affect. No I/O; the controller applies watcher events and schedules what comes back.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::facts::{CLAIM_SUFFIX, ClaimFacts, ObjectKey, PodUse, RUN_SUFFIX};
+use crate::facts::{
+    CLAIM_SUFFIX, ClaimFacts, JobEntry, ObjectKey, OwnerKind, PodEntry, PodUse, RUN_SUFFIX,
+    RunEntry,
+};
 use crate::linking::{Found, Lookup};
-use crate::resources::{JobEntry, PodEntry, RunEntry};
 
 /// The namespace one watch covers; `None` for a cluster-wide watch.
 pub type Scope = Option<String>;
@@ -23,21 +26,28 @@ pub enum Change<E> {
     InitDone(Scope),
 }
 
-/// A change to any of the four kinds.
+/// A TaskRun's entry. PipelineRuns and TaskRuns share [`RunEntry`], but not a table: the two
+/// kinds may use the same names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRunEntry(pub RunEntry);
+
+/// A change to any of the kinds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Update {
     Claim(Change<ClaimFacts>),
     Job(Change<JobEntry>),
     Run(Change<RunEntry>),
+    TaskRun(Change<TaskRunEntry>),
     Pod(Change<PodEntry>),
 }
 
-/// The four kinds the watches feed.
+/// The kinds the watches feed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Claims,
     Jobs,
     Runs,
+    TaskRuns,
     Pods,
 }
 
@@ -47,6 +57,7 @@ impl Kind {
             Kind::Claims => "claims",
             Kind::Jobs => "jobs",
             Kind::Runs => "runs",
+            Kind::TaskRuns => "taskruns",
             Kind::Pods => "pods",
         }
     }
@@ -94,9 +105,10 @@ pub struct Index {
     claims: Table<ClaimFacts>,
     jobs: Table<JobEntry>,
     runs: Table<RunEntry>,
+    task_runs: Table<TaskRunEntry>,
     pods: Table<PodEntry>,
-    /// Claim → names of the runs in its namespace whose workspaces bind it.
-    runs_by_claim: HashMap<ObjectKey, BTreeSet<String>>,
+    /// Claim → kinds and names of the runs in its namespace whose workspaces bind it.
+    runs_by_claim: HashMap<ObjectKey, BTreeSet<(OwnerKind, String)>>,
     /// Claim → names of the pods in its namespace that mount it.
     pods_by_claim: HashMap<ObjectKey, BTreeSet<String>>,
     /// Owner UID → the claims whose ownerReferences name it.
@@ -129,6 +141,7 @@ impl Index {
             claims: Table::new(scopes),
             jobs: Table::new(scopes),
             runs: Table::new(scopes),
+            task_runs: Table::new(scopes),
             pods: Table::new(scopes),
             runs_by_claim: HashMap::new(),
             pods_by_claim: HashMap::new(),
@@ -142,6 +155,7 @@ impl Index {
             Update::Claim(change) => self.apply(change),
             Update::Job(change) => self.apply(change),
             Update::Run(change) => self.apply(change),
+            Update::TaskRun(change) => self.apply(change),
             Update::Pod(change) => self.apply(change),
         }
     }
@@ -208,7 +222,11 @@ impl Index {
 
     /// Every watch has listed once: decisions may be made.
     pub fn synced(&self) -> bool {
-        self.claims.synced() && self.jobs.synced() && self.runs.synced() && self.pods.synced()
+        self.claims.synced()
+            && self.jobs.synced()
+            && self.runs.synced()
+            && self.task_runs.synced()
+            && self.pods.synced()
     }
 
     pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimFacts> {
@@ -219,13 +237,14 @@ impl Index {
         self.claims.items.values()
     }
 
-    /// Entries cached per kind, for metrics: (claims, jobs, runs, pods).
-    pub fn sizes(&self) -> [(&'static str, usize); 4] {
+    /// Entries cached per kind, for metrics.
+    pub fn sizes(&self) -> [(Kind, usize); 5] {
         [
-            ("claims", self.claims.len()),
-            ("jobs", self.jobs.len()),
-            ("runs", self.runs.len()),
-            ("pods", self.pods.len()),
+            (Kind::Claims, self.claims.len()),
+            (Kind::Jobs, self.jobs.len()),
+            (Kind::Runs, self.runs.len()),
+            (Kind::TaskRuns, self.task_runs.len()),
+            (Kind::Pods, self.pods.len()),
         ]
     }
 
@@ -331,21 +350,52 @@ impl Cached for RunEntry {
     }
 
     fn index(&self, index: &mut Index, add: bool) {
-        for claim in &self.claims {
-            let claim = sibling(&self.key, claim.clone());
-            set_row(&mut index.runs_by_claim, claim, self.key.name.clone(), add);
-        }
+        index_bindings(self, index, add);
     }
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        for claim in &self.claims {
-            index.tracked(sibling(&self.key, claim.clone()), out);
-        }
+        bound_claims(self, index, out);
         if let Some(job) = self.key.name.strip_suffix(RUN_SUFFIX) {
             index.tracked(sibling(&self.key, format!("{job}{CLAIM_SUFFIX}")), out);
         }
-        index.owned_by(&self.uid, out);
     }
+}
+
+impl Cached for TaskRunEntry {
+    const WHAT: &'static str = "TaskRun";
+
+    fn key(&self) -> &ObjectKey {
+        &self.0.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.task_runs
+    }
+
+    fn index(&self, index: &mut Index, add: bool) {
+        index_bindings(&self.0, index, add);
+    }
+
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+        bound_claims(&self.0, index, out);
+    }
+}
+
+/// Adds (or removes) a run's rows in the claim → binding runs index.
+fn index_bindings(run: &RunEntry, index: &mut Index, add: bool) {
+    for claim in &run.claims {
+        let claim = sibling(&run.key, claim.clone());
+        let row = (run.kind, run.key.name.clone());
+        set_row(&mut index.runs_by_claim, claim, row, add);
+    }
+}
+
+/// The claims a run touches through its bindings and its UID.
+fn bound_claims(run: &RunEntry, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+    for claim in &run.claims {
+        index.tracked(sibling(&run.key, claim.clone()), out);
+    }
+    index.owned_by(&run.uid, out);
 }
 
 impl Cached for PodEntry {
@@ -379,20 +429,36 @@ impl Lookup for Index {
             .get(&ObjectKey::new(namespace, name), JobEntry::WHAT)
     }
 
-    fn run(&self, namespace: &str, name: &str) -> Found<RunEntry> {
-        self.runs
-            .get(&ObjectKey::new(namespace, name), RunEntry::WHAT)
+    fn run(&self, kind: OwnerKind, namespace: &str, name: &str) -> Found<RunEntry> {
+        let key = ObjectKey::new(namespace, name);
+        match kind {
+            OwnerKind::TaskRun => self
+                .task_runs
+                .get(&key, TaskRunEntry::WHAT)
+                .map(|entry| entry.0),
+            OwnerKind::Run | OwnerKind::Job => self.runs.get(&key, RunEntry::WHAT),
+        }
     }
 
     fn runs_binding(&self, claim: &ObjectKey) -> Found<Vec<RunEntry>> {
-        if !self.runs.synced() {
-            return Found::Unknown(format!("the {} cache has not synced yet", RunEntry::WHAT));
+        for (synced, what) in [
+            (self.runs.synced(), RunEntry::WHAT),
+            (self.task_runs.synced(), TaskRunEntry::WHAT),
+        ] {
+            if !synced {
+                return Found::Unknown(format!("the {what} cache has not synced yet"));
+            }
         }
         let runs = self.runs_by_claim.get(claim).into_iter().flatten();
         Found::Yes(
-            runs.filter_map(|name| self.runs.items.get(&sibling(claim, name.clone())))
-                .cloned()
-                .collect(),
+            runs.filter_map(|(kind, name)| {
+                let key = sibling(claim, name.clone());
+                match kind {
+                    OwnerKind::TaskRun => self.task_runs.items.get(&key).map(|e| e.0.clone()),
+                    OwnerKind::Run | OwnerKind::Job => self.runs.items.get(&key).cloned(),
+                }
+            })
+            .collect(),
         )
     }
 
@@ -443,6 +509,7 @@ mod tests {
 
     fn run(name: &str, claims: &[&str]) -> RunEntry {
         RunEntry {
+            kind: OwnerKind::Run,
             key: ObjectKey::new("ml", name),
             uid: format!("{name}-uid"),
             claims: claims.iter().map(|c| c.to_string()).collect(),
@@ -464,6 +531,7 @@ mod tests {
         index.apply::<ClaimFacts>(Change::InitDone(None));
         index.apply::<JobEntry>(Change::InitDone(None));
         index.apply::<RunEntry>(Change::InitDone(None));
+        index.apply::<TaskRunEntry>(Change::InitDone(None));
         index.apply::<PodEntry>(Change::InitDone(None));
         assert!(index.synced());
         index
@@ -566,40 +634,50 @@ mod tests {
     }
 
     #[test]
-    fn binding_wins_over_naming_and_naming_is_the_fallback() {
+    fn every_rule_adds_its_owners() {
         let mut index = synced();
+        let key = ObjectKey::new("ml", "nb-build-workspace");
         index.apply(Change::Apply(claim("nb-build-workspace")));
         index.apply(Change::Apply(job("nb", "j1")));
         index.apply(Change::Apply(run("nb-build", &[])));
-        let facts = linking::facts(
-            index
-                .claim(&ObjectKey::new("ml", "nb-build-workspace"))
-                .unwrap(),
-            &index,
-        );
-        let rules: Vec<_> = facts.owners.iter().map(|o| (o.kind, o.rule)).collect();
+        let owners = |index: &Index| {
+            let facts = linking::facts(index.claim(&key).unwrap(), index);
+            facts
+                .owners
+                .iter()
+                .map(|o| (o.kind, o.name.clone(), o.rule))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
-            rules,
+            owners(&index),
             vec![
-                (OwnerKind::Run, LinkRule::Naming),
-                (OwnerKind::Job, LinkRule::Naming)
+                (OwnerKind::Job, "nb".into(), LinkRule::Naming),
+                (OwnerKind::Run, "nb-build".into(), LinkRule::Naming)
             ]
         );
 
+        // A re-run and a TaskRun that bind the claim add to the owners found by name; a TaskRun
+        // touches the claim it binds.
         index.apply(Change::Apply(run("retry-7", &["nb-build-workspace"])));
-        let facts = linking::facts(
-            index
-                .claim(&ObjectKey::new("ml", "nb-build-workspace"))
-                .unwrap(),
-            &index,
+        let mut task_run = run("nb-build", &["nb-build-workspace"]);
+        task_run.kind = OwnerKind::TaskRun;
+        assert_eq!(
+            index.apply(Change::Apply(TaskRunEntry(task_run))),
+            keys(&["nb-build-workspace"])
         );
-        let runs: Vec<_> = facts
-            .owners
-            .iter()
-            .filter(|o| o.kind == OwnerKind::Run)
-            .map(|o| (o.name.as_str(), o.rule))
-            .collect();
-        assert_eq!(runs, vec![("retry-7", LinkRule::WorkspaceBinding)]);
+        assert_eq!(
+            owners(&index),
+            vec![
+                (OwnerKind::Run, "retry-7".into(), LinkRule::WorkspaceBinding),
+                (
+                    OwnerKind::TaskRun,
+                    "nb-build".into(),
+                    LinkRule::WorkspaceBinding
+                ),
+                (OwnerKind::Job, "nb".into(), LinkRule::Naming),
+                (OwnerKind::Run, "nb-build".into(), LinkRule::Naming)
+            ]
+        );
     }
 
     #[test]

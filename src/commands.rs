@@ -167,3 +167,13 @@ pub fn load_config(cli: &crate::cli::Cli) -> Result<Config, config::ConfigError>
     });
     Config::load(cli.config_file(), env, &cli.overrides())
 }
+
+/// Warns about every way the environment and flags widen what the file alone would delete.
+pub fn warn_widenings(cli: &crate::cli::Cli, config: &Config) {
+    let base = Config::load(cli.config_file(), [], &config::Overrides::default());
+    // A file that is invalid alone (made valid by an override) has nothing to compare with.
+    let Ok(base) = base else { return };
+    for widening in config.widenings(&base) {
+        warn!("{widening}");
+    }
+}

@@ -232,6 +232,75 @@ impl Config {
         layer.resolve().map_err(|problem| problem.into_error(file))
     }
 
+    /// How this configuration lets more be deleted than `base` (the file alone): one line per
+    /// widening, for a warning at start. Overrides may change anything, but never silently
+    /// widen what can be deleted.
+    pub fn widenings(&self, base: &Config) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut say = |key: &str, from: String, to: String| {
+            found.push(format!(
+                "{key} is overridden from {from} to {to}: more claims may be deleted"
+            ));
+        };
+        let (sel, was) = (&self.selector, &base.selector);
+        if sel.label_selector != was.label_selector {
+            let (to, from) = (
+                sel.label_selector.to_string(),
+                was.label_selector.to_string(),
+            );
+            say(
+                "selector.label_selector",
+                format!("{from:?}"),
+                format!("{to:?}"),
+            );
+        }
+        let scope = |namespaces: &[String]| match namespaces {
+            [] => "all namespaces".to_owned(),
+            list => format!("{list:?}"),
+        };
+        let narrower = !was.namespaces.is_empty()
+            && (sel.namespaces.is_empty()
+                || sel.namespaces.iter().any(|ns| !was.namespaces.contains(ns)));
+        if narrower {
+            let (from, to) = (scope(&was.namespaces), scope(&sel.namespaces));
+            say("selector.namespaces", from, to);
+        }
+        let human = |d: Duration| humantime::format_duration(d).to_string();
+        let (pol, was) = (&self.policy, &base.policy);
+        for (key, to, from) in [
+            (
+                "policy.ttl_after_finished",
+                pol.ttl_after_finished,
+                was.ttl_after_finished,
+            ),
+            ("policy.orphan_grace", pol.orphan_grace, was.orphan_grace),
+            ("policy.max_age", pol.max_age, was.max_age),
+        ] {
+            if to < from {
+                say(key, human(from), human(to));
+            }
+        }
+        let (del, was) = (&self.deletion, &base.deletion);
+        if was.dry_run && !del.dry_run {
+            say("deletion.dry_run", "true".into(), "false".into());
+        }
+        if del.deletes_per_second > was.deletes_per_second {
+            let (from, to) = (was.deletes_per_second, del.deletes_per_second);
+            say(
+                "deletion.deletes_per_second",
+                from.to_string(),
+                to.to_string(),
+            );
+        }
+        if del.max_deletions_per_window > was.max_deletions_per_window || del.window < was.window {
+            let cap = |d: &DeletionConfig| {
+                format!("{} per {}", d.max_deletions_per_window, human(d.window))
+            };
+            say("deletion.max_deletions_per_window", cap(was), cap(del));
+        }
+        found
+    }
+
     /// The policy the decision core applies.
     pub fn policy(&self) -> Policy {
         // MAX_DURATION keeps every duration within chrono's range, so the fallback never applies.
@@ -484,6 +553,18 @@ fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
     })
 }
 
+/// Exclusions only ever add up: a later layer (environment, flags) adds its namespaces to
+/// those the earlier ones excluded, so no override can make an excluded namespace collectable.
+fn exclude(slot: &mut Slot<Vec<String>>, list: Vec<String>, at: At) {
+    let mut value = slot.take().map(|earlier| earlier.value).unwrap_or_default();
+    for namespace in list {
+        if !value.contains(&namespace) {
+            value.push(namespace);
+        }
+    }
+    *slot = Some(Val { value, at });
+}
+
 impl Layer {
     fn from_toml(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         let syntax = |error: toml::de::Error| ConfigError::Syntax {
@@ -567,7 +648,9 @@ impl Layer {
         Some(match key {
             "selector.label_selector" => put(&mut s.label_selector, raw, at),
             "selector.namespaces" => put(&mut s.namespaces, raw, at),
-            "selector.exclude_namespaces" => put(&mut s.exclude_namespaces, raw, at),
+            "selector.exclude_namespaces" => {
+                Vec::from_env(raw).map(|list| exclude(&mut s.exclude_namespaces, list, at))
+            }
             "policy.ttl_after_finished" => put(&mut p.ttl_after_finished, raw, at),
             "policy.orphan_grace" => put(&mut p.orphan_grace, raw, at),
             "policy.max_age" => put(&mut p.max_age, raw, at),
@@ -630,11 +713,10 @@ impl Layer {
             "--listen",
         );
         put(&mut self.selector.namespaces, namespaces, "--namespace");
-        put(
-            &mut self.selector.exclude_namespaces,
-            exclude_namespaces,
-            "--exclude-namespace",
-        );
+        if let Some(list) = exclude_namespaces {
+            let at = At::Flag("--exclude-namespace");
+            exclude(&mut self.selector.exclude_namespaces, list, at);
+        }
         put(
             &mut self.leader_election.enabled,
             leader_election,

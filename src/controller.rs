@@ -24,7 +24,7 @@ use crate::http::{self, Health};
 use crate::leader::Leadership;
 use crate::limiter::{Admission, Limiter};
 use crate::linking;
-use crate::live::{LiveView, PodLists};
+use crate::live::{LiveView, Snapshots};
 use crate::metrics::{DeleteResult, ErrorCategory, Metrics};
 use crate::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::watches;
@@ -71,7 +71,7 @@ struct Controller {
     cap: (u32, String),
     schedule: crate::scheduler::Schedule,
     leading: watch::Receiver<bool>,
-    pod_lists: PodLists,
+    snapshots: Snapshots,
 }
 
 /// Runs the daemon until `stop` is cancelled: finishes the deletes in flight, releases the
@@ -130,7 +130,7 @@ pub async fn run(
         ),
         schedule,
         leading: leadership.subscribe(),
-        pod_lists: PodLists::default(),
+        snapshots: Snapshots::default(),
         client: client.clone(),
     });
 
@@ -374,18 +374,10 @@ impl Controller {
         };
         tokio::time::sleep_until(slot).await;
 
-        let candidates = linking::candidates(&claim, &*self.read_index());
-        // The pods are always listed live: a watch can go silent without an error (a wedged
-        // API server, a dead connection) and its cache would miss a pod started since
-        // (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
-        let live = LiveView::read(
-            &self.client,
-            &claim,
-            &candidates,
-            &self.pod_lists,
-            &self.metrics,
-        )
-        .await;
+        // Whatever may protect the claim is read live: a watch can go silent without an error
+        // (a wedged API server, a dead connection) and its cache would miss a pod or a run
+        // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
+        let live = LiveView::read(&self.client, &claim, &self.snapshots, &self.metrics).await;
         let facts = linking::facts(&claim, &live);
         let decision = policy::decide(&facts, &self.policy, Utc::now());
         let Verdict::Delete { reason, due_at } = decision.verdict else {

@@ -18,6 +18,8 @@ pub const JOB_KIND: &str = "NotebookValidationJob";
 pub const RUN_GROUP: &str = "tekton.dev";
 /// Tekton's PipelineRun kind.
 pub const RUN_KIND: &str = "PipelineRun";
+/// Tekton's TaskRun kind: it binds a claim the same way a PipelineRun does.
+pub const TASK_RUN_KIND: &str = "TaskRun";
 
 /// The suffix the operator appends to a job's name to name its workspace claim.
 pub const CLAIM_SUFFIX: &str = "-build-workspace";
@@ -63,10 +65,13 @@ pub struct OwnerRef {
 }
 
 /// Which owner kind an owner reference names, if it is one workspace-gc knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum OwnerKind {
     Job,
+    /// A Tekton PipelineRun.
     Run,
+    /// A Tekton TaskRun.
+    TaskRun,
 }
 
 impl OwnerKind {
@@ -74,6 +79,7 @@ impl OwnerKind {
         match self {
             OwnerKind::Job => JOB_KIND,
             OwnerKind::Run => RUN_KIND,
+            OwnerKind::TaskRun => TASK_RUN_KIND,
         }
     }
 }
@@ -85,6 +91,7 @@ impl OwnerRef {
         match (group, self.kind.as_str()) {
             (JOB_GROUP, JOB_KIND) => Some(OwnerKind::Job),
             (RUN_GROUP, RUN_KIND) => Some(OwnerKind::Run),
+            (RUN_GROUP, TASK_RUN_KIND) => Some(OwnerKind::TaskRun),
             _ => None,
         }
     }
@@ -115,19 +122,21 @@ impl ClaimFacts {
     }
 }
 
-/// How a claim was linked to an owner; the README documents the order.
+/// How a claim was linked to an owner. Every rule adds the owners it finds; the README
+/// documents them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LinkRule {
     /// The claim's ownerReferences name the owner's UID.
     OwnerReference,
-    /// A PipelineRun binds the claim in `spec.workspaces[].persistentVolumeClaim.claimName`.
+    /// A PipelineRun or TaskRun binds the claim in
+    /// `spec.workspaces[].persistentVolumeClaim.claimName`.
     WorkspaceBinding,
     /// The operator's names: `{job}-build-workspace` ↔ job `{job}`, run `{job}-build`.
     Naming,
 }
 
-/// Where a NotebookValidationJob or a PipelineRun stands.
+/// Where a NotebookValidationJob, a PipelineRun or a TaskRun stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum Progress {
@@ -184,6 +193,34 @@ impl PodUse {
 pub enum Users {
     Known { pods: Vec<PodUse> },
     Unknown { why: String },
+}
+
+/// What the cache and the live re-check keep of a NotebookValidationJob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEntry {
+    pub key: ObjectKey,
+    pub uid: String,
+    pub progress: Progress,
+}
+
+/// What the cache and the live re-check keep of a PipelineRun or a TaskRun.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEntry {
+    /// [`OwnerKind::Run`] or [`OwnerKind::TaskRun`].
+    pub kind: OwnerKind,
+    pub key: ObjectKey,
+    pub uid: String,
+    /// The claims its workspaces bind.
+    pub claims: Vec<String>,
+    pub progress: Progress,
+}
+
+/// What the cache keeps of a pod: only whether it may still use the claims it mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEntry {
+    pub key: ObjectKey,
+    pub phase: Option<String>,
+    pub claims: Vec<String>,
 }
 
 /// All facts about one claim at one moment.

@@ -1,21 +1,21 @@
 //! Linking a claim to its owners and users. Pure over a [`Lookup`], which the cache implements
 //! for decisions and the live re-check implements from fresh reads before a delete.
 //!
-//! The rules, in order (the README repeats them):
-//! 1. **Owner references, by UID.** A `NotebookValidationJob` (`mlops.mlops.dev`) or a
-//!    `PipelineRun` (`tekton.dev`) named in `ownerReferences` is looked up by name and counts
-//!    only if its UID matches; otherwise that owner is gone. A job re-created under the same
-//!    name is a different owner.
-//! 2. **Workspace binding.** A PipelineRun in the claim's namespace whose
+//! Every rule adds the owners it finds; none hides what another finds (the README repeats
+//! them), and the policy deletes a claim only when every linked owner allows it:
+//! 1. **Owner references, by UID.** A `NotebookValidationJob` (`mlops.mlops.dev`), a
+//!    `PipelineRun` or a `TaskRun` (`tekton.dev`) named in `ownerReferences` is looked up by
+//!    name and counts only if its UID matches; otherwise that referenced owner is gone. A job
+//!    re-created under the same name is a different object, which rule 3 may still link.
+//! 2. **Workspace binding.** Every PipelineRun and TaskRun in the claim's namespace whose
 //!    `spec.workspaces[].persistentVolumeClaim.claimName` is the claim.
 //! 3. **Naming convention.** `{job}-build-workspace` ↔ job `{job}` and PipelineRun `{job}-build`,
-//!    for a kind that rules 1 and 2 did not link.
+//!    when they exist.
 
 use crate::facts::{
-    ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerKind, OwnerState, PodUse, Progress,
-    RUN_SUFFIX, Users,
+    ClaimFacts, Facts, JobEntry, LinkRule, ObjectKey, Owner, OwnerKind, OwnerState, PodUse,
+    Progress, RUN_SUFFIX, RunEntry, Users,
 };
-use crate::resources::{JobEntry, RunEntry};
 
 /// The answer to a look-up that may not be possible yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,21 +26,42 @@ pub enum Found<T> {
     Unknown(String),
 }
 
+impl<T> Found<T> {
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Found<U> {
+        match self {
+            Found::Yes(value) => Found::Yes(f(value)),
+            Found::No => Found::No,
+            Found::Unknown(why) => Found::Unknown(why),
+        }
+    }
+}
+
 /// Where linking reads owners and users from.
 pub trait Lookup {
     fn job(&self, namespace: &str, name: &str) -> Found<JobEntry>;
-    fn run(&self, namespace: &str, name: &str) -> Found<RunEntry>;
-    /// Runs whose workspaces bind the claim.
+    /// A PipelineRun ([`OwnerKind::Run`]) or TaskRun ([`OwnerKind::TaskRun`]) by name.
+    fn run(&self, kind: OwnerKind, namespace: &str, name: &str) -> Found<RunEntry>;
+    /// The PipelineRuns and TaskRuns whose workspaces bind the claim.
     fn runs_binding(&self, claim: &ObjectKey) -> Found<Vec<RunEntry>>;
     /// Pods that mount the claim, whatever their phase.
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>>;
 }
 
-/// The names linking will look up for a claim: what the live re-check must read.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Candidates {
-    pub jobs: Vec<String>,
-    pub runs: Vec<String>,
+/// The names of the jobs linking can link to `claim` (by reference or by name): what the live
+/// re-check reads by name. Runs need no names: the re-check lists them, since any run in the
+/// namespace may bind the claim.
+pub fn job_candidates(claim: &ClaimFacts) -> Vec<String> {
+    let referenced = claim
+        .owner_references
+        .iter()
+        .filter(|reference| reference.owner_kind() == Some(OwnerKind::Job))
+        .map(|reference| reference.name.clone());
+    let mut names: Vec<String> = referenced
+        .chain(claim.conventional_job_name().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Gathers the facts about one claim.
@@ -57,142 +78,113 @@ pub fn facts(claim: &ClaimFacts, lookup: &impl Lookup) -> Facts {
     }
 }
 
-/// The names of the jobs and runs that could be linked to `claim` by reference or by name,
-/// plus the runs `lookup` knows to bind it.
-pub fn candidates(claim: &ClaimFacts, lookup: &impl Lookup) -> Candidates {
-    let mut candidates = Candidates::default();
-    for reference in &claim.owner_references {
-        match reference.owner_kind() {
-            Some(OwnerKind::Job) => candidates.jobs.push(reference.name.clone()),
-            Some(OwnerKind::Run) => candidates.runs.push(reference.name.clone()),
-            None => {}
-        }
-    }
-    if let Found::Yes(runs) = lookup.runs_binding(&claim.key) {
-        candidates
-            .runs
-            .extend(runs.into_iter().map(|run| run.key.name));
-    }
-    if let Some(job) = claim.conventional_job_name() {
-        candidates.jobs.push(job.to_owned());
-        candidates.runs.push(format!("{job}{RUN_SUFFIX}"));
-    }
-    for names in [&mut candidates.jobs, &mut candidates.runs] {
-        names.sort();
-        names.dedup();
-    }
-    candidates
-}
-
 fn owners(claim: &ClaimFacts, lookup: &impl Lookup) -> Vec<Owner> {
     let namespace = &claim.key.namespace;
-    let mut owners = Vec::new();
-    let (mut job_referenced, mut run_referenced) = (false, false);
+    let mut owners = Links::default();
 
     for reference in &claim.owner_references {
         let Some(kind) = reference.owner_kind() else {
             continue;
         };
-        let state = match kind {
-            OwnerKind::Job => {
-                job_referenced = true;
-                by_uid(lookup.job(namespace, &reference.name), &reference.uid)
-            }
-            OwnerKind::Run => {
-                run_referenced = true;
-                by_uid(lookup.run(namespace, &reference.name), &reference.uid)
-            }
+        let found = match kind {
+            OwnerKind::Job => lookup
+                .job(namespace, &reference.name)
+                .map(JobEntry::into_state),
+            OwnerKind::Run | OwnerKind::TaskRun => lookup
+                .run(kind, namespace, &reference.name)
+                .map(RunEntry::into_state),
         };
-        owners.push(Owner {
+        owners.add(Owner {
             kind,
             name: reference.name.clone(),
             rule: LinkRule::OwnerReference,
-            state,
+            state: by_uid(found, &reference.uid),
         });
     }
 
-    let conventional_job = claim.conventional_job_name();
-    if !run_referenced {
-        match lookup.runs_binding(&claim.key) {
-            Found::Yes(runs) if !runs.is_empty() => {
-                owners.extend(runs.into_iter().map(|run| Owner {
-                    kind: OwnerKind::Run,
+    match lookup.runs_binding(&claim.key) {
+        Found::Yes(runs) => {
+            for run in runs {
+                owners.add(Owner {
+                    kind: run.kind,
                     name: run.key.name,
                     rule: LinkRule::WorkspaceBinding,
                     state: OwnerState::Present {
                         uid: run.uid,
                         progress: run.progress,
                     },
-                }));
-            }
-            Found::Unknown(why) => owners.push(Owner {
-                kind: OwnerKind::Run,
-                name: claim.key.name.clone(),
-                rule: LinkRule::WorkspaceBinding,
-                state: OwnerState::Unknown { why },
-            }),
-            Found::Yes(_) | Found::No => {
-                if let Some(job) = conventional_job {
-                    let name = format!("{job}{RUN_SUFFIX}");
-                    let found = lookup.run(namespace, &name);
-                    owners.extend(by_name(OwnerKind::Run, name, found));
-                }
+                });
             }
         }
+        Found::No => {}
+        Found::Unknown(why) => owners.add(Owner {
+            kind: OwnerKind::Run,
+            name: format!("(runs binding {})", claim.key.name),
+            rule: LinkRule::WorkspaceBinding,
+            state: OwnerState::Unknown { why },
+        }),
     }
-    if !job_referenced && let Some(job) = conventional_job {
-        owners.extend(by_name(
-            OwnerKind::Job,
-            job.to_owned(),
-            lookup.job(namespace, job),
-        ));
+
+    if let Some(job) = claim.conventional_job_name() {
+        let found = lookup.job(namespace, job).map(JobEntry::into_state);
+        owners.add_named(OwnerKind::Job, job.to_owned(), found);
+        let run = format!("{job}{RUN_SUFFIX}");
+        let found = lookup
+            .run(OwnerKind::Run, namespace, &run)
+            .map(RunEntry::into_state);
+        owners.add_named(OwnerKind::Run, run, found);
     }
-    owners
+    owners.0
 }
 
-/// The two owner kinds' entries, as linking reads them.
-trait OwnerEntry {
-    fn into_state(self) -> (String, Progress);
+/// The owners found so far; an object found by several rules is listed once, under the first.
+#[derive(Default)]
+struct Links(Vec<Owner>);
+
+impl Links {
+    fn add(&mut self, owner: Owner) {
+        let same =
+            |o: &Owner| o.kind == owner.kind && o.name == owner.name && o.state == owner.state;
+        if !self.0.iter().any(same) {
+            self.0.push(owner);
+        }
+    }
+
+    /// An owner found by the naming convention: linked only if it exists (or might).
+    fn add_named(&mut self, kind: OwnerKind, name: String, found: Found<(String, Progress)>) {
+        let state = match found {
+            Found::Yes((uid, progress)) => OwnerState::Present { uid, progress },
+            Found::No => return,
+            Found::Unknown(why) => OwnerState::Unknown { why },
+        };
+        self.add(Owner {
+            kind,
+            name,
+            rule: LinkRule::Naming,
+            state,
+        });
+    }
 }
 
-impl OwnerEntry for JobEntry {
+impl JobEntry {
     fn into_state(self) -> (String, Progress) {
         (self.uid, self.progress)
     }
 }
 
-impl OwnerEntry for RunEntry {
+impl RunEntry {
     fn into_state(self) -> (String, Progress) {
         (self.uid, self.progress)
     }
 }
 
 /// An owner named by reference: present only with the referenced UID.
-fn by_uid(found: Found<impl OwnerEntry>, referenced_uid: &str) -> OwnerState {
+fn by_uid(found: Found<(String, Progress)>, referenced_uid: &str) -> OwnerState {
     match found {
-        Found::Yes(entry) => match entry.into_state() {
-            (uid, progress) if uid == referenced_uid => OwnerState::Present { uid, progress },
-            _ => OwnerState::Gone,
-        },
-        Found::No => OwnerState::Gone,
-        Found::Unknown(why) => OwnerState::Unknown { why },
-    }
-}
-
-/// An owner found by the naming convention: linked only if it exists (or might).
-fn by_name(kind: OwnerKind, name: String, found: Found<impl OwnerEntry>) -> Option<Owner> {
-    let state = match found {
-        Found::Yes(entry) => {
-            let (uid, progress) = entry.into_state();
+        Found::Yes((uid, progress)) if uid == referenced_uid => {
             OwnerState::Present { uid, progress }
         }
-        Found::No => return None,
+        Found::Yes(_) | Found::No => OwnerState::Gone,
         Found::Unknown(why) => OwnerState::Unknown { why },
-    };
-    Some(Owner {
-        kind,
-        name,
-        rule: LinkRule::Naming,
-        state,
-    })
+    }
 }

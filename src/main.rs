@@ -16,6 +16,7 @@ async fn main() {
         }
     };
     telemetry::init(&config.logging);
+    commands::warn_widenings(&cli, &config);
     let code = match &cli.command {
         // run's flags are all configuration overrides, already in `config`.
         Command::Run(_) => commands::run(config).await,

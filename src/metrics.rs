@@ -323,11 +323,13 @@ impl Metrics {
             .inc();
     }
 
-    pub fn cached(&self, sizes: [(&'static str, usize); 4]) {
+    pub fn cached(&self, sizes: impl IntoIterator<Item = (crate::cache::Kind, usize)>) {
         for (kind, size) in sizes {
             let size = i64::try_from(size).unwrap_or(i64::MAX);
             self.cached_objects
-                .get_or_create(&KindLabels { kind })
+                .get_or_create(&KindLabels {
+                    kind: kind.as_str(),
+                })
                 .set(size);
         }
     }

@@ -38,7 +38,8 @@ pub enum Reason {
     // Delete.
     /// The `expires` annotation's instant has passed.
     Expired,
-    /// Every owner the claim referenced by UID is gone and none linked is still running.
+    /// Every linked owner is gone: the claim referenced it by UID and no object with that UID
+    /// exists.
     OwnerGone,
     /// The build finished longer ago than its TTL.
     TtlExpired,
@@ -64,11 +65,12 @@ pub enum Reason {
     ForeignOwner,
     /// A linked owner is still running.
     OwnerRunning,
-    /// The build finished but no completion time is recorded; only `max_age` or `expires` apply.
+    /// A linked owner finished but records no completion time (yet); only `max_age` or
+    /// `expires` apply until it does.
     CompletionTimeMissing,
     /// The recorded completion time lies in the future (clock skew): not treated as expired.
     CompletionInFuture,
-    /// The build finished less than its TTL ago.
+    /// Every linked owner finished, the latest less than its TTL ago.
     WithinTtl,
     /// No owner was found yet, but the claim is younger than the orphan grace.
     WithinOrphanGrace,
@@ -332,60 +334,56 @@ fn decide_by_time(
 ) -> Verdict {
     let created = facts.claim.created;
     // Absolute deadlines hold whatever the owners say.
-    let mut deadlines = Deadlines::new(now);
+    let mut deadlines = Deadlines::new(now, created);
     deadlines.absolute(Reason::Expired, annotations.expires);
     deadlines.absolute(Reason::MaxAgeExceeded, add(created, policy.max_age));
 
-    let present: Vec<&Progress> = facts
-        .owners
-        .iter()
-        .filter_map(|owner| match &owner.state {
-            OwnerState::Present { progress, .. } => Some(progress),
-            _ => None,
-        })
-        .collect();
-    let any_gone = facts
-        .owners
-        .iter()
-        .any(|owner| owner.state == OwnerState::Gone);
-
-    let relative = if present.contains(&&Progress::Running) {
-        Relative::Keep(Reason::OwnerRunning, None)
-    } else if any_gone {
-        Relative::Due(Reason::OwnerGone, None)
-    } else if present.is_empty() {
-        match add(created, policy.orphan_grace) {
-            Some(due) if due <= now => Relative::Due(Reason::Orphaned, Some(due)),
-            due => Relative::Keep(Reason::WithinOrphanGrace, due),
-        }
-    } else {
-        finished_relative(
-            &present,
-            annotations.ttl.unwrap_or(policy.ttl_after_finished),
-            now,
-        )
-    };
-    deadlines.decide(relative)
+    let ttl = annotations.ttl.unwrap_or(policy.ttl_after_finished);
+    deadlines.decide(owners_relative(facts, ttl, policy, now))
 }
 
-/// Every present owner has finished: the TTL runs from the latest completion time.
-fn finished_relative(present: &[&Progress], ttl: Duration, now: DateTime<Utc>) -> Relative {
-    let finished_at = present
-        .iter()
-        .filter_map(|progress| match progress {
-            Progress::Finished { at } => *at,
-            Progress::Running => None,
-        })
-        .max();
-    let Some(finished_at) = finished_at else {
-        return Relative::Keep(Reason::CompletionTimeMissing, None);
-    };
-    if finished_at > now {
-        return Relative::Keep(Reason::CompletionInFuture, Some(finished_at));
+/// What the linked owners allow: the claim is due only once every one of them allows it. A
+/// gone owner allows it at once; a finished one when its TTL has passed since the latest
+/// completion time; a running one, or a finished one that records no completion time, not
+/// until that changes. With no owner at all, the orphan grace applies.
+fn owners_relative(facts: &Facts, ttl: Duration, policy: &Policy, now: DateTime<Utc>) -> Relative {
+    let (mut running, mut time_missing, mut any_gone) = (false, false, false);
+    let mut latest_completion: Option<DateTime<Utc>> = None;
+    for owner in &facts.owners {
+        match &owner.state {
+            OwnerState::Present { progress, .. } => match progress {
+                Progress::Running => running = true,
+                Progress::Finished { at: None } => time_missing = true,
+                Progress::Finished { at: Some(at) } => {
+                    latest_completion = Some(latest_completion.map_or(*at, |l| l.max(*at)));
+                }
+            },
+            OwnerState::Gone => any_gone = true,
+            // `decide` keeps every claim with an unknown owner before deadlines are looked at.
+            OwnerState::Unknown { .. } => return Relative::Keep(Reason::OwnerUnknown, None),
+        }
     }
-    match add(finished_at, ttl) {
-        Some(due) if due <= now => Relative::Due(Reason::TtlExpired, Some(due)),
-        due => Relative::Keep(Reason::WithinTtl, due),
+    if running {
+        return Relative::Keep(Reason::OwnerRunning, None);
+    }
+    if time_missing {
+        return Relative::Keep(Reason::CompletionTimeMissing, None);
+    }
+    if let Some(finished_at) = latest_completion {
+        if finished_at > now {
+            return Relative::Keep(Reason::CompletionInFuture, Some(finished_at));
+        }
+        return match add(finished_at, ttl) {
+            Some(due) if due <= now => Relative::Due(Reason::TtlExpired, Some(due)),
+            due => Relative::Keep(Reason::WithinTtl, due),
+        };
+    }
+    if any_gone {
+        return Relative::Due(Reason::OwnerGone, None);
+    }
+    match add(facts.claim.created, policy.orphan_grace) {
+        Some(due) if due <= now => Relative::Due(Reason::Orphaned, Some(due)),
+        due => Relative::Keep(Reason::WithinOrphanGrace, due),
     }
 }
 
@@ -399,6 +397,8 @@ enum Relative {
 /// Absolute deadlines (`expires`, `max_age`) combined with the owner-dependent part.
 struct Deadlines {
     now: DateTime<Utc>,
+    /// The claim's creation: nothing was due before it existed, so no reclaim lag starts earlier.
+    created: DateTime<Utc>,
     /// The first absolute deadline already passed, in precedence order.
     passed: Option<(Reason, DateTime<Utc>)>,
     /// The earliest absolute deadline still ahead.
@@ -406,9 +406,10 @@ struct Deadlines {
 }
 
 impl Deadlines {
-    fn new(now: DateTime<Utc>) -> Self {
+    fn new(now: DateTime<Utc>, created: DateTime<Utc>) -> Self {
         Self {
             now,
+            created,
             passed: None,
             ahead: None,
         }
@@ -426,14 +427,15 @@ impl Deadlines {
     }
 
     fn decide(self, relative: Relative) -> Verdict {
+        let since_created = |due: Option<DateTime<Utc>>| due.map(|due| due.max(self.created));
         match (relative, self.passed) {
             (Relative::Due(reason, due), passed) => Verdict::Delete {
                 reason,
-                due_at: earliest(due, passed.map(|(_, at)| at)),
+                due_at: since_created(earliest(due, passed.map(|(_, at)| at))),
             },
             (Relative::Keep(_, _), Some((reason, at))) => Verdict::Delete {
                 reason,
-                due_at: Some(at),
+                due_at: since_created(Some(at)),
             },
             (Relative::Keep(reason, changes_at), None) => Verdict::Keep {
                 reason,

@@ -18,7 +18,8 @@ use serde_json::Value;
 
 use crate::annotations;
 use crate::facts::{
-    ClaimFacts, JOB_GROUP, JOB_KIND, ObjectKey, OwnerRef, Progress, RUN_GROUP, RUN_KIND,
+    ClaimFacts, JOB_GROUP, JOB_KIND, JobEntry, ObjectKey, OwnerKind, OwnerRef, PodEntry, Progress,
+    RUN_GROUP, RUN_KIND, RunEntry, TASK_RUN_KIND,
 };
 use crate::quantity::Quantity;
 
@@ -38,6 +39,22 @@ pub fn run_resource() -> ApiResource {
     )
 }
 
+/// `tekton.dev/v1` TaskRun.
+pub fn task_run_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(RUN_GROUP, "v1", TASK_RUN_KIND),
+        "taskruns",
+    )
+}
+
+/// The API resource of a run kind ([`OwnerKind::Run`] or [`OwnerKind::TaskRun`]).
+pub fn run_kind_resource(kind: OwnerKind) -> ApiResource {
+    match kind {
+        OwnerKind::TaskRun => task_run_resource(),
+        OwnerKind::Run | OwnerKind::Job => run_resource(),
+    }
+}
+
 /// Converts a k8s-openapi timestamp into the domain's time type.
 pub fn to_chrono(time: &Time) -> DateTime<Utc> {
     let nanos = time.0.as_nanosecond();
@@ -47,32 +64,6 @@ pub fn to_chrono(time: &Time) -> DateTime<Utc> {
         Err(_) if nanos < 0 => DateTime::<Utc>::MIN_UTC,
         Err(_) => DateTime::<Utc>::MAX_UTC,
     }
-}
-
-/// What the cache keeps of a NotebookValidationJob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobEntry {
-    pub key: ObjectKey,
-    pub uid: String,
-    pub progress: Progress,
-}
-
-/// What the cache keeps of a PipelineRun.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunEntry {
-    pub key: ObjectKey,
-    pub uid: String,
-    /// The claims its workspaces bind.
-    pub claims: Vec<String>,
-    pub progress: Progress,
-}
-
-/// What the cache keeps of a pod: only whether it may still use the claims it mounts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodEntry {
-    pub key: ObjectKey,
-    pub phase: Option<String>,
-    pub claims: Vec<String>,
 }
 
 pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
@@ -134,7 +125,17 @@ pub fn job_entry(job: &DynamicObject) -> JobEntry {
     }
 }
 
+/// A PipelineRun's entry.
 pub fn run_entry(run: &DynamicObject) -> RunEntry {
+    tekton_run_entry(OwnerKind::Run, run)
+}
+
+/// A TaskRun's entry: its status and workspaces have the same shape as a PipelineRun's.
+pub fn task_run_entry(run: &DynamicObject) -> RunEntry {
+    tekton_run_entry(OwnerKind::TaskRun, run)
+}
+
+fn tekton_run_entry(kind: OwnerKind, run: &DynamicObject) -> RunEntry {
     let status = run.data.get("status");
     let succeeded = status
         .and_then(|s| s.get("conditions"))
@@ -162,6 +163,7 @@ pub fn run_entry(run: &DynamicObject) -> RunEntry {
         .map(str::to_owned)
         .collect();
     RunEntry {
+        kind,
         key: ObjectKey::of(&run.metadata),
         uid: run.metadata.uid.clone().unwrap_or_default(),
         claims,
@@ -275,13 +277,19 @@ pub fn pod_entry(pod: &PodVolumes) -> PodEntry {
     }
 }
 
-/// An RFC 3339 string; anything else is treated as no timestamp (which keeps the claim).
+/// An RFC 3339 string; anything else is treated as no timestamp (which keeps the claim). Go's
+/// zero time (`0001-01-01T00:00:00Z`, what a Go client writes for an unset `metav1.Time` that
+/// is not a pointer) is no timestamp either: no build finished then.
 fn timestamp(value: Option<&Value>) -> Option<DateTime<Utc>> {
     let text = value?.as_str()?;
     DateTime::parse_from_rfc3339(text)
         .ok()
         .map(|t| t.with_timezone(&Utc))
+        .filter(|t| t.timestamp() != GO_ZERO_TIME_SECONDS)
 }
+
+/// `0001-01-01T00:00:00Z` in Unix seconds.
+const GO_ZERO_TIME_SECONDS: i64 = -62_135_596_800;
 
 #[cfg(test)]
 mod tests {
@@ -361,6 +369,21 @@ mod tests {
                    "status": {"phase": "Succeeded", "completionTime": "yesterday"}}),
         );
         assert_eq!(job_entry(&job).progress, Progress::Finished { at: None });
+    }
+
+    #[test]
+    fn go_zero_time_is_no_completion_time() {
+        for at in ["0001-01-01T00:00:00Z", "0001-01-01T00:00:00.000000Z"] {
+            let run = dynamic(
+                &task_run_resource(),
+                json!({"metadata": {"name": "t", "namespace": "ml"},
+                       "status": {"completionTime": at,
+                                  "conditions": [{"type": "Succeeded", "status": "True"}]}}),
+            );
+            let entry = task_run_entry(&run);
+            assert_eq!(entry.kind, OwnerKind::TaskRun);
+            assert_eq!(entry.progress, Progress::Finished { at: None }, "{at}");
+        }
     }
 
     #[test]

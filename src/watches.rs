@@ -1,6 +1,12 @@
 //! The watches that feed the cache: claims (by label selector), NotebookValidationJobs,
-//! PipelineRuns and pods, cluster-wide or one watch per configured namespace. Each object is
-//! stripped to its cache entry as it arrives, so full objects are never kept.
+//! PipelineRuns, TaskRuns and pods, cluster-wide or one watch per configured namespace. Each
+//! object is stripped to its cache entry as it arrives, so full objects are never kept.
+//!
+//! The TaskRun kind is optional: where its CRD is not installed the list answers 404, which
+//! means no TaskRun exists, so the kind counts as listed and empty. The watch keeps retrying
+//! with kube-runtime's backoff (at most about 30 s apart), so a CRD installed later is picked
+//! up by the next retry; until then the live re-check, which lists TaskRuns itself before any
+//! delete, still sees them.
 
 use std::fmt::Debug;
 
@@ -12,8 +18,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
+use tracing::info;
 
-use crate::cache::{Change, Index, Kind, Scope, Update};
+use crate::cache::{Change, Index, Kind, Scope, TaskRunEntry, Update};
 use crate::config::SelectorConfig;
 use crate::facts::ObjectKey;
 use crate::resources;
@@ -59,6 +66,13 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
             scope.clone(),
             resources::run_entry,
             Update::Run,
+        ));
+        streams.push(optional_kind(
+            Kind::TaskRuns,
+            dynamic(client, &scope, &resources::task_run_resource()),
+            scope.clone(),
+            |run| TaskRunEntry(resources::task_run_entry(run)),
+            Update::TaskRun,
         ));
         streams.push(kind(
             Kind::Pods,
@@ -157,6 +171,42 @@ where
         .boxed()
 }
 
+/// A kind whose CRD may be missing: a list that answers 404 means no such object exists, so
+/// the scope is reported listed and empty (logged once each time the CRD goes or comes).
+fn optional_kind<E: Send + 'static>(
+    name: Kind,
+    api: Api<DynamicObject>,
+    scope: Scope,
+    convert: fn(&DynamicObject) -> E,
+    wrap: fn(Change<E>) -> Update,
+) -> BoxStream<'static, Item> {
+    let mut absent = false;
+    let empty_scope = scope.clone();
+    kind(name, api, watcher::Config::default(), scope, convert, wrap)
+        .map(move |item| match item {
+            Err((_, watcher::Error::InitialListFailed(kube::Error::Api(status))))
+                if status.is_not_found() =>
+            {
+                if !absent {
+                    absent = true;
+                    info!(
+                        kind = name.as_str(),
+                        "the CRD is not installed: no such objects exist; checking again with backoff"
+                    );
+                }
+                Ok(wrap(Change::InitDone(empty_scope.clone())))
+            }
+            Ok(update) => {
+                if std::mem::take(&mut absent) {
+                    info!(kind = name.as_str(), "the CRD is installed now");
+                }
+                Ok(update)
+            }
+            other => other,
+        })
+        .boxed()
+}
+
 fn change<K: Resource, E>(event: Event<K>, scope: &Scope, convert: fn(&K) -> E) -> Change<E> {
     match event {
         Event::Apply(object) => Change::Apply(convert(&object)),
@@ -179,6 +229,7 @@ fn namespace_of(update: &Update) -> Option<&str> {
         Update::Claim(c) => of(c),
         Update::Job(c) => of(c),
         Update::Run(c) => of(c),
+        Update::TaskRun(c) => of(c),
         Update::Pod(c) => of(c),
     }
 }
