@@ -147,7 +147,7 @@ where
     loop {
         let page: ObjectList<K> = match api.list(&params).await {
             Ok(page) => page,
-            Err(kube::Error::Api(status)) if status.is_not_found() => return Found::No,
+            Err(error) if resources::is_not_found(&error) => return Found::No,
             Err(error) => {
                 metrics.api_error(Operation::List, &error);
                 return Found::Unknown(format!("listing {what}: {error}"));

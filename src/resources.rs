@@ -55,6 +55,13 @@ pub fn run_kind_resource(kind: OwnerKind) -> ApiResource {
     }
 }
 
+/// A 404: the object, or for a list the whole kind (its CRD is not installed), does not exist.
+/// Judged by the code alone: for a kind that is not served the API server answers a plain-text
+/// "404 page not found", which carries no `NotFound` reason.
+pub fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
 /// Converts a k8s-openapi timestamp into the domain's time type.
 pub fn to_chrono(time: &Time) -> DateTime<Utc> {
     let nanos = time.0.as_nanosecond();

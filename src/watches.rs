@@ -181,12 +181,10 @@ fn optional_kind<E: Send + 'static>(
     wrap: fn(Change<E>) -> Update,
 ) -> BoxStream<'static, Item> {
     let mut absent = false;
-    let empty_scope = scope.clone();
-    kind(name, api, watcher::Config::default(), scope, convert, wrap)
-        .map(move |item| match item {
-            Err((_, watcher::Error::InitialListFailed(kube::Error::Api(status))))
-                if status.is_not_found() =>
-            {
+    watcher(api, watcher::Config::default())
+        .backoff(PatientBackoff::default())
+        .map(move |event| match event {
+            Err(watcher::Error::InitialListFailed(error)) if resources::is_not_found(&error) => {
                 if !absent {
                     absent = true;
                     info!(
@@ -194,17 +192,49 @@ fn optional_kind<E: Send + 'static>(
                         "the CRD is not installed: no such objects exist; checking again with backoff"
                     );
                 }
-                Ok(wrap(Change::InitDone(empty_scope.clone())))
+                Ok(wrap(Change::InitDone(scope.clone())))
             }
-            Ok(update) => {
-                if std::mem::take(&mut absent) {
+            Ok(event) => {
+                // `Init` comes before every list attempt, so only what follows it shows the
+                // kind is served.
+                if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
                     info!(kind = name.as_str(), "the CRD is installed now");
                 }
-                Ok(update)
+                Ok(wrap(change(event, &scope, convert)))
             }
-            other => other,
+            Err(error) => Err((name, error)),
         })
         .boxed()
+}
+
+/// kube-runtime's exponential backoff (0.8 s doubling up to 30 s), reset by a success only
+/// once no error came for a minute. The watcher reports `Init`, a success, before every list
+/// attempt, so a reset on any success would retry a list that keeps failing (a CRD that is not
+/// installed) about every second forever.
+#[derive(Default)]
+struct PatientBackoff {
+    inner: watcher::DefaultBackoff,
+    last_error: Option<std::time::Instant>,
+}
+
+/// How long a watch must go without an error before its backoff starts over.
+const CALM: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Iterator for PatientBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.last_error = Some(std::time::Instant::now());
+        self.inner.next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for PatientBackoff {
+    fn reset(&mut self) {
+        if self.last_error.is_none_or(|at| at.elapsed() >= CALM) {
+            self.inner.reset();
+        }
+    }
 }
 
 fn change<K: Resource, E>(event: Event<K>, scope: &Scope, convert: fn(&K) -> E) -> Change<E> {

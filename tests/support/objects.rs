@@ -48,6 +48,14 @@ pub fn pipeline_run_resource() -> ApiResource {
     )
 }
 
+/// `tekton.dev/v1` `TaskRun` (tests/crds).
+pub fn task_run_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tekton.dev", "v1", "TaskRun"),
+        "taskruns",
+    )
+}
+
 /// Kubernetes writes times in RFC 3339 with whole seconds and `Z`.
 fn timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
@@ -158,6 +166,8 @@ impl JobBuilder {
 
 /// A Tekton `PipelineRun`; without a state call it has no status, as before Tekton saw it.
 pub struct PipelineRunBuilder {
+    /// A PipelineRun, or a TaskRun ([`Self::task_run`]).
+    task_run: bool,
     name: String,
     labels: BTreeMap<String, String>,
     pipeline: String,
@@ -170,6 +180,7 @@ impl PipelineRunBuilder {
     /// A bare run: no labels, no workspace.
     pub fn new(name: &str) -> Self {
         PipelineRunBuilder {
+            task_run: false,
             name: name.to_owned(),
             labels: BTreeMap::new(),
             pipeline: "build-pipeline".to_owned(),
@@ -177,6 +188,13 @@ impl PipelineRunBuilder {
             pending: false,
             status: None,
         }
+    }
+
+    /// A bare TaskRun: its status and workspaces have a PipelineRun's shape.
+    pub fn task_run(name: &str) -> Self {
+        let mut run = Self::new(name);
+        run.task_run = true;
+        run
     }
 
     /// The run the operator creates for job `job`: `{job}-build`, labelled `app={job}` and
@@ -244,10 +262,17 @@ impl PipelineRunBuilder {
     }
 
     pub async fn create(self, ns: &TestNamespace) -> DynamicObject {
-        let mut spec = json!({
-            "pipelineRef": { "name": self.pipeline },
-            "taskRunTemplate": { "serviceAccountName": "pipeline" },
-        });
+        let (mut spec, resource) = if self.task_run {
+            let spec =
+                json!({ "taskRef": { "name": "buildah" }, "serviceAccountName": "pipeline" });
+            (spec, task_run_resource())
+        } else {
+            let spec = json!({
+                "pipelineRef": { "name": self.pipeline },
+                "taskRunTemplate": { "serviceAccountName": "pipeline" },
+            });
+            (spec, pipeline_run_resource())
+        };
         if let Some(claim) = &self.claim {
             spec["workspaces"] = json!([{
                 "name": "shared-workspace",
@@ -257,15 +282,7 @@ impl PipelineRunBuilder {
         if self.pending {
             spec["status"] = "PipelineRunPending".into();
         }
-        create_dynamic(
-            ns,
-            &pipeline_run_resource(),
-            &self.name,
-            self.labels,
-            spec,
-            self.status,
-        )
-        .await
+        create_dynamic(ns, &resource, &self.name, self.labels, spec, self.status).await
     }
 }
 

@@ -1,0 +1,502 @@
+//! The object graphs that once made workspace-gc delete a claim it had to keep, each against a
+//! real kube-apiserver and etcd with the daemon running: a partial completion time, links that
+//! shadowed one another, TaskRuns, a run the stalled watch never delivered, exclusions replaced
+//! by an override, and the audit's account of time. Each test failed on the code before its
+//! fix (issue 11).
+
+mod support;
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{
+    ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, Proxy, TestNamespace,
+    claim_exists, metric, metric_sum, task_run_resource, wait_until,
+};
+use workspace_gc::annotations;
+use workspace_gc::audit::{self, Row};
+use workspace_gc::config::{Config, Overrides};
+use workspace_gc::policy::{Reason, VerdictState};
+use workspace_gc::watches;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn hours_ago(n: i64) -> DateTime<Utc> {
+    Utc::now() - chrono::Duration::hours(n)
+}
+
+/// Watches only `ns`, no leader election, a generous rate, and a one-second orphan grace so
+/// that a claim no owner protects is due at once.
+fn config_for(namespaces: &[&TestNamespace]) -> Config {
+    let mut config = Config::default();
+    config.selector.namespaces = namespaces.iter().map(|ns| ns.name().to_owned()).collect();
+    config.leader_election.enabled = false;
+    config.deletion.deletes_per_second = 100.0;
+    config.deletion.max_deletions_per_window = 1000;
+    config.policy.orphan_grace = secs(1);
+    config
+}
+
+/// The audit's verdict on every claim in the configured namespaces: the daemon's own watches,
+/// cache, linking and policy, listed once.
+async fn audit(client: &kube::Client, config: &Config) -> Vec<Row> {
+    let index = watches::sync_once(client, &config.selector, |kind, error| {
+        panic!("listing {}: {error}", kind.as_str())
+    })
+    .await
+    .expect("every kind lists");
+    audit::rows(&index, &config.policy(), Utc::now())
+}
+
+async fn verdict(ns: &TestNamespace, config: &Config, claim: &str) -> (VerdictState, Reason) {
+    let rows = audit(ns.client(), config).await;
+    let row = rows
+        .iter()
+        .find(|row| row.namespace == ns.name() && row.name == claim)
+        .unwrap_or_else(|| panic!("claim {claim} is tracked"));
+    (row.decision.verdict.state(), row.decision.verdict.reason())
+}
+
+/// Waits until the daemon has had `seconds` to act, then asserts the claim is still there.
+async fn survives(ns: &TestNamespace, claim: &str, seconds: u64) {
+    tokio::time::sleep(secs(seconds)).await;
+    assert!(
+        claim_exists(ns, claim).await,
+        "{claim} must be kept, yet it was deleted"
+    );
+}
+
+async fn deleted_within(ns: &TestNamespace, claim: &str, seconds: u64) -> bool {
+    wait_until(secs(seconds), || async { !claim_exists(ns, claim).await }).await
+}
+
+async fn patch_status(
+    ns: &TestNamespace,
+    resource: &kube::api::ApiResource,
+    name: &str,
+    status: serde_json::Value,
+) {
+    ns.dynamic_api(resource)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("patch the status of {name}: {e}"));
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn go_zero_time() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap()
+}
+
+/// The operator fails a job through a phase-only status update: `Failed` without a completion
+/// time, written on a later reconcile or never. A run that finished long ago must not start
+/// the TTL alone. Go's zero time is no completion time either, and never makes the reclaim lag
+/// absurd.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partial_completion_time_never_starts_the_ttl() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "partial").await;
+    let config = config_for(&[&ns]);
+    let long_ago = hours_ago(2);
+    // Failed through a phase-only update; the run finished two hours ago.
+    JobBuilder::new("failed").phase("Failed").create(&ns).await;
+    PipelineRunBuilder::for_job("failed")
+        .failed_at(long_ago)
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("failed-build-workspace")
+        .create(&ns)
+        .await;
+    // Go's zero time on both owners.
+    JobBuilder::new("zero")
+        .phase("Succeeded")
+        .completed_at(go_zero_time())
+        .create(&ns)
+        .await;
+    PipelineRunBuilder::for_job("zero")
+        .succeeded_at(go_zero_time())
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("zero-build-workspace")
+        .create(&ns)
+        .await;
+
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "partial").await;
+    survives(&ns, "failed-build-workspace", 3).await;
+    assert!(claim_exists(&ns, "zero-build-workspace").await);
+    for claim in ["failed-build-workspace", "zero-build-workspace"] {
+        assert_eq!(
+            verdict(&ns, &config, claim).await,
+            (VerdictState::Keep, Reason::CompletionTimeMissing),
+            "{claim}"
+        );
+    }
+
+    // The later reconcile writes the time: the TTL runs from it, long past.
+    let job = support::notebook_validation_job_resource();
+    for name in ["failed", "zero"] {
+        patch_status(
+            &ns,
+            &job,
+            name,
+            json!({"completionTime": rfc3339(long_ago)}),
+        )
+        .await;
+    }
+    patch_status(
+        &ns,
+        &support::pipeline_run_resource(),
+        "zero-build",
+        json!({"completionTime": rfc3339(long_ago)}),
+    )
+    .await;
+    for claim in ["failed-build-workspace", "zero-build-workspace"] {
+        assert!(
+            deleted_within(&ns, claim, 15).await,
+            "{claim} is deleted once the times are written"
+        );
+    }
+    let metrics = daemon.metrics().await;
+    let lag_sum = metric_sum(&metrics, "workspace_gc_reclaim_lag_seconds_sum");
+    let lag_count = metric_sum(&metrics, "workspace_gc_reclaim_lag_seconds_count");
+    assert_eq!(lag_count, 2.0, "{metrics}");
+    // Due an hour after completion, two hours ago, and the claim was created moments ago: the
+    // lag is measured from the claim's creation at the earliest.
+    assert!(lag_sum < 60.0, "reclaim lag {lag_sum} s for two claims");
+    daemon.stop().await;
+}
+
+/// An owner reference to one PipelineRun must not stop the workspace binding from linking a
+/// re-run that is still running; an owner reference to one job must not stop the naming
+/// convention from linking the job of the claim's name.
+#[tokio::test(flavor = "multi_thread")]
+async fn links_add_up_and_every_owner_must_allow() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "links").await;
+    let config = config_for(&[&ns]);
+    let first = PipelineRunBuilder::for_job("rerun")
+        .succeeded_at(hours_ago(2))
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("rerun-build-workspace")
+        .owned_by(&first)
+        .create(&ns)
+        .await;
+    PipelineRunBuilder::new("rerun-build-2")
+        .workspace_claim("rerun-build-workspace")
+        .running()
+        .create(&ns)
+        .await;
+
+    let old_job = JobBuilder::new("earlier")
+        .phase("Succeeded")
+        .completed_at(hours_ago(2))
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("again-build-workspace")
+        .owned_by(&old_job)
+        .create(&ns)
+        .await;
+    JobBuilder::new("again").phase("Building").create(&ns).await;
+
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "links").await;
+    survives(&ns, "rerun-build-workspace", 3).await;
+    assert!(claim_exists(&ns, "again-build-workspace").await);
+    for claim in ["rerun-build-workspace", "again-build-workspace"] {
+        assert_eq!(
+            verdict(&ns, &config, claim).await,
+            (VerdictState::Keep, Reason::OwnerRunning),
+            "{claim}"
+        );
+    }
+
+    // Once the re-run and the job finish past their TTL, every owner allows it.
+    let finished = json!({
+        "completionTime": rfc3339(hours_ago(2)),
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": "Succeeded"}],
+    });
+    patch_status(
+        &ns,
+        &support::pipeline_run_resource(),
+        "rerun-build-2",
+        finished,
+    )
+    .await;
+    let job_done = json!({"phase": "Succeeded", "completionTime": rfc3339(hours_ago(2))});
+    patch_status(
+        &ns,
+        &support::notebook_validation_job_resource(),
+        "again",
+        job_done,
+    )
+    .await;
+    for claim in ["rerun-build-workspace", "again-build-workspace"] {
+        assert!(
+            deleted_within(&ns, claim, 15).await,
+            "{claim} is deleted once every owner allows it"
+        );
+    }
+    daemon.stop().await;
+}
+
+/// A TaskRun that binds a claim keeps it while it runs, whether or not its pod exists (a pod
+/// refused by an exhausted quota is exactly when claims pile up), and its completion time
+/// starts the TTL. A TaskRun named in an owner reference is a managed owner, not a foreign one.
+#[tokio::test(flavor = "multi_thread")]
+async fn task_runs_are_owners() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "taskrun").await;
+    let config = config_for(&[&ns]);
+    ClaimBuilder::build_workspace("bound-by-task")
+        .create(&ns)
+        .await;
+    PipelineRunBuilder::task_run("build-task-run")
+        .workspace_claim("bound-by-task")
+        .running()
+        .create(&ns)
+        .await;
+    let owner = PipelineRunBuilder::task_run("owning-task-run")
+        .succeeded_at(hours_ago(2))
+        .create(&ns)
+        .await;
+    ClaimBuilder::build_workspace("owned-by-task")
+        .owned_by(&owner)
+        .create(&ns)
+        .await;
+
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "taskrun").await;
+    assert!(
+        deleted_within(&ns, "owned-by-task", 10).await,
+        "a TaskRun owner finished past its TTL lets its claim go"
+    );
+    survives(&ns, "bound-by-task", 2).await;
+    assert_eq!(
+        verdict(&ns, &config, "bound-by-task").await,
+        (VerdictState::Keep, Reason::OwnerRunning)
+    );
+
+    let finished = json!({
+        "completionTime": rfc3339(hours_ago(2)),
+        "conditions": [{"type": "Succeeded", "status": "False", "reason": "Failed"}],
+    });
+    patch_status(&ns, &task_run_resource(), "build-task-run", finished).await;
+    assert!(deleted_within(&ns, "bound-by-task", 15).await);
+    let metrics = daemon.metrics().await;
+    assert_eq!(
+        metric(&metrics, "workspace_gc_cached_objects", "kind=\"taskruns\""),
+        2.0,
+        "{metrics}"
+    );
+    daemon.stop().await;
+}
+
+/// A cluster without the TaskRun CRD still works and becomes ready; a CRD installed later is
+/// picked up by the watch's next retry, and its runs protect what they bind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_without_the_task_run_crd_works_and_picks_it_up_later() {
+    let cp = ControlPlane::start(true);
+    let client = cp.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds.get("taskruns.tekton.dev").await.expect("the test CRD");
+    crds.delete("taskruns.tekton.dev", &DeleteParams::default())
+        .await
+        .expect("delete the TaskRun CRD");
+    assert!(
+        wait_until(secs(30), || async {
+            crds.get_opt("taskruns.tekton.dev")
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+        })
+        .await
+    );
+    let ns = TestNamespace::new(&cp, "no-crd").await;
+    let config = config_for(&[&ns]);
+    ClaimBuilder::build_workspace("orphan-build-workspace")
+        .create(&ns)
+        .await;
+    let daemon = Daemon::start(client.clone(), config, "no-crd").await;
+    assert!(
+        deleted_within(&ns, "orphan-build-workspace", 10).await,
+        "without the CRD the daemon is ready and collects"
+    );
+
+    let mut crd = crd;
+    crd.metadata = kube::api::ObjectMeta {
+        name: crd.metadata.name.clone(),
+        ..Default::default()
+    };
+    crd.status = None;
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .expect("install the TaskRun CRD again");
+    let task_runs: Api<DynamicObject> = ns.dynamic_api(&task_run_resource());
+    assert!(
+        wait_until(secs(30), || async {
+            task_runs.list(&Default::default()).await.is_ok()
+        })
+        .await,
+        "the CRD is served"
+    );
+    PipelineRunBuilder::task_run("late-task-run")
+        .workspace_claim("late-build-workspace")
+        .running()
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(60), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_cached_objects",
+                "kind=\"taskruns\"",
+            ) == 1.0
+        })
+        .await,
+        "the TaskRun watch picks the CRD up"
+    );
+    ClaimBuilder::build_workspace("late-build-workspace")
+        .create(&ns)
+        .await;
+    survives(&ns, "late-build-workspace", 4).await;
+    daemon.stop().await;
+}
+
+/// The daemon's watches go silent without an error while new requests still work. A
+/// PipelineRun and a TaskRun that start binding orphaned claims never reach the cache; the
+/// live re-check before each delete must find them anyway.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "live-runs").await;
+    let proxy = Proxy::start(cp.api_address()).await;
+    let mut config = config_for(&[&ns]);
+    config.policy.orphan_grace = secs(8);
+    for claim in ["by-pipeline-run", "by-task-run"] {
+        ClaimBuilder::build_workspace(claim).create(&ns).await;
+    }
+    let daemon = Daemon::start(cp.client_via(&proxy.url()), config, "live-runs").await;
+    proxy.stall();
+    PipelineRunBuilder::new("late-run")
+        .workspace_claim("by-pipeline-run")
+        .running()
+        .create(&ns)
+        .await;
+    PipelineRunBuilder::task_run("late-task")
+        .workspace_claim("by-task-run")
+        .running()
+        .create(&ns)
+        .await;
+    // Past the grace and the first live re-checks, with the cache still blind.
+    survives(&ns, "by-pipeline-run", 12).await;
+    assert!(claim_exists(&ns, "by-task-run").await);
+    let metrics = daemon.metrics().await;
+    assert_eq!(
+        metric(&metrics, "workspace_gc_cached_objects", "kind=\"runs\"")
+            + metric(&metrics, "workspace_gc_cached_objects", "kind=\"taskruns\""),
+        0.0,
+        "the stalled watches delivered no run: {metrics}"
+    );
+    proxy.unstall();
+    daemon.stop().await;
+}
+
+/// Exclusions from the file, the environment and the flags form one union: an override can
+/// add a namespace to exclude, never make an excluded one collectable. An empty variable
+/// clears nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn exclusions_add_up_across_file_environment_and_flags() {
+    let cp = ControlPlane::shared();
+    let in_file = TestNamespace::new(cp, "excl-file").await;
+    let by_flag = TestNamespace::new(cp, "excl-flag").await;
+    let open = TestNamespace::new(cp, "excl-open").await;
+    // Cluster-wide, so the exclusions decide; a label unique to this test keeps other tests'
+    // claims out of its reach.
+    let mark = format!("safety-test={}", open.name());
+    let file = format!(
+        "[selector]\nlabel_selector = \"mlops.redhat.com/build-workspace=true,{mark}\"\n\
+         exclude_namespaces = [\"{}\"]\n[policy]\norphan_grace = \"1s\"\n\
+         [leader_election]\nenabled = false\n",
+        in_file.name()
+    );
+    let env = [(
+        "WORKSPACE_GC_SELECTOR_EXCLUDE_NAMESPACES".to_owned(),
+        String::new(),
+    )];
+    let overrides = Overrides {
+        exclude_namespaces: Some(vec![by_flag.name().to_owned()]),
+        ..Overrides::default()
+    };
+    let config = Config::parse(
+        Some((std::path::Path::new("test.toml"), &file)),
+        env,
+        &overrides,
+    )
+    .expect("a valid configuration");
+    let (key, value) = mark.split_once('=').unwrap();
+    for ns in [&in_file, &by_flag, &open] {
+        ClaimBuilder::build_workspace("orphan-build-workspace")
+            .label(key, value)
+            .create(ns)
+            .await;
+    }
+    let daemon = Daemon::start(cp.client(), config, "exclusions").await;
+    assert!(
+        deleted_within(&open, "orphan-build-workspace", 10).await,
+        "the namespace nobody excluded is collected"
+    );
+    for ns in [&in_file, &by_flag] {
+        assert!(
+            claim_exists(ns, "orphan-build-workspace").await,
+            "{} is excluded",
+            ns.name()
+        );
+    }
+    daemon.stop().await;
+}
+
+/// When a `ttl` annotation reaches past `max_age`, `max_age` wins: the audit reports the
+/// instant the verdict really changes, and the daemon deletes then.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_audit_reports_the_earliest_change() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "audit-time").await;
+    let mut config = config_for(&[&ns]);
+    config.policy.max_age = secs(6);
+    let done = Utc::now() - chrono::Duration::minutes(1);
+    JobBuilder::new("long")
+        .phase("Succeeded")
+        .completed_at(done)
+        .create(&ns)
+        .await;
+    PipelineRunBuilder::for_job("long")
+        .succeeded_at(done)
+        .create(&ns)
+        .await;
+    let claim: PersistentVolumeClaim = ClaimBuilder::build_workspace("long-build-workspace")
+        .annotation(annotations::TTL, "30d")
+        .create(&ns)
+        .await;
+    let created = workspace_gc::resources::to_chrono(
+        claim.metadata.creation_timestamp.as_ref().expect("created"),
+    );
+    let rows = audit(ns.client(), &config).await;
+    let row = &rows[0];
+    assert_eq!(row.decision.verdict.reason(), Reason::WithinTtl);
+    assert_eq!(
+        row.decision.verdict.recheck_at(),
+        Some(created + chrono::Duration::seconds(6)),
+        "max_age comes before the TTL"
+    );
+    let daemon = Daemon::start(ns.client().clone(), config, "audit-time").await;
+    assert!(deleted_within(&ns, "long-build-workspace", 15).await);
+    daemon.stop().await;
+}
