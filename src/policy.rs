@@ -427,7 +427,9 @@ impl Deadlines {
     }
 
     fn decide(self, relative: Relative) -> Verdict {
-        let since_created = |due: Option<DateTime<Utc>>| due.map(|due| due.max(self.created));
+        // A claim's clock may run ahead of ours: `now` bounds the instant too.
+        let since_created =
+            |due: Option<DateTime<Utc>>| due.map(|due| due.max(self.created).min(self.now));
         match (relative, self.passed) {
             (Relative::Due(reason, due), passed) => Verdict::Delete {
                 reason,

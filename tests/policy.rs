@@ -487,6 +487,31 @@ proptest! {
             prop_assert!(facts.owners.is_empty());
             prop_assert!(facts.claim.created.checked_add_signed(policy.orphan_grace).is_some_and(|due| due <= now));
         }
+        // Unless an absolute deadline passed, every linked owner allows it: gone, or finished
+        // with a completion time at least the TTL ago.
+        if !matches!(verdict.reason(), Reason::Expired | Reason::MaxAgeExceeded) {
+            let ttl = annotations::parse(&facts.claim.annotations).unwrap().ttl.unwrap_or(policy.ttl_after_finished);
+            for owner in &facts.owners {
+                let allows = match &owner.state {
+                    OwnerState::Gone => true,
+                    OwnerState::Present { progress: Progress::Finished { at: Some(at) }, .. } => {
+                        at.checked_add_signed(ttl).is_some_and(|due| due <= now)
+                    }
+                    _ => false,
+                };
+                prop_assert!(allows, "deleted while {owner:?} does not allow it");
+            }
+        }
+    }
+
+    /// The reclaim lag starts no earlier than the claim's creation (or now, for a claim whose
+    /// creation lies ahead of our clock), whatever the times say.
+    #[test]
+    fn nothing_is_due_before_the_claim_existed(facts in any_facts(), policy in any_policy(), now in any_instant()) {
+        if let Verdict::Delete { due_at: Some(due), .. } = decide(&facts, &policy, now).verdict {
+            prop_assert!(due >= facts.claim.created.min(now), "due at {due}, created {}", facts.claim.created);
+            prop_assert!(due <= now, "due at {due}, after now {now}");
+        }
     }
 
     /// The recheck instant lies in the future and is the exact boundary: a nanosecond before it

@@ -454,6 +454,8 @@ async fn exclusions_add_up_across_file_environment_and_flags() {
         deleted_within(&open, "orphan-build-workspace", 10).await,
         "the namespace nobody excluded is collected"
     );
+    // Deletes are paced (5 per second by default): give the others time to come due too.
+    tokio::time::sleep(secs(3)).await;
     for ns in [&in_file, &by_flag] {
         assert!(
             claim_exists(ns, "orphan-build-workspace").await,
