@@ -1,0 +1,452 @@
+//! Safety and liveness over generated object graphs: raw objects go through the daemon's own
+//! conversion, index, linking and policy, and every claim's verdict is held against the oracle
+//! (tests/support/oracle.rs), which encodes the safety rule apart from the implementation.
+//!
+//! - SAFETY: the daemon deletes only what the oracle allows.
+//! - LIVENESS: it deletes what the oracle requires (owners or their absence say it is due).
+//! - A delete's reason names a condition that holds; a kept claim's `recheck_at` comes no
+//!   later than the first instant the oracle allows deletion, so the daemon wakes up in time.
+
+mod support;
+
+use std::cell::RefCell;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{Value, json};
+use support::graph::{self, Profile, daemon_decisions, daemon_index, key_of};
+use support::oracle::{self, World};
+use workspace_gc::audit;
+use workspace_gc::policy::{Decision, Policy, Reason, Verdict};
+
+/// How many graphs the normal test run checks (each has up to two namespaces of ~15 objects).
+const CASES: u32 = 4000;
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 6, 1, 12, 0, 0).unwrap()
+}
+
+fn namespaces() -> Vec<String> {
+    vec!["ns-a".to_owned(), "ns-b".to_owned()]
+}
+
+/// What the generated run saw besides failures, for the summary line: how often the daemon
+/// keeps a claim the oracle would allow it to delete (by `expires` or `max_age` only), and how
+/// often it wakes up earlier than needed.
+#[derive(Debug, Default)]
+struct Seen {
+    claims: usize,
+    deleted: usize,
+    must: usize,
+    may_but_kept: usize,
+    /// Keep verdicts whose recheck comes before the claim is due, by reason.
+    early_recheck: std::collections::BTreeMap<Reason, usize>,
+}
+
+/// Checks every claim of one world; `Err` describes the first disagreement.
+fn check(
+    world: &World,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    seen: &mut Seen,
+) -> Result<(), String> {
+    let index = daemon_index(world);
+    let decisions = daemon_decisions(&index, policy, now);
+    // The audit is the same decisions, row by row.
+    for row in audit::rows(&index, policy, now) {
+        let key = workspace_gc::facts::ObjectKey::new(&row.namespace, &row.name);
+        if decisions.get(&key) != Some(&row.decision) {
+            return Err(format!("audit row {key} differs: {row:?}"));
+        }
+    }
+    for claim in &world.claims {
+        let key = key_of(claim);
+        let decision = &decisions[&key];
+        let judged = oracle::judge(world, claim, policy, now);
+        let problem = verdict_problem(world, claim, policy, now, decision, judged, seen);
+        if let Some(problem) = problem {
+            let objects = serde_json::to_string_pretty(&json!({
+                "claim": claim, "jobs": world.jobs, "pipelineRuns": world.runs,
+                "taskRuns": world.task_runs, "pods": world.pods,
+            }))
+            .unwrap_or_default();
+            return Err(format!(
+                "{problem}\nclaim {key}\ndaemon: {decision:?}\noracle: {judged:?}\nnow: {now}\n{objects}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn verdict_problem(
+    world: &World,
+    claim: &Value,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    decision: &Decision,
+    judged: oracle::Judgement,
+    seen: &mut Seen,
+) -> Option<&'static str> {
+    seen.claims += 1;
+    seen.must += usize::from(judged.must_delete);
+    match decision.verdict {
+        Verdict::Delete { reason, .. } => {
+            seen.deleted += 1;
+            if !judged.may_delete {
+                return Some("SAFETY: the daemon deletes a claim the rule keeps");
+            }
+            let holds = match reason {
+                Reason::Expired => judged.expired,
+                Reason::MaxAgeExceeded => judged.too_old,
+                _ => judged.must_delete,
+            };
+            if !holds {
+                return Some("the delete's reason names a condition that does not hold");
+            }
+        }
+        Verdict::Keep { .. } | Verdict::Protected { .. } if judged.must_delete => {
+            return Some("LIVENESS: the daemon keeps a claim the rule says is due");
+        }
+        Verdict::Keep { reason, recheck_at } => {
+            seen.may_but_kept += usize::from(judged.may_delete);
+            if let Some(due) = oracle::due_at(world, claim, policy, now) {
+                match recheck_at {
+                    None => return Some("TIMELINESS: no recheck, but the claim becomes due"),
+                    Some(at) if at > due => {
+                        return Some("TIMELINESS: the recheck comes after the claim is due");
+                    }
+                    Some(at) if at < due => *seen.early_recheck.entry(reason).or_default() += 1,
+                    Some(_) => {}
+                }
+            }
+        }
+        Verdict::Protected { .. } => {
+            seen.may_but_kept += usize::from(judged.may_delete);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
+    let mut runner = TestRunner::new(Config {
+        cases: CASES,
+        // Shrunk counter-examples are kept as the regression tests below instead.
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let seen = RefCell::new(Seen::default());
+    let policy = Policy::default();
+    let started = std::time::Instant::now();
+    let result = runner.run(&graph::graph(Profile::Memory), |graph| {
+        let world = graph.render(&namespaces(), now(), &graph::memory_uid);
+        check(&world, &policy, now(), &mut seen.borrow_mut()).map_err(TestCaseError::fail)
+    });
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+    let seen = seen.into_inner();
+    eprintln!("{CASES} graphs in {:?}: {seen:?}", started.elapsed());
+    // The generators must reach both sides of the rule, or the run proves little.
+    assert!(seen.claims > CASES as usize, "{seen:?}");
+    assert!(seen.deleted > seen.claims / 20, "{seen:?}");
+    assert!(seen.must > seen.claims / 20, "{seen:?}");
+    assert!(seen.deleted < seen.claims * 3 / 4, "{seen:?}");
+}
+
+// The oracle itself, by hand, both ways: a rule that always says "keep" would make the safety
+// property pass vacuously, one that always says "delete" the liveness property.
+
+const NS: &str = "ml";
+
+fn at(secs_ago: i64) -> String {
+    graph::rfc3339(now() - Duration::seconds(secs_ago))
+}
+
+fn claim(name: &str, age: i64, meta: Value) -> Value {
+    let mut object =
+        json!({"metadata": {"name": name, "namespace": NS, "creationTimestamp": at(age)}});
+    for (key, value) in meta.as_object().into_iter().flatten() {
+        object["metadata"][key] = value.clone();
+    }
+    object
+}
+
+fn job(name: &str, status: Value) -> Value {
+    json!({"metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")}, "status": status})
+}
+
+fn run(name: &str, binds: &[&str], status: Value) -> Value {
+    let workspaces: Vec<Value> = (binds.iter())
+        .map(|c| json!({"name": "w", "persistentVolumeClaim": {"claimName": c}}))
+        .collect();
+    json!({"metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")},
+           "spec": {"workspaces": workspaces}, "status": status})
+}
+
+fn done(secs_ago: i64) -> Value {
+    json!({"conditions": [{"type": "Succeeded", "status": "True"}], "completionTime": at(secs_ago)})
+}
+
+fn running() -> Value {
+    json!({"conditions": [{"type": "Succeeded", "status": "Unknown"}]})
+}
+
+fn reference(api_version: &str, kind: &str, name: &str, uid: &str) -> Value {
+    json!([{"apiVersion": api_version, "kind": kind, "name": name, "uid": uid}])
+}
+
+/// `(may, must)` for the world's first claim under the default policy.
+fn judge(world: &World) -> (bool, bool) {
+    let j = oracle::judge(world, &world.claims[0], &Policy::default(), now());
+    (j.may_delete, j.must_delete)
+}
+
+#[test]
+fn the_oracle_deletes_orphans_after_the_grace_only() {
+    let old = World {
+        claims: vec![claim("c", 601, json!({}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&old), (true, true));
+    let young = World {
+        claims: vec![claim("c", 599, json!({}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&young), (false, false));
+}
+
+#[test]
+fn the_oracle_adds_up_every_link() {
+    let mut world = World {
+        claims: vec![claim("c", 7200, json!({}))],
+        runs: vec![run("first", &["c"], done(3601))],
+        ..World::default()
+    };
+    assert_eq!(judge(&world), (true, true), "one finished run past its TTL");
+    world.task_runs.push(run("rerun", &["c"], running()));
+    assert_eq!(
+        judge(&world),
+        (false, false),
+        "a running TaskRun binds it too"
+    );
+    world.task_runs[0] = run("rerun", &["c"], done(3599));
+    assert_eq!(
+        judge(&world),
+        (false, false),
+        "the TaskRun is within its TTL"
+    );
+
+    // A reference to one run does not hide the naming rule's job.
+    let world = World {
+        claims: vec![claim(
+            "nb-build-workspace",
+            7200,
+            json!({"ownerReferences": reference("tekton.dev/v1", "PipelineRun", "r", "uid-r")}),
+        )],
+        runs: vec![run("r", &[], done(7000))],
+        jobs: vec![job("nb", json!({"phase": "Running"}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&world), (false, false));
+}
+
+#[test]
+fn the_oracle_needs_a_real_completion_time() {
+    for status in [
+        json!({"phase": "Failed"}),
+        json!({"phase": "Failed", "completionTime": "0001-01-01T00:00:00Z"}),
+        json!({"phase": "Failed", "completionTime": "soon"}),
+        json!({"phase": "Failed", "completionTime": 12}),
+        json!({"phase": "Failed", "completionTime": at(-60)}),
+        json!({"phase": "Building", "completionTime": at(7200)}),
+    ] {
+        let world = World {
+            claims: vec![claim("nb-build-workspace", 7200, json!({}))],
+            jobs: vec![job("nb", status.clone())],
+            ..World::default()
+        };
+        assert_eq!(judge(&world), (false, false), "{status}");
+    }
+    let world = World {
+        claims: vec![claim("nb-build-workspace", 7200, json!({}))],
+        jobs: vec![job(
+            "nb",
+            json!({"phase": "Failed", "completionTime": at(3600)}),
+        )],
+        ..World::default()
+    };
+    assert_eq!(judge(&world), (true, true), "exactly at the TTL");
+}
+
+#[test]
+fn the_oracle_reads_references_by_uid_and_kind() {
+    let owned = |reference: Value| World {
+        claims: vec![claim("c", 60, json!({"ownerReferences": reference}))],
+        jobs: vec![job("nb", json!({"phase": "Running"}))],
+        ..World::default()
+    };
+    let stale = reference("mlops.mlops.dev/v1alpha1", JOB, "nb", "uid-old");
+    assert_eq!(
+        judge(&owned(stale)),
+        (true, true),
+        "a re-created job is gone"
+    );
+    let live = reference("mlops.mlops.dev/v1", JOB, "nb", "uid-nb");
+    assert_eq!(judge(&owned(live)), (false, false), "any version names it");
+    for (api_version, kind) in [
+        ("apps/v1", "Deployment"),
+        ("example.com/v1", JOB),
+        ("tekton.dev", "PipelineRun"),
+    ] {
+        let foreign = reference(api_version, kind, "nb", "uid-nb");
+        assert_eq!(
+            judge(&owned(foreign)),
+            (false, false),
+            "{api_version} {kind}"
+        );
+    }
+}
+
+const JOB: &str = "NotebookValidationJob";
+
+#[test]
+fn the_oracle_keeps_used_kept_and_terminating_claims() {
+    let pod = |phase: Option<&str>, ns: &str| {
+        json!({"metadata": {"name": "p", "namespace": ns},
+               "spec": {"volumes": [{"persistentVolumeClaim": {"claimName": "c"}}]},
+               "status": {"phase": phase}})
+    };
+    let with_pod = |pod: Value| World {
+        claims: vec![claim("c", 7200, json!({}))],
+        pods: vec![pod],
+        ..World::default()
+    };
+    for phase in [None, Some("Running"), Some("Pending"), Some("succeeded")] {
+        assert_eq!(
+            judge(&with_pod(pod(phase, NS))),
+            (false, false),
+            "{phase:?}"
+        );
+    }
+    for phase in [Some("Succeeded"), Some("Failed")] {
+        assert_eq!(judge(&with_pod(pod(phase, NS))), (true, true), "{phase:?}");
+    }
+    assert_eq!(judge(&with_pod(pod(None, "elsewhere"))), (true, true));
+
+    let annotated = |key: &str, value: &str| World {
+        claims: vec![claim(
+            "c",
+            7200,
+            json!({"annotations": {format!("workspace-gc.mlops.dev/{key}"): value}}),
+        )],
+        ..World::default()
+    };
+    for (key, value) in [
+        ("keep", "true"),
+        ("keep", "True"),
+        ("kep", "false"),
+        ("ttl", "soon"),
+        ("ttl", "300000000y"),
+        ("expires", "tomorrow"),
+    ] {
+        assert_eq!(
+            judge(&annotated(key, value)),
+            (false, false),
+            "{key}={value}"
+        );
+    }
+    for (key, value) in [
+        ("keep", "false"),
+        ("ttl", " 1h "),
+        ("expires", " 2020-01-01T00:00:00Z "),
+    ] {
+        assert_eq!(judge(&annotated(key, value)), (true, true), "{key}={value}");
+    }
+    let terminating = World {
+        claims: vec![claim("c", 7200, json!({"deletionTimestamp": at(1)}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&terminating), (false, false));
+}
+
+#[test]
+fn the_oracle_lets_expires_and_max_age_override_running_owners() {
+    let world = |age: i64, annotations: Value| World {
+        claims: vec![claim("c", age, json!({"annotations": annotations}))],
+        runs: vec![run("r", &["c"], running())],
+        ..World::default()
+    };
+    let expires = json!({"workspace-gc.mlops.dev/expires": at(1)});
+    assert_eq!(judge(&world(60, expires)), (true, false));
+    assert_eq!(judge(&world(7 * 86_400, json!({}))), (true, false));
+    assert_eq!(judge(&world(7 * 86_400 - 1, json!({}))), (false, false));
+    // The ttl annotation replaces the policy's, both ways.
+    let ttl = |ttl: &str, done_ago: i64| World {
+        claims: vec![claim(
+            "c",
+            7200,
+            json!({"annotations": {"workspace-gc.mlops.dev/ttl": ttl}}),
+        )],
+        runs: vec![run("r", &["c"], done(done_ago))],
+        ..World::default()
+    };
+    assert_eq!(judge(&ttl("2h", 3601)), (false, false));
+    assert_eq!(judge(&ttl("10m", 601)), (true, true));
+    assert_eq!(judge(&ttl("200000000y", 7000)), (false, false), "overflows");
+}
+
+#[test]
+fn the_oracle_finds_the_first_instant_a_claim_is_due() {
+    let world = World {
+        claims: vec![claim("c", 100, json!({}))],
+        runs: vec![run("r", &["c"], done(60))],
+        ..World::default()
+    };
+    let due = oracle::due_at(&world, &world.claims[0], &Policy::default(), now());
+    assert_eq!(due, Some(now() + Duration::seconds(3600 - 60)));
+    let running = World {
+        runs: vec![run("r", &["c"], running())],
+        ..world
+    };
+    let due = oracle::due_at(&running, &running.claims[0], &Policy::default(), now());
+    assert_eq!(
+        due,
+        Some(now() + Duration::seconds(7 * 86_400 - 100)),
+        "max_age"
+    );
+}
+
+/// The property check itself must fail on a daemon verdict the oracle forbids: fed a world
+/// where the oracle keeps a claim, a forged `Delete` is reported as a safety violation.
+#[test]
+fn the_property_check_reports_a_forbidden_delete() {
+    let world = World {
+        claims: vec![claim("c", 60, json!({}))],
+        ..World::default()
+    };
+    let judged = oracle::judge(&world, &world.claims[0], &Policy::default(), now());
+    let forged = Decision {
+        verdict: Verdict::Delete {
+            reason: Reason::Orphaned,
+            due_at: None,
+        },
+        detail: None,
+    };
+    let problem = verdict_problem(
+        &world,
+        &world.claims[0],
+        &Policy::default(),
+        now(),
+        &forged,
+        judged,
+        &mut Seen::default(),
+    );
+    assert_eq!(
+        problem,
+        Some("SAFETY: the daemon deletes a claim the rule keeps")
+    );
+    let mut seen = Seen::default();
+    assert_eq!(check(&world, &Policy::default(), now(), &mut seen), Ok(()));
+    assert_eq!(seen.claims, 1);
+}
