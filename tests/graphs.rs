@@ -14,9 +14,8 @@ use std::cell::RefCell;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Value, json};
-use support::graph::{self, Profile, daemon_decisions, daemon_index, key_of};
+use support::graph::{self, Profile, Seen, check, verdict_problem};
 use support::oracle::{self, World};
-use workspace_gc::audit;
 use workspace_gc::policy::{Decision, Policy, Reason, Verdict};
 
 /// How many graphs the normal test run checks (each has up to two namespaces of ~15 objects).
@@ -28,103 +27,6 @@ fn now() -> DateTime<Utc> {
 
 fn namespaces() -> Vec<String> {
     vec!["ns-a".to_owned(), "ns-b".to_owned()]
-}
-
-/// What the generated run saw besides failures, for the summary line: how often the daemon
-/// keeps a claim the oracle would allow it to delete (by `expires` or `max_age` only), and how
-/// often it wakes up earlier than needed.
-#[derive(Debug, Default)]
-struct Seen {
-    claims: usize,
-    deleted: usize,
-    must: usize,
-    may_but_kept: usize,
-    /// Keep verdicts whose recheck comes before the claim is due, by reason.
-    early_recheck: std::collections::BTreeMap<Reason, usize>,
-}
-
-/// Checks every claim of one world; `Err` describes the first disagreement.
-fn check(
-    world: &World,
-    policy: &Policy,
-    now: DateTime<Utc>,
-    seen: &mut Seen,
-) -> Result<(), String> {
-    let index = daemon_index(world);
-    let decisions = daemon_decisions(&index, policy, now);
-    // The audit is the same decisions, row by row.
-    for row in audit::rows(&index, policy, now) {
-        let key = workspace_gc::facts::ObjectKey::new(&row.namespace, &row.name);
-        if decisions.get(&key) != Some(&row.decision) {
-            return Err(format!("audit row {key} differs: {row:?}"));
-        }
-    }
-    for claim in &world.claims {
-        let key = key_of(claim);
-        let decision = &decisions[&key];
-        let judged = oracle::judge(world, claim, policy, now);
-        let problem = verdict_problem(world, claim, policy, now, decision, judged, seen);
-        if let Some(problem) = problem {
-            let objects = serde_json::to_string_pretty(&json!({
-                "claim": claim, "jobs": world.jobs, "pipelineRuns": world.runs,
-                "taskRuns": world.task_runs, "pods": world.pods,
-            }))
-            .unwrap_or_default();
-            return Err(format!(
-                "{problem}\nclaim {key}\ndaemon: {decision:?}\noracle: {judged:?}\nnow: {now}\n{objects}"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn verdict_problem(
-    world: &World,
-    claim: &Value,
-    policy: &Policy,
-    now: DateTime<Utc>,
-    decision: &Decision,
-    judged: oracle::Judgement,
-    seen: &mut Seen,
-) -> Option<&'static str> {
-    seen.claims += 1;
-    seen.must += usize::from(judged.must_delete);
-    match decision.verdict {
-        Verdict::Delete { reason, .. } => {
-            seen.deleted += 1;
-            if !judged.may_delete {
-                return Some("SAFETY: the daemon deletes a claim the rule keeps");
-            }
-            let holds = match reason {
-                Reason::Expired => judged.expired,
-                Reason::MaxAgeExceeded => judged.too_old,
-                _ => judged.must_delete,
-            };
-            if !holds {
-                return Some("the delete's reason names a condition that does not hold");
-            }
-        }
-        Verdict::Keep { .. } | Verdict::Protected { .. } if judged.must_delete => {
-            return Some("LIVENESS: the daemon keeps a claim the rule says is due");
-        }
-        Verdict::Keep { reason, recheck_at } => {
-            seen.may_but_kept += usize::from(judged.may_delete);
-            if let Some(due) = oracle::due_at(world, claim, policy, now) {
-                match recheck_at {
-                    None => return Some("TIMELINESS: no recheck, but the claim becomes due"),
-                    Some(at) if at > due => {
-                        return Some("TIMELINESS: the recheck comes after the claim is due");
-                    }
-                    Some(at) if at < due => *seen.early_recheck.entry(reason).or_default() += 1,
-                    Some(_) => {}
-                }
-            }
-        }
-        Verdict::Protected { .. } => {
-            seen.may_but_kept += usize::from(judged.may_delete);
-        }
-    }
-    None
 }
 
 #[test]

@@ -12,14 +12,15 @@ use kube::api::DynamicObject;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use serde_json::{Value, json};
+use workspace_gc::audit;
 use workspace_gc::cache::{Cached, Change, Index, TaskRunEntry};
 use workspace_gc::facts::ObjectKey;
 use workspace_gc::linking;
-use workspace_gc::policy::{self, Decision, Policy};
+use workspace_gc::policy::{self, Decision, Policy, Reason, Verdict};
 use workspace_gc::resources::{self, PodVolumes};
 
 use super::BUILD_WORKSPACE_LABEL;
-use super::oracle::World;
+use super::oracle::{self, World};
 
 pub const JOB_KIND: &str = "NotebookValidationJob";
 pub const RUN_KIND: &str = "PipelineRun";
@@ -317,9 +318,14 @@ fn claim(name: String, profile: Profile) -> impl Strategy<Value = Claim> {
         1 => 0i64..14 * 86_400,
     ];
     let references = prop::collection::vec(reference(), 0..=2);
+    // Few server graphs: fewer annotations leave more claims to their owners.
+    let annotations = match profile {
+        Profile::Memory => 0..=2,
+        Profile::Server => 0..=1,
+    };
     (
         age,
-        prop::collection::vec(annotation(profile), 0..=2),
+        prop::collection::vec(annotation(profile), annotations),
         references,
         prop::bool::weighted(0.1),
     )
@@ -652,4 +658,103 @@ pub fn key_of(object: &Value) -> ObjectKey {
         meta["namespace"].as_str().unwrap_or_default(),
         meta["name"].as_str().unwrap_or_default(),
     )
+}
+
+// The properties, shared by the in-memory and the real-server tests.
+
+/// What the generated run saw besides failures, for the summary line: how often the daemon
+/// keeps a claim the oracle would allow it to delete (by `expires` or `max_age` only), and how
+/// often it wakes up earlier than needed.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub claims: usize,
+    pub deleted: usize,
+    pub must: usize,
+    pub may_but_kept: usize,
+    /// Keep verdicts whose recheck comes before the claim is due, by reason.
+    pub early_recheck: std::collections::BTreeMap<Reason, usize>,
+}
+
+/// Checks every claim of one world; `Err` describes the first disagreement.
+pub fn check(
+    world: &World,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    seen: &mut Seen,
+) -> Result<(), String> {
+    let index = daemon_index(world);
+    let decisions = daemon_decisions(&index, policy, now);
+    // The audit is the same decisions, row by row.
+    for row in audit::rows(&index, policy, now) {
+        let key = ObjectKey::new(&row.namespace, &row.name);
+        if decisions.get(&key) != Some(&row.decision) {
+            return Err(format!("audit row {key} differs: {row:?}"));
+        }
+    }
+    for claim in &world.claims {
+        let key = key_of(claim);
+        let decision = &decisions[&key];
+        let judged = oracle::judge(world, claim, policy, now);
+        let problem = verdict_problem(world, claim, policy, now, decision, judged, seen);
+        if let Some(problem) = problem {
+            let objects = serde_json::to_string_pretty(&json!({
+                "claim": claim, "jobs": world.jobs, "pipelineRuns": world.runs,
+                "taskRuns": world.task_runs, "pods": world.pods,
+            }))
+            .unwrap_or_default();
+            return Err(format!(
+                "{problem}\nclaim {key}\ndaemon: {decision:?}\noracle: {judged:?}\nnow: {now}\n{objects}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn verdict_problem(
+    world: &World,
+    claim: &Value,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    decision: &Decision,
+    judged: oracle::Judgement,
+    seen: &mut Seen,
+) -> Option<&'static str> {
+    seen.claims += 1;
+    seen.must += usize::from(judged.must_delete);
+    match decision.verdict {
+        Verdict::Delete { reason, .. } => {
+            seen.deleted += 1;
+            if !judged.may_delete {
+                return Some("SAFETY: the daemon deletes a claim the rule keeps");
+            }
+            let holds = match reason {
+                Reason::Expired => judged.expired,
+                Reason::MaxAgeExceeded => judged.too_old,
+                _ => judged.must_delete,
+            };
+            if !holds {
+                return Some("the delete's reason names a condition that does not hold");
+            }
+        }
+        Verdict::Keep { .. } | Verdict::Protected { .. } if judged.must_delete => {
+            return Some("LIVENESS: the daemon keeps a claim the rule says is due");
+        }
+        Verdict::Keep { reason, recheck_at } => {
+            seen.may_but_kept += usize::from(judged.may_delete);
+            if let Some(due) = oracle::due_at(world, claim, policy, now) {
+                match recheck_at {
+                    None => return Some("TIMELINESS: no recheck, but the claim becomes due"),
+                    Some(at) if at > due => {
+                        return Some("TIMELINESS: the recheck comes after the claim is due");
+                    }
+                    Some(at) if at < due => *seen.early_recheck.entry(reason).or_default() += 1,
+                    Some(_) => {}
+                }
+            }
+        }
+        Verdict::Protected { .. } => {
+            seen.may_but_kept += usize::from(judged.may_delete);
+        }
+    }
+    None
 }
