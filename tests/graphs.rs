@@ -352,3 +352,107 @@ fn the_property_check_reports_a_forbidden_delete() {
     assert_eq!(check(&world, &Policy::default(), now(), &mut seen), Ok(()));
     assert_eq!(seen.claims, 1);
 }
+
+// Counter-examples the generated graphs shrank to against the implementation before the
+// issue-11 fixes (commit 19dfef3), kept as regression cases. Each fails there, as noted.
+
+/// Checks the world's first claim: the oracle still says what it said when the case was found,
+/// and the daemon agrees with it (safety, liveness, reason, recheck).
+fn regression(world: World, may_delete: bool) {
+    let judged = oracle::judge(&world, &world.claims[0], &Policy::default(), now());
+    assert_eq!(
+        judged.may_delete, may_delete,
+        "the case still means what it did"
+    );
+    if let Err(problem) = check(&world, &Policy::default(), now(), &mut Seen::default()) {
+        panic!("{problem}");
+    }
+}
+
+fn references(refs: &[(&str, &str, &str, &str)]) -> Value {
+    (refs.iter())
+        .map(|(api_version, kind, name, uid)| {
+            json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid})
+        })
+        .collect()
+}
+
+/// Was: a stale reference (job `nb` re-created) made the claim `owner-gone` although the other
+/// referenced job, finished without a completion time, must keep it.
+#[test]
+fn regression_a_gone_owner_hides_no_other_owner() {
+    let refs = references(&[
+        ("mlops.mlops.dev/v1alpha1", JOB, "nb", "stale-uid-0"),
+        ("mlops.mlops.dev/v1alpha1", JOB, "other", "uid-other"),
+    ]);
+    regression(
+        World {
+            claims: vec![claim("c", -60, json!({"ownerReferences": refs}))],
+            jobs: vec![job("other", json!({"phase": "Succeeded"}))],
+            ..World::default()
+        },
+        false,
+    );
+}
+
+/// Was: the reference to the finished run stopped the binding rule, so the running re-run that
+/// binds the claim was never linked and the TTL deleted it.
+#[test]
+fn regression_a_reference_hides_no_binding_run() {
+    let refs = references(&[("tekton.dev/v1", "PipelineRun", "r", "uid-r")]);
+    regression(
+        World {
+            claims: vec![claim("c", 7200, json!({"ownerReferences": refs}))],
+            runs: vec![run("r", &[], done(7000)), run("rerun", &["c"], running())],
+            ..World::default()
+        },
+        false,
+    );
+}
+
+/// Was: the job failed through a phase-only update (no completion time, or Go's zero time),
+/// and the TTL ran from the PipelineRun's completion alone.
+#[test]
+fn regression_a_finished_owner_without_a_completion_time_keeps_the_claim() {
+    for status in [
+        json!({"phase": "Failed"}),
+        json!({"phase": "Succeeded", "completionTime": "0001-01-01T00:00:00Z"}),
+    ] {
+        regression(
+            World {
+                claims: vec![claim("nb-build-workspace", 7200, json!({}))],
+                jobs: vec![job("nb", status)],
+                runs: vec![run("nb-build", &[], done(7000))],
+                ..World::default()
+            },
+            false,
+        );
+    }
+}
+
+/// Was: a running TaskRun binding the claim was not an owner, so the claim was an orphan.
+#[test]
+fn regression_a_running_task_run_keeps_the_claim() {
+    regression(
+        World {
+            claims: vec![claim("c", 7200, json!({}))],
+            task_runs: vec![run("t", &["c"], running())],
+            ..World::default()
+        },
+        false,
+    );
+}
+
+/// Was: a TaskRun owner reference was foreign, so a finished TaskRun's claim was never due.
+#[test]
+fn regression_a_finished_task_run_owner_lets_the_ttl_run() {
+    let refs = references(&[("tekton.dev/v1", "TaskRun", "t", "uid-t")]);
+    regression(
+        World {
+            claims: vec![claim("c", 7200, json!({"ownerReferences": refs}))],
+            task_runs: vec![run("t", &[], done(3601))],
+            ..World::default()
+        },
+        true,
+    );
+}
