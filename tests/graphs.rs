@@ -12,6 +12,7 @@ mod support;
 use std::cell::RefCell;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use proptest::prop_assert_eq;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Value, json};
 use support::graph::{self, Profile, Seen, check, verdict_problem};
@@ -54,6 +55,33 @@ fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
     assert!(seen.deleted > seen.claims / 20, "{seen:?}");
     assert!(seen.must > seen.claims / 20, "{seen:?}");
     assert!(seen.deleted < seen.claims * 3 / 4, "{seen:?}");
+}
+
+/// The watch path: the same graph reached through watch events from an earlier graph (updates
+/// of the same names, deletions, creations) must be decided as when listed at once.
+#[test]
+fn watch_events_lead_to_the_same_decisions_as_a_list() {
+    let mut runner = TestRunner::new(Config {
+        cases: CASES / 4,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let policy = Policy::default();
+    let started = std::time::Instant::now();
+    let pair = (graph::graph(Profile::Memory), graph::graph(Profile::Memory));
+    let result = runner.run(&pair, |(before, after)| {
+        let before = before.render(&namespaces(), now(), &graph::memory_uid);
+        let after = after.render(&namespaces(), now(), &graph::memory_uid);
+        let listed = graph::daemon_decisions(&graph::daemon_index(&after), &policy, now());
+        let index = graph::daemon_index_after_events(&before, &after);
+        let watched = graph::daemon_decisions(&index, &policy, now());
+        prop_assert_eq!(watched, listed);
+        Ok(())
+    });
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+    eprintln!("{} graph pairs in {:?}", CASES / 4, started.elapsed());
 }
 
 // The oracle itself, by hand, both ways: a rule that always says "keep" would make the safety

@@ -4,17 +4,16 @@
 //! turns it into raw API objects for the oracle, the in-memory daemon path
 //! ([`daemon_decisions`]) and the real API server alike.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::DynamicObject;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use serde_json::{Value, json};
 use workspace_gc::audit;
-use workspace_gc::cache::{Cached, Change, Index, TaskRunEntry};
-use workspace_gc::facts::ObjectKey;
+use workspace_gc::cache::{Change, Index, TaskRunEntry, Update};
+use workspace_gc::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, RunEntry};
 use workspace_gc::linking;
 use workspace_gc::policy::{self, Decision, Policy, Reason, Verdict};
 use workspace_gc::resources::{self, PodVolumes};
@@ -600,40 +599,133 @@ pub fn policy_of((ttl, grace, max_age): (&str, &str, &str)) -> Policy {
 /// The daemon's index, filled from raw objects the way its watches fill it: each kind converted
 /// by `resources` and delivered as one initial list.
 pub fn daemon_index(world: &World) -> Index {
-    fn list<E: Cached>(index: &mut Index, entries: impl Iterator<Item = E>) {
-        index.apply::<E>(Change::Init(None));
-        for entry in entries {
-            index.apply(Change::InitApply(None, entry));
-        }
-        index.apply::<E>(Change::InitDone(None));
+    let mut index = Index::default();
+    mark_lists(&mut index, false);
+    for entry in entries(world) {
+        entry.send(&mut index, Event::Listed);
     }
+    mark_lists(&mut index, true);
+    assert!(index.synced(), "every kind has listed");
+    index
+}
+
+/// The daemon's index after empty initial lists and then watch events only: every object of
+/// `before` applied, then those of `before` missing from `after` deleted, then every object of
+/// `after` applied. It must decide as [`daemon_index`] of `after` does: the secondary indices
+/// must follow every change.
+pub fn daemon_index_after_events(before: &World, after: &World) -> Index {
+    let mut index = Index::default();
+    mark_lists(&mut index, true);
+    for entry in entries(before) {
+        entry.send(&mut index, Event::Applied);
+    }
+    let after = entries(after);
+    let remaining: HashSet<(usize, ObjectKey)> = after.iter().map(Entry::id).collect();
+    for entry in entries(before) {
+        if !remaining.contains(&entry.id()) {
+            entry.delete(&mut index);
+        }
+    }
+    for entry in after {
+        entry.send(&mut index, Event::Applied);
+    }
+    index
+}
+
+/// Starts (`done` false) or ends the initial list of every kind.
+fn mark_lists(index: &mut Index, done: bool) {
+    fn marker<E>(done: bool) -> Change<E> {
+        if done {
+            Change::InitDone(None)
+        } else {
+            Change::Init(None)
+        }
+    }
+    for update in [
+        Update::Claim(marker(done)),
+        Update::Job(marker(done)),
+        Update::Run(marker(done)),
+        Update::TaskRun(marker(done)),
+        Update::Pod(marker(done)),
+    ] {
+        index.update(update);
+    }
+}
+
+/// One object converted as the daemon converts it.
+enum Entry {
+    Claim(ClaimFacts),
+    Job(JobEntry),
+    Run(RunEntry),
+    TaskRun(TaskRunEntry),
+    Pod(PodEntry),
+}
+
+/// How an entry reaches the index: in an initial list, or as a watch event.
+#[derive(Clone, Copy)]
+enum Event {
+    Listed,
+    Applied,
+}
+
+fn entries(world: &World) -> Vec<Entry> {
     fn decode<T: serde::de::DeserializeOwned>(value: &Value) -> T {
         serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("decode {value}: {e}"))
     }
-    let mut index = Index::default();
-    list(
-        &mut index,
-        (world.claims.iter()).map(|c| resources::claim_facts(&decode::<PersistentVolumeClaim>(c))),
-    );
-    list(
-        &mut index,
-        (world.jobs.iter()).map(|j| resources::job_entry(&decode::<DynamicObject>(j))),
-    );
-    list(
-        &mut index,
-        (world.runs.iter()).map(|r| resources::run_entry(&decode::<DynamicObject>(r))),
-    );
-    list(
-        &mut index,
-        (world.task_runs.iter())
-            .map(|r| TaskRunEntry(resources::task_run_entry(&decode::<DynamicObject>(r)))),
-    );
-    list(
-        &mut index,
-        (world.pods.iter()).map(|p| resources::pod_entry(&decode::<PodVolumes>(p))),
-    );
-    assert!(index.synced(), "every kind has listed");
-    index
+    let claims = (world.claims.iter())
+        .map(|c| Entry::Claim(resources::claim_facts(&decode::<PersistentVolumeClaim>(c))));
+    let jobs = (world.jobs.iter()).map(|j| Entry::Job(resources::job_entry(&decode(j))));
+    let runs = (world.runs.iter()).map(|r| Entry::Run(resources::run_entry(&decode(r))));
+    let task_runs = (world.task_runs.iter())
+        .map(|r| Entry::TaskRun(TaskRunEntry(resources::task_run_entry(&decode(r)))));
+    let pods =
+        (world.pods.iter()).map(|p| Entry::Pod(resources::pod_entry(&decode::<PodVolumes>(p))));
+    claims
+        .chain(jobs)
+        .chain(runs)
+        .chain(task_runs)
+        .chain(pods)
+        .collect()
+}
+
+impl Entry {
+    fn send(self, index: &mut Index, event: Event) {
+        fn change<E>(entry: E, event: Event) -> Change<E> {
+            match event {
+                Event::Listed => Change::InitApply(None, entry),
+                Event::Applied => Change::Apply(entry),
+            }
+        }
+        index.update(match self {
+            Entry::Claim(e) => Update::Claim(change(e, event)),
+            Entry::Job(e) => Update::Job(change(e, event)),
+            Entry::Run(e) => Update::Run(change(e, event)),
+            Entry::TaskRun(e) => Update::TaskRun(change(e, event)),
+            Entry::Pod(e) => Update::Pod(change(e, event)),
+        });
+    }
+
+    fn delete(&self, index: &mut Index) {
+        let key = self.id().1;
+        index.update(match self {
+            Entry::Claim(_) => Update::Claim(Change::Delete(key)),
+            Entry::Job(_) => Update::Job(Change::Delete(key)),
+            Entry::Run(_) => Update::Run(Change::Delete(key)),
+            Entry::TaskRun(_) => Update::TaskRun(Change::Delete(key)),
+            Entry::Pod(_) => Update::Pod(Change::Delete(key)),
+        });
+    }
+
+    /// The kind (as an ordinal) and key.
+    fn id(&self) -> (usize, ObjectKey) {
+        match self {
+            Entry::Claim(e) => (0, e.key.clone()),
+            Entry::Job(e) => (1, e.key.clone()),
+            Entry::Run(e) => (2, e.key.clone()),
+            Entry::TaskRun(e) => (3, e.0.key.clone()),
+            Entry::Pod(e) => (4, e.key.clone()),
+        }
+    }
 }
 
 /// What the daemon decides for each claim of `index`, by `namespace/name`.
