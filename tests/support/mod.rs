@@ -5,7 +5,9 @@
 
 mod cluster;
 mod daemon;
+pub mod graph;
 mod objects;
+pub mod oracle;
 mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.

@@ -1,0 +1,486 @@
+//! Safety and liveness over generated object graphs: raw objects go through the daemon's own
+//! conversion, index, linking and policy, and every claim's verdict is held against the oracle
+//! (tests/support/oracle.rs), which encodes the safety rule apart from the implementation.
+//!
+//! - SAFETY: the daemon deletes only what the oracle allows.
+//! - LIVENESS: it deletes what the oracle requires (owners or their absence say it is due).
+//! - A delete's reason names a condition that holds; a kept claim's `recheck_at` comes no
+//!   later than the first instant the oracle allows deletion, so the daemon wakes up in time.
+
+mod support;
+
+use std::cell::RefCell;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use proptest::prop_assert_eq;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{Value, json};
+use support::graph::{self, Profile, Seen, check, verdict_problem};
+use support::oracle::{self, World};
+use workspace_gc::policy::{Decision, Policy, Reason, Verdict};
+
+/// How many graphs the normal test run checks (each has up to two namespaces of ~15 objects).
+const CASES: u32 = 4000;
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 6, 1, 12, 0, 0).unwrap()
+}
+
+fn namespaces() -> Vec<String> {
+    vec!["ns-a".to_owned(), "ns-b".to_owned()]
+}
+
+#[test]
+fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
+    let mut runner = TestRunner::new(Config {
+        cases: CASES,
+        // Shrunk counter-examples are kept as the regression tests below instead.
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let seen = RefCell::new(Seen::default());
+    let policy = Policy::default();
+    let started = std::time::Instant::now();
+    let result = runner.run(&graph::graph(Profile::Memory), |graph| {
+        let world = graph.render(&namespaces(), now(), &graph::memory_uid);
+        check(&world, &policy, now(), &mut seen.borrow_mut()).map_err(TestCaseError::fail)
+    });
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+    let seen = seen.into_inner();
+    eprintln!("{CASES} graphs in {:?}: {seen:?}", started.elapsed());
+    // The generators must reach both sides of the rule, or the run proves little.
+    assert!(seen.claims > CASES as usize, "{seen:?}");
+    assert!(seen.deleted > seen.claims / 20, "{seen:?}");
+    assert!(seen.must > seen.claims / 20, "{seen:?}");
+    assert!(seen.deleted < seen.claims * 3 / 4, "{seen:?}");
+}
+
+/// The watch path: the same graph reached through watch events from an earlier graph (updates
+/// of the same names, deletions, creations) must be decided as when listed at once.
+#[test]
+fn watch_events_lead_to_the_same_decisions_as_a_list() {
+    let mut runner = TestRunner::new(Config {
+        cases: CASES / 4,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let policy = Policy::default();
+    let started = std::time::Instant::now();
+    let pair = (graph::graph(Profile::Memory), graph::graph(Profile::Memory));
+    let result = runner.run(&pair, |(before, after)| {
+        let before = before.render(&namespaces(), now(), &graph::memory_uid);
+        let after = after.render(&namespaces(), now(), &graph::memory_uid);
+        let listed = graph::daemon_decisions(&graph::daemon_index(&after), &policy, now());
+        let index = graph::daemon_index_after_events(&before, &after);
+        let watched = graph::daemon_decisions(&index, &policy, now());
+        prop_assert_eq!(watched, listed);
+        Ok(())
+    });
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+    eprintln!("{} graph pairs in {:?}", CASES / 4, started.elapsed());
+}
+
+// The oracle itself, by hand, both ways: a rule that always says "keep" would make the safety
+// property pass vacuously, one that always says "delete" the liveness property.
+
+const NS: &str = "ml";
+
+fn at(secs_ago: i64) -> String {
+    graph::rfc3339(now() - Duration::seconds(secs_ago))
+}
+
+fn claim(name: &str, age: i64, meta: Value) -> Value {
+    let mut object =
+        json!({"metadata": {"name": name, "namespace": NS, "creationTimestamp": at(age)}});
+    for (key, value) in meta.as_object().into_iter().flatten() {
+        object["metadata"][key] = value.clone();
+    }
+    object
+}
+
+fn job(name: &str, status: Value) -> Value {
+    json!({"metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")}, "status": status})
+}
+
+fn run(name: &str, binds: &[&str], status: Value) -> Value {
+    let workspaces: Vec<Value> = (binds.iter())
+        .map(|c| json!({"name": "w", "persistentVolumeClaim": {"claimName": c}}))
+        .collect();
+    json!({"metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")},
+           "spec": {"workspaces": workspaces}, "status": status})
+}
+
+fn done(secs_ago: i64) -> Value {
+    json!({"conditions": [{"type": "Succeeded", "status": "True"}], "completionTime": at(secs_ago)})
+}
+
+fn running() -> Value {
+    json!({"conditions": [{"type": "Succeeded", "status": "Unknown"}]})
+}
+
+fn reference(api_version: &str, kind: &str, name: &str, uid: &str) -> Value {
+    json!([{"apiVersion": api_version, "kind": kind, "name": name, "uid": uid}])
+}
+
+/// `(may, must)` for the world's first claim under the default policy.
+fn judge(world: &World) -> (bool, bool) {
+    let j = oracle::judge(world, &world.claims[0], &Policy::default(), now());
+    (j.may_delete, j.must_delete)
+}
+
+#[test]
+fn the_oracle_deletes_orphans_after_the_grace_only() {
+    let old = World {
+        claims: vec![claim("c", 601, json!({}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&old), (true, true));
+    let young = World {
+        claims: vec![claim("c", 599, json!({}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&young), (false, false));
+}
+
+#[test]
+fn the_oracle_adds_up_every_link() {
+    let mut world = World {
+        claims: vec![claim("c", 7200, json!({}))],
+        runs: vec![run("first", &["c"], done(3601))],
+        ..World::default()
+    };
+    assert_eq!(judge(&world), (true, true), "one finished run past its TTL");
+    world.task_runs.push(run("rerun", &["c"], running()));
+    assert_eq!(
+        judge(&world),
+        (false, false),
+        "a running TaskRun binds it too"
+    );
+    world.task_runs[0] = run("rerun", &["c"], done(3599));
+    assert_eq!(
+        judge(&world),
+        (false, false),
+        "the TaskRun is within its TTL"
+    );
+
+    // A reference to one run does not hide the naming rule's job.
+    let world = World {
+        claims: vec![claim(
+            "nb-build-workspace",
+            7200,
+            json!({"ownerReferences": reference("tekton.dev/v1", "PipelineRun", "r", "uid-r")}),
+        )],
+        runs: vec![run("r", &[], done(7000))],
+        jobs: vec![job("nb", json!({"phase": "Running"}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&world), (false, false));
+}
+
+#[test]
+fn the_oracle_needs_a_real_completion_time() {
+    for status in [
+        json!({"phase": "Failed"}),
+        json!({"phase": "Failed", "completionTime": "0001-01-01T00:00:00Z"}),
+        json!({"phase": "Failed", "completionTime": "soon"}),
+        json!({"phase": "Failed", "completionTime": 12}),
+        json!({"phase": "Failed", "completionTime": at(-60)}),
+        json!({"phase": "Building", "completionTime": at(7200)}),
+    ] {
+        let world = World {
+            claims: vec![claim("nb-build-workspace", 7200, json!({}))],
+            jobs: vec![job("nb", status.clone())],
+            ..World::default()
+        };
+        assert_eq!(judge(&world), (false, false), "{status}");
+    }
+    let world = World {
+        claims: vec![claim("nb-build-workspace", 7200, json!({}))],
+        jobs: vec![job(
+            "nb",
+            json!({"phase": "Failed", "completionTime": at(3600)}),
+        )],
+        ..World::default()
+    };
+    assert_eq!(judge(&world), (true, true), "exactly at the TTL");
+}
+
+#[test]
+fn the_oracle_reads_references_by_uid_and_kind() {
+    let owned = |reference: Value| World {
+        claims: vec![claim("c", 60, json!({"ownerReferences": reference}))],
+        jobs: vec![job("nb", json!({"phase": "Running"}))],
+        ..World::default()
+    };
+    let stale = reference("mlops.mlops.dev/v1alpha1", JOB, "nb", "uid-old");
+    assert_eq!(
+        judge(&owned(stale)),
+        (true, true),
+        "a re-created job is gone"
+    );
+    let live = reference("mlops.mlops.dev/v1", JOB, "nb", "uid-nb");
+    assert_eq!(judge(&owned(live)), (false, false), "any version names it");
+    for (api_version, kind) in [
+        ("apps/v1", "Deployment"),
+        ("example.com/v1", JOB),
+        ("tekton.dev", "PipelineRun"),
+    ] {
+        let foreign = reference(api_version, kind, "nb", "uid-nb");
+        assert_eq!(
+            judge(&owned(foreign)),
+            (false, false),
+            "{api_version} {kind}"
+        );
+    }
+}
+
+const JOB: &str = "NotebookValidationJob";
+
+#[test]
+fn the_oracle_keeps_used_kept_and_terminating_claims() {
+    let pod = |phase: Option<&str>, ns: &str| {
+        json!({"metadata": {"name": "p", "namespace": ns},
+               "spec": {"volumes": [{"persistentVolumeClaim": {"claimName": "c"}}]},
+               "status": {"phase": phase}})
+    };
+    let with_pod = |pod: Value| World {
+        claims: vec![claim("c", 7200, json!({}))],
+        pods: vec![pod],
+        ..World::default()
+    };
+    for phase in [None, Some("Running"), Some("Pending"), Some("succeeded")] {
+        assert_eq!(
+            judge(&with_pod(pod(phase, NS))),
+            (false, false),
+            "{phase:?}"
+        );
+    }
+    for phase in [Some("Succeeded"), Some("Failed")] {
+        assert_eq!(judge(&with_pod(pod(phase, NS))), (true, true), "{phase:?}");
+    }
+    assert_eq!(judge(&with_pod(pod(None, "elsewhere"))), (true, true));
+
+    let annotated = |key: &str, value: &str| World {
+        claims: vec![claim(
+            "c",
+            7200,
+            json!({"annotations": {format!("workspace-gc.mlops.dev/{key}"): value}}),
+        )],
+        ..World::default()
+    };
+    for (key, value) in [
+        ("keep", "true"),
+        ("keep", "True"),
+        ("kep", "false"),
+        ("ttl", "soon"),
+        ("ttl", "300000000y"),
+        ("expires", "tomorrow"),
+    ] {
+        assert_eq!(
+            judge(&annotated(key, value)),
+            (false, false),
+            "{key}={value}"
+        );
+    }
+    for (key, value) in [
+        ("keep", "false"),
+        ("ttl", " 1h "),
+        ("expires", " 2020-01-01T00:00:00Z "),
+    ] {
+        assert_eq!(judge(&annotated(key, value)), (true, true), "{key}={value}");
+    }
+    let terminating = World {
+        claims: vec![claim("c", 7200, json!({"deletionTimestamp": at(1)}))],
+        ..World::default()
+    };
+    assert_eq!(judge(&terminating), (false, false));
+}
+
+#[test]
+fn the_oracle_lets_expires_and_max_age_override_running_owners() {
+    let world = |age: i64, annotations: Value| World {
+        claims: vec![claim("c", age, json!({"annotations": annotations}))],
+        runs: vec![run("r", &["c"], running())],
+        ..World::default()
+    };
+    let expires = json!({"workspace-gc.mlops.dev/expires": at(1)});
+    assert_eq!(judge(&world(60, expires)), (true, false));
+    assert_eq!(judge(&world(7 * 86_400, json!({}))), (true, false));
+    assert_eq!(judge(&world(7 * 86_400 - 1, json!({}))), (false, false));
+    // The ttl annotation replaces the policy's, both ways.
+    let ttl = |ttl: &str, done_ago: i64| World {
+        claims: vec![claim(
+            "c",
+            7200,
+            json!({"annotations": {"workspace-gc.mlops.dev/ttl": ttl}}),
+        )],
+        runs: vec![run("r", &["c"], done(done_ago))],
+        ..World::default()
+    };
+    assert_eq!(judge(&ttl("2h", 3601)), (false, false));
+    assert_eq!(judge(&ttl("10m", 601)), (true, true));
+    assert_eq!(judge(&ttl("200000000y", 7000)), (false, false), "overflows");
+}
+
+#[test]
+fn the_oracle_finds_the_first_instant_a_claim_is_due() {
+    let world = World {
+        claims: vec![claim("c", 100, json!({}))],
+        runs: vec![run("r", &["c"], done(60))],
+        ..World::default()
+    };
+    let due = oracle::due_at(&world, &world.claims[0], &Policy::default(), now());
+    assert_eq!(due, Some(now() + Duration::seconds(3600 - 60)));
+    let running = World {
+        runs: vec![run("r", &["c"], running())],
+        ..world
+    };
+    let due = oracle::due_at(&running, &running.claims[0], &Policy::default(), now());
+    assert_eq!(
+        due,
+        Some(now() + Duration::seconds(7 * 86_400 - 100)),
+        "max_age"
+    );
+}
+
+/// The property check itself must fail on a daemon verdict the oracle forbids: fed a world
+/// where the oracle keeps a claim, a forged `Delete` is reported as a safety violation.
+#[test]
+fn the_property_check_reports_a_forbidden_delete() {
+    let world = World {
+        claims: vec![claim("c", 60, json!({}))],
+        ..World::default()
+    };
+    let judged = oracle::judge(&world, &world.claims[0], &Policy::default(), now());
+    let forged = Decision {
+        verdict: Verdict::Delete {
+            reason: Reason::Orphaned,
+            due_at: None,
+        },
+        detail: None,
+    };
+    let problem = verdict_problem(
+        &world,
+        &world.claims[0],
+        &Policy::default(),
+        now(),
+        &forged,
+        judged,
+        &mut Seen::default(),
+    );
+    assert_eq!(
+        problem,
+        Some("SAFETY: the daemon deletes a claim the rule keeps")
+    );
+    let mut seen = Seen::default();
+    assert_eq!(check(&world, &Policy::default(), now(), &mut seen), Ok(()));
+    assert_eq!(seen.claims, 1);
+}
+
+// Counter-examples the generated graphs shrank to against the implementation before the
+// issue-11 fixes (commit 19dfef3), kept as regression cases. Each fails there, as noted.
+
+/// Checks the world's first claim: the oracle still says what it said when the case was found,
+/// and the daemon agrees with it (safety, liveness, reason, recheck).
+fn regression(world: World, may_delete: bool) {
+    let judged = oracle::judge(&world, &world.claims[0], &Policy::default(), now());
+    assert_eq!(
+        judged.may_delete, may_delete,
+        "the case still means what it did"
+    );
+    if let Err(problem) = check(&world, &Policy::default(), now(), &mut Seen::default()) {
+        panic!("{problem}");
+    }
+}
+
+fn references(refs: &[(&str, &str, &str, &str)]) -> Value {
+    (refs.iter())
+        .map(|(api_version, kind, name, uid)| {
+            json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid})
+        })
+        .collect()
+}
+
+/// Was: a stale reference (job `nb` re-created) made the claim `owner-gone` although the other
+/// referenced job, finished without a completion time, must keep it.
+#[test]
+fn regression_a_gone_owner_hides_no_other_owner() {
+    let refs = references(&[
+        ("mlops.mlops.dev/v1alpha1", JOB, "nb", "stale-uid-0"),
+        ("mlops.mlops.dev/v1alpha1", JOB, "other", "uid-other"),
+    ]);
+    regression(
+        World {
+            claims: vec![claim("c", -60, json!({"ownerReferences": refs}))],
+            jobs: vec![job("other", json!({"phase": "Succeeded"}))],
+            ..World::default()
+        },
+        false,
+    );
+}
+
+/// Was: the reference to the finished run stopped the binding rule, so the running re-run that
+/// binds the claim was never linked and the TTL deleted it.
+#[test]
+fn regression_a_reference_hides_no_binding_run() {
+    let refs = references(&[("tekton.dev/v1", "PipelineRun", "r", "uid-r")]);
+    regression(
+        World {
+            claims: vec![claim("c", 7200, json!({"ownerReferences": refs}))],
+            runs: vec![run("r", &[], done(7000)), run("rerun", &["c"], running())],
+            ..World::default()
+        },
+        false,
+    );
+}
+
+/// Was: the job failed through a phase-only update (no completion time, or Go's zero time),
+/// and the TTL ran from the PipelineRun's completion alone.
+#[test]
+fn regression_a_finished_owner_without_a_completion_time_keeps_the_claim() {
+    for status in [
+        json!({"phase": "Failed"}),
+        json!({"phase": "Succeeded", "completionTime": "0001-01-01T00:00:00Z"}),
+    ] {
+        regression(
+            World {
+                claims: vec![claim("nb-build-workspace", 7200, json!({}))],
+                jobs: vec![job("nb", status)],
+                runs: vec![run("nb-build", &[], done(7000))],
+                ..World::default()
+            },
+            false,
+        );
+    }
+}
+
+/// Was: a running TaskRun binding the claim was not an owner, so the claim was an orphan.
+#[test]
+fn regression_a_running_task_run_keeps_the_claim() {
+    regression(
+        World {
+            claims: vec![claim("c", 7200, json!({}))],
+            task_runs: vec![run("t", &["c"], running())],
+            ..World::default()
+        },
+        false,
+    );
+}
+
+/// Was: a TaskRun owner reference was foreign, so a finished TaskRun's claim was never due.
+#[test]
+fn regression_a_finished_task_run_owner_lets_the_ttl_run() {
+    let refs = references(&[("tekton.dev/v1", "TaskRun", "t", "uid-t")]);
+    regression(
+        World {
+            claims: vec![claim("c", 7200, json!({"ownerReferences": refs}))],
+            task_runs: vec![run("t", &[], done(3601))],
+            ..World::default()
+        },
+        true,
+    );
+}

@@ -1,0 +1,260 @@
+//! The safety rule, encoded once and apart from the implementation: which claims MAY be deleted
+//! at `now`, and which MUST be by now. It reads raw API objects (`serde_json::Value`) and shares
+//! nothing with `linking.rs`, `policy.rs`, `annotations.rs` or `resources.rs` but the plain
+//! [`Policy`] durations, so a mistake there cannot hide here.
+//!
+//! A claim MAY be deleted only when all hold:
+//! 1. it has no `metadata.deletionTimestamp`;
+//! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` ("true"/"false"), `ttl` (humantime,
+//!    trimmed, fitting `chrono::Duration`) or `expires` (RFC 3339, trimmed);
+//! 3. `keep` is not "true";
+//! 4. no pod of its namespace mounts it unless that pod's phase is "Succeeded" or "Failed";
+//! 5. every ownerReference names NotebookValidationJob (`mlops.mlops.dev`), PipelineRun or
+//!    TaskRun (`tekton.dev`);
+//! 6. and (a) `expires` ≤ now, or (b) created + max_age ≤ now, or (c) every linked owner allows
+//!    it, and with no linked owner, created + orphan_grace ≤ now.
+//!
+//! Linked owners add up: (i) each managed ownerReference (present with its UID, else gone),
+//! (ii) every PipelineRun and TaskRun of the namespace binding the claim in a workspace,
+//! (iii) for `{job}-build-workspace`, job `{job}` and PipelineRun `{job}-build` if they exist.
+//! An owner allows deletion when gone, or finished with a completion time T (not Go's zero
+//! time) and T + ttl ≤ now (ttl: the claim's annotation, else the policy's).
+
+use chrono::{DateTime, Duration, Utc};
+use serde_json::Value;
+use workspace_gc::policy::Policy;
+
+const PREFIX: &str = "workspace-gc.mlops.dev/";
+
+/// Raw objects of every kind the rule reads, from any number of namespaces.
+#[derive(Debug, Clone, Default)]
+pub struct World {
+    pub claims: Vec<Value>,
+    pub jobs: Vec<Value>,
+    pub runs: Vec<Value>,
+    pub task_runs: Vec<Value>,
+    pub pods: Vec<Value>,
+}
+
+/// The oracle's answer for one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Judgement {
+    /// Conditions 1–6: deleting it now is allowed.
+    pub may_delete: bool,
+    /// Conditions 1–5 and 6(c): the owners (or their absence) say it is due, so it must go.
+    pub must_delete: bool,
+    /// Conditions 1–5 and 6(a): its `expires` instant has passed.
+    pub expired: bool,
+    /// Conditions 1–5 and 6(b): it is older than `max_age`.
+    pub too_old: bool,
+}
+
+/// The rule for `claim` (one of `world.claims`) at `now`.
+pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) -> Judgement {
+    let keep = Judgement::default();
+    let meta = &claim["metadata"];
+    let (namespace, name) = (text(&meta["namespace"]), text(&meta["name"]));
+    if !meta["deletionTimestamp"].is_null() {
+        return keep;
+    }
+    let Some(notes) = notes(meta) else {
+        return keep;
+    };
+    let foreign = list(&meta["ownerReferences"]).any(|r| managed_kind(r).is_none());
+    if notes.keep || foreign || in_use(world, namespace, name) {
+        return keep;
+    }
+    let created = instant(&meta["creationTimestamp"]);
+    let passed = |since: Option<DateTime<Utc>>, after: Duration| {
+        since
+            .and_then(|t| t.checked_add_signed(after))
+            .is_some_and(|t| t <= now)
+    };
+    let ttl = notes.ttl.unwrap_or(policy.ttl_after_finished);
+    let owners = linked(world, claim);
+    let owners_allow = if owners.is_empty() {
+        passed(created, policy.orphan_grace)
+    } else {
+        owners.into_iter().all(|owner| match owner {
+            None => true,
+            Some((kind, object)) => finished(kind, object) && passed(completion(object), ttl),
+        })
+    };
+    let expired = notes.expires.is_some_and(|t| t <= now);
+    let too_old = passed(created, policy.max_age);
+    Judgement {
+        may_delete: expired || too_old || owners_allow,
+        must_delete: owners_allow,
+        expired,
+        too_old,
+    }
+}
+
+/// The earliest instant after `now` at which [`judge`] allows deletion, if the objects stay
+/// as they are. The rule is monotone in time, so only the instants it compares can be it.
+pub fn due_at(
+    world: &World,
+    claim: &Value,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let meta = &claim["metadata"];
+    let notes = notes(meta)?;
+    let created = instant(&meta["creationTimestamp"]);
+    let ttl = notes.ttl.unwrap_or(policy.ttl_after_finished);
+    let mut candidates: Vec<DateTime<Utc>> = notes.expires.into_iter().collect();
+    candidates.extend(created.and_then(|t| t.checked_add_signed(policy.max_age)));
+    candidates.extend(created.and_then(|t| t.checked_add_signed(policy.orphan_grace)));
+    for owner in linked(world, claim).into_iter().flatten() {
+        candidates.extend(completion(owner.1).and_then(|t| t.checked_add_signed(ttl)));
+    }
+    candidates
+        .into_iter()
+        .filter(|t| *t > now && judge(world, claim, policy, *t).may_delete)
+        .min()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Job,
+    PipelineRun,
+    TaskRun,
+}
+
+/// The claim's linked owners: `None` for a gone one, else its kind and object.
+fn linked<'w>(world: &'w World, claim: &Value) -> Vec<Option<(Kind, &'w Value)>> {
+    let meta = &claim["metadata"];
+    let (namespace, name) = (text(&meta["namespace"]), text(&meta["name"]));
+    let find = |kind: Kind, wanted: &str| {
+        objects(world, kind).find(|o| {
+            text(&o["metadata"]["namespace"]) == namespace && text(&o["metadata"]["name"]) == wanted
+        })
+    };
+    let mut owners = Vec::new();
+    // (i) ownerReferences, by UID.
+    for reference in list(&meta["ownerReferences"]) {
+        if let Some(kind) = managed_kind(reference) {
+            let object = find(kind, text(&reference["name"]))
+                .filter(|o| o["metadata"]["uid"].as_str() == Some(text(&reference["uid"])));
+            owners.push(object.map(|o| (kind, o)));
+        }
+    }
+    // (ii) workspace bindings of either run kind.
+    for kind in [Kind::PipelineRun, Kind::TaskRun] {
+        for run in objects(world, kind) {
+            let binds = list(&run["spec"]["workspaces"])
+                .any(|w| text(&w["persistentVolumeClaim"]["claimName"]) == name);
+            if binds && text(&run["metadata"]["namespace"]) == namespace {
+                owners.push(Some((kind, run)));
+            }
+        }
+    }
+    // (iii) the operator's names.
+    if let Some(job) = name
+        .strip_suffix("-build-workspace")
+        .filter(|j| !j.is_empty())
+    {
+        owners.extend(find(Kind::Job, job).map(|o| Some((Kind::Job, o))));
+        let run = format!("{job}-build");
+        owners.extend(find(Kind::PipelineRun, &run).map(|o| Some((Kind::PipelineRun, o))));
+    }
+    owners
+}
+
+fn objects(world: &World, kind: Kind) -> impl Iterator<Item = &Value> {
+    match kind {
+        Kind::Job => &world.jobs,
+        Kind::PipelineRun => &world.runs,
+        Kind::TaskRun => &world.task_runs,
+    }
+    .iter()
+}
+
+fn managed_kind(reference: &Value) -> Option<Kind> {
+    let group = text(&reference["apiVersion"])
+        .split_once('/')
+        .map_or("", |(group, _)| group);
+    match (group, text(&reference["kind"])) {
+        ("mlops.mlops.dev", "NotebookValidationJob") => Some(Kind::Job),
+        ("tekton.dev", "PipelineRun") => Some(Kind::PipelineRun),
+        ("tekton.dev", "TaskRun") => Some(Kind::TaskRun),
+        _ => None,
+    }
+}
+
+fn finished(kind: Kind, object: &Value) -> bool {
+    let status = &object["status"];
+    match kind {
+        Kind::Job => matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")),
+        Kind::PipelineRun | Kind::TaskRun => list(&status["conditions"]).any(|c| {
+            c["type"].as_str() == Some("Succeeded")
+                && matches!(c["status"].as_str(), Some("True" | "False"))
+        }),
+    }
+}
+
+/// `status.completionTime`; Go's zero time is what a Go client writes for "unset".
+fn completion(object: &Value) -> Option<DateTime<Utc>> {
+    let go_zero = DateTime::parse_from_rfc3339("0001-01-01T00:00:00Z").ok()?;
+    instant(&object["status"]["completionTime"]).filter(|t| *t != go_zero)
+}
+
+fn in_use(world: &World, namespace: &str, claim: &str) -> bool {
+    world.pods.iter().any(|pod| {
+        text(&pod["metadata"]["namespace"]) == namespace
+            && list(&pod["spec"]["volumes"])
+                .any(|v| text(&v["persistentVolumeClaim"]["claimName"]) == claim)
+            && !matches!(
+                pod["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            )
+    })
+}
+
+struct Notes {
+    keep: bool,
+    ttl: Option<Duration>,
+    expires: Option<DateTime<Utc>>,
+}
+
+/// The claim's workspace-gc annotations; `None` when one of them forbids deletion (condition 2).
+fn notes(meta: &Value) -> Option<Notes> {
+    let mut notes = Notes {
+        keep: false,
+        ttl: None,
+        expires: None,
+    };
+    for (key, value) in meta["annotations"].as_object().into_iter().flatten() {
+        let Some(which) = key.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let value = value.as_str()?;
+        match which {
+            "keep" if value == "true" => notes.keep = true,
+            "keep" if value == "false" => {}
+            "ttl" => {
+                let std = humantime::parse_duration(value.trim()).ok()?;
+                notes.ttl = Some(Duration::from_std(std).ok()?);
+            }
+            "expires" => {
+                notes.expires = Some(DateTime::parse_from_rfc3339(value.trim()).ok()?.into())
+            }
+            _ => return None,
+        }
+    }
+    Some(notes)
+}
+
+fn instant(value: &Value) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(value.as_str()?)
+        .ok()
+        .map(Into::into)
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+fn list(value: &Value) -> impl Iterator<Item = &Value> {
+    value.as_array().into_iter().flatten()
+}
