@@ -868,3 +868,68 @@ fn label_key() -> impl Strategy<Value = String> {
         "[a-z]{1,5}(\\.[a-z0-9]{1,5})?/[A-Za-z0-9]([A-Za-z0-9_.-]{0,6}[A-Za-z0-9])?",
     ]
 }
+
+#[test]
+fn exclusions_from_every_layer_add_up() {
+    let text = "[selector]\nexclude_namespaces = [\"from-file\"]\n";
+    let flags = Overrides {
+        exclude_namespaces: Some(vec!["from-flag".into()]),
+        ..Overrides::default()
+    };
+    for variable in ["", "from-env"] {
+        let config = with_file(
+            text,
+            &[("WORKSPACE_GC_SELECTOR_EXCLUDE_NAMESPACES", variable)],
+            &flags,
+        )
+        .unwrap();
+        let mut expected = vec!["from-file", "from-flag"];
+        if !variable.is_empty() {
+            expected.insert(1, variable);
+        }
+        assert_eq!(config.selector.exclude_namespaces, expected, "{variable:?}");
+    }
+}
+
+#[test]
+fn overrides_that_widen_deletion_are_named() {
+    let text = "[selector]\nnamespaces = [\"ml\"]\n[deletion]\ndry_run = true\n";
+    let base = file(text).unwrap();
+    assert!(base.widenings(&base).is_empty());
+    let widened = with_file(
+        text,
+        &[
+            ("WORKSPACE_GC_SELECTOR_NAMESPACES", ""),
+            ("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", "5m"),
+            ("WORKSPACE_GC_DELETION_DRY_RUN", "false"),
+        ],
+        &Overrides::default(),
+    )
+    .unwrap();
+    let warnings = widened.widenings(&base);
+    let keys: Vec<&str> = warnings
+        .iter()
+        .map(|w| w.split_once(' ').unwrap().0)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "selector.namespaces",
+            "policy.ttl_after_finished",
+            "deletion.dry_run"
+        ],
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[0].contains("from [\"ml\"] to all namespaces"),
+        "{warnings:?}"
+    );
+    // Narrowing says nothing.
+    let narrowed = with_file(
+        text,
+        &[("WORKSPACE_GC_POLICY_MAX_AGE", "30d")],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert!(narrowed.widenings(&base).is_empty());
+}
