@@ -483,20 +483,9 @@ mod tests {
     use super::*;
     use crate::facts::{LinkRule, OwnerKind, OwnerRef, OwnerState, Progress, Users};
     use crate::linking;
-    use chrono::{DateTime, Utc};
-    use std::collections::BTreeMap;
 
     fn claim(name: &str) -> ClaimFacts {
-        ClaimFacts {
-            key: ObjectKey::new("ml", name),
-            uid: format!("{name}-uid"),
-            resource_version: "1".into(),
-            created: DateTime::<Utc>::UNIX_EPOCH,
-            annotations: BTreeMap::new(),
-            owner_references: Vec::new(),
-            deletion_timestamp: None,
-            requested_bytes: None,
-        }
+        ClaimFacts::example(name)
     }
 
     fn job(name: &str, uid: &str) -> JobEntry {

@@ -122,6 +122,23 @@ impl ClaimFacts {
     }
 }
 
+#[cfg(test)]
+impl ClaimFacts {
+    /// A bare claim in namespace `ml` created at the Unix epoch, for unit tests.
+    pub(crate) fn example(name: &str) -> Self {
+        ClaimFacts {
+            key: ObjectKey::new("ml", name),
+            uid: format!("{name}-uid"),
+            resource_version: "1".into(),
+            created: DateTime::<Utc>::UNIX_EPOCH,
+            annotations: BTreeMap::new(),
+            owner_references: Vec::new(),
+            deletion_timestamp: None,
+            requested_bytes: None,
+        }
+    }
+}
+
 /// How a claim was linked to an owner. Every rule adds the owners it finds; the README
 /// documents them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

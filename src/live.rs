@@ -284,7 +284,6 @@ impl Lookup for LiveView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::{DateTime, Utc};
     use http::{Request, Response};
     use kube::client::Body;
     use prometheus_client::registry::Registry;
@@ -364,16 +363,7 @@ mod tests {
     }
 
     fn claim(name: &str) -> ClaimFacts {
-        ClaimFacts {
-            key: ObjectKey::new("ml", name),
-            uid: format!("{name}-uid"),
-            resource_version: "1".into(),
-            created: DateTime::<Utc>::UNIX_EPOCH,
-            annotations: BTreeMap::new(),
-            owner_references: Vec::new(),
-            deletion_timestamp: None,
-            requested_bytes: None,
-        }
+        ClaimFacts::example(name)
     }
 
     #[tokio::test]
