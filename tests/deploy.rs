@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, TestNamespace, free_port, http_get,
@@ -109,8 +108,9 @@ impl Rendered {
             String::from_utf8_lossy(&output.stderr)
         );
         let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-        let objects = serde_yaml::Deserializer::from_str(&text)
-            .map(|document| Value::deserialize(document).expect("kustomize prints valid YAML"))
+        let objects = serde_saphyr::from_multiple::<Value>(&text)
+            .expect("kustomize prints valid YAML")
+            .into_iter()
             .filter(|object| !object.is_null())
             .collect();
         Rendered(objects)
