@@ -15,8 +15,11 @@ use prometheus_client::registry::Registry;
 use crate::facts::ObjectKey;
 use crate::policy::{Reason, Verdict};
 
+/// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
+/// namespace fills up.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabels {
+struct ClaimLabels {
+    namespace: String,
     state: &'static str,
     reason: &'static str,
 }
@@ -138,13 +141,14 @@ impl Operation {
 /// What the daemon last decided about a claim, so the `claims` gauges move, not accumulate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tracked {
-    labels: (&'static str, &'static str),
+    state: &'static str,
+    reason: &'static str,
     bytes: u64,
 }
 
 pub struct Metrics {
-    claims: Family<StateLabels, Gauge>,
-    tracked_bytes: Gauge<u64, AtomicU64>,
+    claims: Family<ClaimLabels, Gauge>,
+    tracked_bytes: Family<ClaimLabels, Gauge<u64, AtomicU64>>,
     deletions: Family<DeletionLabels, Counter>,
     would_delete: Family<WouldDeleteLabels, Counter>,
     reclaimed_bytes: Counter,
@@ -165,7 +169,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             claims: Family::default(),
-            tracked_bytes: Gauge::default(),
+            tracked_bytes: Family::default(),
             deletions: Family::default(),
             would_delete: Family::default(),
             reclaimed_bytes: Counter::default(),
@@ -183,12 +187,12 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("workspace_gc");
         r.register(
             "claims",
-            "Tracked claims by the state and reason of their last verdict",
+            "Tracked claims by namespace and the state and reason of their last verdict",
             metrics.claims.clone(),
         );
         r.register(
             "tracked_bytes",
-            "Storage requested by the tracked claims",
+            "Storage requested by the tracked claims, by namespace, state and reason",
             metrics.tracked_bytes.clone(),
         );
         r.register(
@@ -258,7 +262,8 @@ impl Metrics {
     pub fn track(&self, key: &ObjectKey, verdict: Option<(&Verdict, u64)>) {
         let mut tracked = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
         let new = verdict.map(|(verdict, bytes)| Tracked {
-            labels: (verdict.state().as_str(), verdict.reason().as_str()),
+            state: verdict.state().as_str(),
+            reason: verdict.reason().as_str(),
             bytes,
         });
         let old = match new {
@@ -269,12 +274,21 @@ impl Metrics {
             return;
         }
         if let Some(old) = old {
-            self.claims.get_or_create(&state_labels(old)).dec();
-            self.tracked_bytes.dec_by(old.bytes);
+            let labels = claim_labels(key, old);
+            // Separate statements: `remove` waits for the guard `get_or_create` returns.
+            let before = self.claims.get_or_create(&labels).dec();
+            self.tracked_bytes.get_or_create(&labels).dec_by(old.bytes);
+            // The last claim of these labels is gone: drop the series, so namespaces that come
+            // and go (one per team or per test run) do not leave zeros behind for good.
+            if before == 1 {
+                self.claims.remove(&labels);
+                self.tracked_bytes.remove(&labels);
+            }
         }
         if let Some(new) = new {
-            self.claims.get_or_create(&state_labels(new)).inc();
-            self.tracked_bytes.inc_by(new.bytes);
+            let labels = claim_labels(key, new);
+            self.claims.get_or_create(&labels).inc();
+            self.tracked_bytes.get_or_create(&labels).inc_by(new.bytes);
         }
     }
 
@@ -348,9 +362,88 @@ impl Metrics {
     }
 }
 
-fn state_labels(tracked: Tracked) -> StateLabels {
-    StateLabels {
-        state: tracked.labels.0,
-        reason: tracked.labels.1,
+fn claim_labels(key: &ObjectKey, tracked: Tracked) -> ClaimLabels {
+    ClaimLabels {
+        namespace: key.namespace.clone(),
+        state: tracked.state,
+        reason: tracked.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    fn exposition(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).unwrap();
+        text
+    }
+
+    /// The samples of `name`, sorted: a family prints its series in no particular order.
+    fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let prefix = format!("{name}{{");
+        let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    #[test]
+    fn claims_and_bytes_follow_each_claim_by_namespace_and_drop_empty_series() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let delete = Verdict::Delete {
+            reason: Reason::Orphaned,
+            due_at: None,
+        };
+        let protected = Verdict::Protected {
+            reason: Reason::InUse,
+        };
+        let a1 = ObjectKey::new("team-a", "one");
+        let a2 = ObjectKey::new("team-a", "two");
+        let b1 = ObjectKey::new("team-b", "one");
+        metrics.track(&a1, Some((&delete, 1024)));
+        metrics.track(&a2, Some((&delete, 2048)));
+        metrics.track(&b1, Some((&protected, 512)));
+        let text = exposition(&registry);
+        assert_eq!(
+            samples(&text, "workspace_gc_claims"),
+            [
+                "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2",
+                "workspace_gc_claims{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 1",
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            samples(&text, "workspace_gc_tracked_bytes"),
+            [
+                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 3072",
+                "workspace_gc_tracked_bytes{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 512",
+            ],
+            "{text}"
+        );
+
+        // A verdict that changes moves the claim; the namespace's last claim takes its series.
+        metrics.track(&a1, Some((&protected, 1024)));
+        metrics.track(&b1, None);
+        let text = exposition(&registry);
+        assert_eq!(
+            samples(&text, "workspace_gc_claims"),
+            [
+                "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 1",
+                "workspace_gc_claims{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1",
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            samples(&text, "workspace_gc_tracked_bytes"),
+            [
+                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2048",
+                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1024",
+            ],
+            "{text}"
+        );
     }
 }
