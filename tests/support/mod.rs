@@ -6,6 +6,7 @@
 mod cluster;
 mod daemon;
 mod objects;
+mod prometheus;
 mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.
@@ -18,6 +19,8 @@ pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
     notebook_validation_job_resource, pipeline_run_resource,
 };
+#[allow(unused_imports)]
+pub use prometheus::prometheus_binary;
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 
