@@ -580,6 +580,176 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
     assert_eq!(rest, expected);
 }
 
+// --- OpenShift's restricted-v2 ------------------------------------------------------------------
+
+/// The volume types OpenShift's `restricted-v2` SCC allows.
+const RESTRICTED_V2_VOLUMES: [&str; 8] = [
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+];
+
+/// What OpenShift's default `restricted-v2` SecurityContextConstraints refuse in a pod spec, as
+/// its documentation ("Managing security context constraints") defines the SCC:
+/// `runAsUser: MustRunAsRange` and `fsGroup: MustRunAs` take the IDs from the namespace's range
+/// (`openshift.io/sa.scc.uid-range`), so a pod may pin none (the range differs per namespace;
+/// nor a GID, meaningless under an arbitrary UID); `seLinuxContext: MustRunAs` assigns the
+/// namespace's labels; `requiredDropCapabilities: [ALL]` with only `NET_BIND_SERVICE` allowed
+/// back; `allowPrivilegeEscalation: false`; no privileged container; `seccompProfiles:
+/// [runtime/default]`; no host network, PID or IPC namespace, no host port; volumes of the
+/// listed types only. Every violation, described; empty when admitted.
+fn restricted_v2_violations(pod: &Value) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut forbid = |present: bool, what: String| {
+        if present {
+            violations.push(what);
+        }
+    };
+    let pod_security = &pod["securityContext"];
+    for field in ["runAsUser", "runAsGroup", "fsGroup", "seLinuxOptions"] {
+        forbid(
+            !pod_security[field].is_null(),
+            format!("pod securityContext.{field} is set"),
+        );
+    }
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        forbid(pod[field] == true, format!("pod {field}"));
+    }
+    let pod_seccomp = pod_security["seccompProfile"]["type"].as_str();
+    forbid(
+        pod_seccomp.is_some_and(|t| t != "RuntimeDefault"),
+        format!("pod seccomp profile {pod_seccomp:?}"),
+    );
+    for volume in pod["volumes"].as_array().into_iter().flatten() {
+        let name = volume["name"].as_str().unwrap_or_default();
+        for kind in volume.as_object().unwrap().keys().filter(|k| *k != "name") {
+            forbid(
+                !RESTRICTED_V2_VOLUMES.contains(&kind.as_str()),
+                format!("volume {name} of type {kind}"),
+            );
+        }
+    }
+    let containers = ["initContainers", "containers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|list| pod[*list].as_array().into_iter().flatten());
+    for container in containers {
+        let name = container["name"].as_str().unwrap_or_default();
+        let security = &container["securityContext"];
+        for field in ["runAsUser", "runAsGroup", "seLinuxOptions"] {
+            forbid(
+                !security[field].is_null(),
+                format!("{name}: securityContext.{field} is set"),
+            );
+        }
+        forbid(
+            security["privileged"] == true,
+            format!("{name}: privileged"),
+        );
+        forbid(
+            security["allowPrivilegeEscalation"] != false,
+            format!("{name}: allowPrivilegeEscalation is not false"),
+        );
+        let dropped = strings(&security["capabilities"]["drop"]);
+        forbid(
+            !dropped.iter().any(|c| c == "ALL"),
+            format!("{name}: capabilities not all dropped ({dropped:?})"),
+        );
+        for added in strings(&security["capabilities"]["add"]) {
+            forbid(
+                added != "NET_BIND_SERVICE",
+                format!("{name}: capability {added} added"),
+            );
+        }
+        let seccomp = security["seccompProfile"]["type"].as_str().or(pod_seccomp);
+        forbid(
+            seccomp != Some("RuntimeDefault"),
+            format!("{name}: seccomp profile {seccomp:?}, not RuntimeDefault"),
+        );
+        for port in container["ports"].as_array().into_iter().flatten() {
+            forbid(
+                !port["hostPort"].is_null(),
+                format!("{name}: hostPort {}", port["hostPort"]),
+            );
+        }
+    }
+    violations
+}
+
+/// Every overlay's pod template is admissible under OpenShift's `restricted-v2` SCC. The check
+/// itself refuses each thing that SCC refuses, starting with the UID this base used to pin.
+#[test]
+fn every_overlay_runs_under_openshift_restricted_v2() {
+    let overlays = [
+        ("base", Rendered::of(&manifests("base"))),
+        ("overlays/audit", Rendered::of(&manifests("overlays/audit"))),
+        (
+            "overlays/namespaced",
+            Rendered::of(&manifests("overlays/namespaced")),
+        ),
+        (
+            "base + components/prometheus",
+            Overlay::new(&["base"], &["components/prometheus"], "").render(),
+        ),
+    ];
+    for (name, rendered) in &overlays {
+        let pod = &rendered.deployment()["spec"]["template"]["spec"];
+        assert_eq!(
+            restricted_v2_violations(pod),
+            Vec::<String>::new(),
+            "{name} under restricted-v2"
+        );
+    }
+
+    let pod = &overlays[0].1.deployment()["spec"]["template"]["spec"];
+    let refused = |pointer: &str, value: Value| {
+        let mut changed = pod.clone();
+        let (parent, field) = pointer.rsplit_once('/').unwrap();
+        changed
+            .pointer_mut(parent)
+            .and_then(Value::as_object_mut)
+            .unwrap_or_else(|| panic!("{parent} in the pod template"))
+            .insert(field.to_owned(), value.clone());
+        assert!(
+            !restricted_v2_violations(&changed).is_empty(),
+            "{pointer} = {value} is refused by restricted-v2"
+        );
+    };
+    refused("/securityContext/runAsUser", json!(65532));
+    refused("/securityContext/runAsGroup", json!(65532));
+    refused("/securityContext/fsGroup", json!(65532));
+    refused(
+        "/securityContext/seLinuxOptions",
+        json!({ "level": "s0:c1,c2" }),
+    );
+    refused("/hostNetwork", json!(true));
+    refused(
+        "/volumes/0/hostPath",
+        json!({ "path": "/var/run/docker.sock" }),
+    );
+    let container = "/containers/0/securityContext";
+    refused(&format!("{container}/runAsUser"), json!(0));
+    refused(&format!("{container}/privileged"), json!(true));
+    refused(
+        &format!("{container}/allowPrivilegeEscalation"),
+        json!(true),
+    );
+    refused(
+        &format!("{container}/capabilities"),
+        json!({ "add": ["SYS_ADMIN"], "drop": ["ALL"] }),
+    );
+    refused(&format!("{container}/capabilities"), json!({}));
+    refused(
+        &format!("{container}/seccompProfile"),
+        json!({ "type": "Unconfined" }),
+    );
+    refused("/containers/0/ports/0/hostPort", json!(8080));
+}
+
 #[test]
 fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
     let overlay = Overlay::new(&["base"], &["components/prometheus"], "");
@@ -947,6 +1117,8 @@ struct Launch {
     env: Vec<(String, String)>,
     /// The configuration file, here.
     config: PathBuf,
+    /// The UID and GID to run as, confined ([`confined`]); `None`: as the test runs.
+    run_as: Option<u32>,
 }
 
 impl Launch {
@@ -989,11 +1161,28 @@ impl Launch {
                 (name, value)
             })
             .collect();
-        Launch { args, env, config }
+        Launch {
+            args,
+            env,
+            config,
+            run_as: None,
+        }
+    }
+
+    /// Runs the binary as OpenShift's restricted-v2 would: as `uid` and GID `uid`, which exist
+    /// nowhere, with nothing writable.
+    fn confined_as(self, uid: u32) -> Launch {
+        Launch {
+            run_as: Some(uid),
+            ..self
+        }
     }
 
     fn command(&self, kubeconfig: &Path) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(BINARY);
+        let mut command = match self.run_as {
+            Some(uid) => confined(uid, BINARY),
+            None => tokio::process::Command::new(BINARY),
+        };
         // Only what the pod would have: no proxy, no stray WORKSPACE_GC_ variable.
         command
             .env_clear()
@@ -1002,6 +1191,58 @@ impl Launch {
             .stdin(Stdio::null());
         command
     }
+}
+
+/// An arbitrary UID, as OpenShift assigns from a namespace's range (1000680000/10000, say).
+const ARBITRARY_UID: u32 = 1_000_680_000;
+
+/// `program` (its arguments appended by the caller) as UID and GID `uid` with no supplementary
+/// groups, in a mount namespace of its own where every mount is remounted read-only: a
+/// container with `readOnlyRootFilesystem` and only read-only mounts, as the Deployment has.
+/// Needs root, as the test runs (`unshare`, `mount` and `setpriv` come with util-linux).
+fn confined(uid: u32, program: &str) -> tokio::process::Command {
+    const SCRIPT: &str = r#"uid=$1; shift
+awk '{ print $2 }' /proc/self/mounts | while read -r mount; do
+    mount -o remount,bind,ro "$mount" 2>/dev/null || true
+done
+exec setpriv --reuid="$uid" --regid="$uid" --clear-groups -- "$@""#;
+    let mut command = tokio::process::Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            SCRIPT,
+        ])
+        .args(["sh", &uid.to_string(), program]);
+    command
+}
+
+/// A copy of `file` in `dir` that any UID can read, as the kubelet mounts the token and the
+/// ConfigMap; `dir` becomes readable too.
+fn readable_copy(file: &Path, dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let copy = dir.join(file.file_name().expect("a file name"));
+    std::fs::copy(file, &copy).expect("copy the file");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}
+
+/// The real and effective UID and GID of process `pid`, and its supplementary groups.
+fn credentials(pid: u32) -> (String, String, String) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read its status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(|rest| rest.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    (field("Uid:"), field("Gid:"), field("Groups:"))
 }
 
 /// `workspace-gc audit` with the deployed configuration and the given credentials: its exit
@@ -1224,19 +1465,39 @@ async fn base_pods_pass_the_restricted_pod_security_standard() {
     }
 }
 
+/// The daemon as the Deployment runs it, and as OpenShift's restricted-v2 runs that: the
+/// ServiceAccount's token, the deployed configuration, an arbitrary UID and GID that exist
+/// nowhere, and nothing writable. It becomes ready, leads, deletes an expired claim and records
+/// the event.
 #[tokio::test(flavor = "multi_thread")]
 async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configuration() {
     let control_plane = ControlPlane::shared();
     apply_base(control_plane).await;
     let admin = control_plane.client();
     let ns = TestNamespace::new(control_plane, "deploy-base").await;
-    let kubeconfig = control_plane
+    let scratch = scratch();
+    let token = control_plane
         .service_account_kubeconfig(NAMESPACE, "workspace-gc")
         .await;
+    let kubeconfig = readable_copy(&token, scratch.path());
     let base = Rendered::of(&manifests("base"));
-    let scratch = scratch();
     let pod_name = "workspace-gc-5d9c7b-test1";
-    let launch = Launch::from(&base, pod_name, scratch.path());
+    let launch = Launch::from(&base, pod_name, scratch.path()).confined_as(ARBITRARY_UID);
+
+    // The confinement holds: even the world-writable directories are read-only in there.
+    for dir in [std::env::temp_dir(), PathBuf::from("/dev/shm")] {
+        let output = confined(ARBITRARY_UID, "touch")
+            .arg(dir.join("workspace-gc-write-check"))
+            .output()
+            .await
+            .expect("run touch, confined");
+        assert!(
+            !output.status.success()
+                && String::from_utf8_lossy(&output.stderr).contains("Read-only file system"),
+            "a confined process could write to {}: {output:?}",
+            dir.display()
+        );
+    }
 
     // Cluster-wide reads work with the ClusterRole: the one-shot audit lists every kind in
     // every namespace (read-only) and exits 0.
@@ -1277,6 +1538,11 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
         "a Deleted event:\n{}",
         daemon.log()
     );
+    // It ran as the arbitrary UID and GID, with no other group.
+    let pid = daemon.child.id().expect("the daemon is running");
+    let id = ARBITRARY_UID.to_string();
+    let all = [id.as_str(); 4].join(" ");
+    assert_eq!(credentials(pid), (all.clone(), all, String::new()));
     let event = event_with_reason(&admin, ns.name(), claim, "Deleted")
         .await
         .unwrap();
