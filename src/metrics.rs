@@ -1,7 +1,7 @@
 //! Prometheus metrics, registered once. Every label comes from a bounded enum (reason, state,
 //! result, error category, cache kind) or is the claim's namespace; never an object name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
@@ -362,6 +362,32 @@ impl Metrics {
     }
 }
 
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition, for clients that do not ask
+/// for OpenMetrics (`curl`, `promtool check metrics`, older scrapers), which would otherwise
+/// read every counter as an untyped `_total` series without help: there, a counter's HELP and
+/// TYPE lines name its `_total` sample. No `# EOF` and no `# UNIT` either (none is registered).
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let counter_meta = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let (name, rest) = line.strip_prefix(prefix)?.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {rest}"))
+        });
+        out.push_str(counter_meta.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
 fn claim_labels(key: &ObjectKey, tracked: Tracked) -> ClaimLabels {
     ClaimLabels {
         namespace: key.namespace.clone(),
@@ -388,6 +414,33 @@ mod tests {
         let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
         lines.sort_unstable();
         lines
+    }
+
+    #[test]
+    fn the_classic_format_names_counters_by_their_total_sample() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.reclaimed(1024, Some(2.0));
+        let openmetrics = exposition(&registry);
+        let classic = classic_text(&openmetrics);
+        assert!(openmetrics.contains("# TYPE workspace_gc_reclaimed_bytes counter\n"));
+        assert!(classic.contains(
+            "# HELP workspace_gc_reclaimed_bytes_total Storage requested by the claims deleted.\n\
+             # TYPE workspace_gc_reclaimed_bytes_total counter\n\
+             workspace_gc_reclaimed_bytes_total 1024\n"
+        ));
+        // Gauges and histograms read the same in both formats.
+        assert!(classic.contains("# TYPE workspace_gc_leader gauge\nworkspace_gc_leader 0\n"));
+        assert!(classic.contains("# TYPE workspace_gc_reclaim_lag_seconds histogram\n"));
+        assert!(!classic.contains("# EOF"), "{classic}");
+        // Only the counters' metadata lines differ; every sample is kept.
+        let samples = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&classic), samples(&openmetrics));
     }
 
     #[test]

@@ -1571,8 +1571,11 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
             .iter()
             .find_map(|suffix| series.strip_suffix(suffix))
             .unwrap_or(&series);
+        // A counter's TYPE line names its `_total` series in the text format plain GETs get.
         assert!(
-            metrics.contains(&format!("# TYPE {family} ")),
+            [series.as_str(), family]
+                .iter()
+                .any(|name| metrics.contains(&format!("# TYPE {name} "))),
             "an alert reads {series}, which the daemon does not export"
         );
     }
