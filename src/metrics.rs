@@ -443,6 +443,53 @@ mod tests {
         assert_eq!(samples(&classic), samples(&openmetrics));
     }
 
+    /// Every `workspace_gc_*` name the shipped alerts and dashboard mention is one the daemon
+    /// exports once each metric has recorded something: a labelled counter appears only then, so
+    /// a live scrape cannot show them all.
+    #[test]
+    fn every_metric_the_shipped_alerts_and_dashboard_read_is_exported() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let key = ObjectKey::new("team-a", "one");
+        let protected = Verdict::Protected {
+            reason: Reason::InUse,
+        };
+        metrics.track(&key, Some((&protected, 1024)));
+        metrics.deletion("team-a", Reason::Orphaned, DeleteResult::Deleted);
+        metrics.would_delete("team-a", Reason::Orphaned);
+        metrics.reclaimed(1024, Some(1.0));
+        metrics.reconciled(0.001);
+        metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
+        metrics.watch_restart("claims");
+        metrics.cached([("claims", 1), ("pods", 0), ("runs", 0), ("jobs", 0)]);
+        metrics.set_leader(true);
+        metrics.set_ready(true);
+        metrics.set_capped(true);
+        let text = classic_text(&exposition(&registry));
+        let shipped = concat!(
+            include_str!("../manifests/components/prometheus/prometheusrule.yaml"),
+            include_str!("../manifests/components/prometheus/dashboard.json"),
+        );
+        let mut read = 0;
+        for (at, _) in shipped.match_indices("workspace_gc_") {
+            let tail = &shipped[at..];
+            let name = &tail[..tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len())];
+            // The prefix alone: a comment about `workspace_gc_*`.
+            if name == "workspace_gc_" {
+                continue;
+            }
+            let exported = text.lines().any(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with([' ', '{']))
+            });
+            assert!(exported, "{name} is read but not exported:\n{text}");
+            read += 1;
+        }
+        assert!(read > 10, "the shipped rules and dashboard read metrics");
+    }
+
     #[test]
     fn claims_and_bytes_follow_each_claim_by_namespace_and_drop_empty_series() {
         let mut registry = Registry::default();
