@@ -402,7 +402,7 @@ fn check_existing(existing: &PersistentVolumeClaim, job: &JobRef) -> Result<(), 
 /// Returns [`CREATED`], [`ALREADY_PRESENT`], [`REFUSED`], [`exit::CLUSTER`] or
 /// [`exit::FAILURE`].
 pub async fn command(config: &Config, args: &CreateArgs) -> i32 {
-    let client = match commands::connect_or_exit().await {
+    let client = match commands::connect_or_exit("create").await {
         Ok(client) => client,
         Err(code) => return code,
     };
