@@ -53,6 +53,8 @@ const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
         "notebookvalidationjobs",
         &["get", "list", "watch"],
     ),
+    ("tekton.dev", "taskruns", &["get", "list", "watch"]),
+    ("", "resourcequotas", &["list", "watch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
@@ -1196,6 +1198,10 @@ fn never(test_ns: &str) -> Vec<Ask> {
         ask("delete", "tekton.dev", "pipelineruns", test_ns),
         ask("patch", "tekton.dev", "pipelineruns", test_ns),
         ask("create", "tekton.dev", "pipelineruns", test_ns),
+        ask("delete", "tekton.dev", "taskruns", test_ns),
+        ask("patch", "tekton.dev", "taskruns", test_ns),
+        ask("get", c, "resourcequotas", test_ns),
+        ask("update", c, "resourcequotas", test_ns),
         ask(
             "delete",
             "mlops.mlops.dev",
@@ -1248,6 +1254,11 @@ fn needed_in(ns: &str) -> Vec<Ask> {
         ask("get", "mlops.mlops.dev", "notebookvalidationjobs", ns),
         ask("list", "mlops.mlops.dev", "notebookvalidationjobs", ns),
         ask("watch", "mlops.mlops.dev", "notebookvalidationjobs", ns),
+        ask("get", "tekton.dev", "taskruns", ns),
+        ask("list", "tekton.dev", "taskruns", ns),
+        ask("watch", "tekton.dev", "taskruns", ns),
+        ask("list", CORE, "resourcequotas", ns),
+        ask("watch", CORE, "resourcequotas", ns),
         ask("create", "events.k8s.io", "events", ns),
         ask("patch", "events.k8s.io", "events", ns),
     ]
@@ -1264,6 +1275,10 @@ fn watched_cluster_wide() -> Vec<Ask> {
         ask("watch", "tekton.dev", "pipelineruns", ""),
         ask("list", "mlops.mlops.dev", "notebookvalidationjobs", ""),
         ask("watch", "mlops.mlops.dev", "notebookvalidationjobs", ""),
+        ask("list", "tekton.dev", "taskruns", ""),
+        ask("watch", "tekton.dev", "taskruns", ""),
+        ask("list", CORE, "resourcequotas", ""),
+        ask("watch", CORE, "resourcequotas", ""),
     ]
 }
 
