@@ -416,6 +416,10 @@ mod tests {
         lines
     }
 
+    fn assert_samples(text: &str, name: &str, expected: [&str; 2]) {
+        assert_eq!(samples(text, name), expected, "{text}");
+    }
+
     #[test]
     fn the_classic_format_names_counters_by_their_total_sample() {
         let mut registry = Registry::default();
@@ -508,42 +512,42 @@ mod tests {
         metrics.track(&a2, Some((&delete, 2048)));
         metrics.track(&b1, Some((&protected, 512)));
         let text = exposition(&registry);
-        assert_eq!(
-            samples(&text, "workspace_gc_claims"),
+        assert_samples(
+            &text,
+            "workspace_gc_claims",
             [
                 "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2",
                 "workspace_gc_claims{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 1",
             ],
-            "{text}"
         );
-        assert_eq!(
-            samples(&text, "workspace_gc_tracked_bytes"),
+        assert_samples(
+            &text,
+            "workspace_gc_tracked_bytes",
             [
                 "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 3072",
                 "workspace_gc_tracked_bytes{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 512",
             ],
-            "{text}"
         );
 
         // A verdict that changes moves the claim; the namespace's last claim takes its series.
         metrics.track(&a1, Some((&protected, 1024)));
         metrics.track(&b1, None);
         let text = exposition(&registry);
-        assert_eq!(
-            samples(&text, "workspace_gc_claims"),
+        assert_samples(
+            &text,
+            "workspace_gc_claims",
             [
                 "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 1",
                 "workspace_gc_claims{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1",
             ],
-            "{text}"
         );
-        assert_eq!(
-            samples(&text, "workspace_gc_tracked_bytes"),
+        assert_samples(
+            &text,
+            "workspace_gc_tracked_bytes",
             [
                 "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2048",
                 "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1024",
             ],
-            "{text}"
         );
     }
 }

@@ -1579,6 +1579,15 @@ async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
         .and_then(|lease| lease.spec?.holder_identity)
 }
 
+/// Waits until `daemon` has deleted claim `name`.
+async fn assert_deleted(client: &Client, namespace: &str, name: &str, daemon: &Daemon) {
+    assert!(
+        wait_until(secs(30), || claim_is_gone(client, namespace, name)).await,
+        "the expired claim was deleted:\n{}",
+        daemon.log()
+    );
+}
+
 async fn claim_is_gone(client: &Client, namespace: &str, name: &str) -> bool {
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
         .get_opt(name)
@@ -1707,11 +1716,7 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
     )
     .await;
 
-    assert!(
-        wait_until(secs(30), || claim_is_gone(&admin, ns.name(), claim)).await,
-        "the expired claim was deleted:\n{}",
-        daemon.log()
-    );
+    assert_deleted(&admin, ns.name(), claim, &daemon).await;
     assert!(
         wait_until(secs(10), || async {
             event_with_reason(&admin, ns.name(), claim, "Deleted")
@@ -2081,11 +2086,7 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
         &[("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s")],
     )
     .await;
-    assert!(
-        wait_until(secs(30), || claim_is_gone(&admin, ns.name(), claim)).await,
-        "the expired claim was deleted:\n{}",
-        daemon.log()
-    );
+    assert_deleted(&admin, ns.name(), claim, &daemon).await;
 
     let (status, text) = daemon.get("/metrics").await;
     assert_eq!(status, 200);
