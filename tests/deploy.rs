@@ -1,9 +1,12 @@
-//! The deployment in `manifests/`: every overlay rendered with `kubectl kustomize` and checked;
-//! applied to a real API server with server-side apply, as the README says to; its RBAC checked
-//! *as the ServiceAccount* (every call the daemon makes is allowed, a list of neighbouring rights
-//! is denied, and per namespace the account holds exactly the expected rules); and the real
-//! binary run the way the Deployment runs it, with the ServiceAccount's token and the deployed
-//! ConfigMap, until it deletes an expired claim and records the event.
+//! The deployment in `manifests/`: every overlay rendered with `kubectl kustomize` and checked,
+//! its pod template against OpenShift's `restricted-v2` SCC too; applied to a real API server
+//! with server-side apply, as the README says to; its RBAC checked *as the ServiceAccount* (every
+//! call the daemon makes is allowed, a list of neighbouring rights is denied, and per namespace
+//! the account holds exactly the expected rules); the real binary run the way the Deployment runs
+//! it, with the ServiceAccount's token and the deployed ConfigMap, as an arbitrary UID with
+//! nothing writable, until it deletes an expired claim and records the event; and the Prometheus
+//! component's alerts and dashboard checked by promtool and by a real Prometheus scraping the
+//! daemon.
 //!
 //! Cluster-scoped names (the `workspace-gc` Namespace, ClusterRole and ClusterRoleBinding) are
 //! shared by every test of this binary, so only one test applies the base as shipped; the
