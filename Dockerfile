@@ -31,7 +31,9 @@ LABEL org.opencontainers.image.title="workspace-gc" \
       org.opencontainers.image.description="Garbage-collects the build-workspace PersistentVolumeClaims of the jupyter-notebook-validator-operator" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /workspace-gc /usr/local/bin/workspace-gc
-# distroless's "nonroot" user; the Deployment pins the same IDs with runAsNonRoot.
+# distroless's "nonroot" user, numeric so the kubelet can check the Deployment's runAsNonRoot.
+# The Deployment pins no ID: OpenShift runs the image as an arbitrary UID from the namespace's
+# range instead, which works since the binary reads its files and writes none.
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/workspace-gc"]

@@ -278,10 +278,9 @@ pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
 pub async fn grant(client: &Client) -> Result<()> {
     let text = std::fs::read_to_string(root().join("manifests/base/rbac-cluster.yaml"))?;
     let mut role: Option<ClusterRole> = None;
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde_yaml::Value::deserialize(document)?;
+    for value in serde_saphyr::from_multiple::<serde_json::Value>(&text)? {
         if value.get("kind").and_then(|k| k.as_str()) == Some("ClusterRole") {
-            role = Some(serde_yaml::from_value(value)?);
+            role = Some(serde_json::from_value(value)?);
         }
     }
     let role = role.ok_or_else(|| anyhow!("no ClusterRole in rbac-cluster.yaml"))?;
@@ -313,8 +312,6 @@ pub async fn grant(client: &Client) -> Result<()> {
     }
     Ok(())
 }
-
-use serde::Deserialize as _;
 
 // --- processes ---------------------------------------------------------------------------------
 

@@ -43,7 +43,6 @@ use kube::Client;
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
 };
-use serde::Deserialize;
 use serde_json::{Value, json};
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, ControlPlaneOptions, JobBuilder,
@@ -1300,8 +1299,7 @@ async fn install_daemon_identity(client: &Client) {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base");
     for file in ["rbac-cluster.yaml", "rbac-lease.yaml"] {
         let text = std::fs::read_to_string(base.join(file)).expect("read the shipped RBAC");
-        for document in serde_yaml::Deserializer::from_str(&text) {
-            let mut value = Value::deserialize(document).expect("a YAML document");
+        for mut value in serde_saphyr::from_multiple::<Value>(&text).expect("YAML documents") {
             if let Some(subjects) = value.get_mut("subjects").and_then(Value::as_array_mut) {
                 for subject in subjects {
                     subject["namespace"] = LEASE_NAMESPACE.into();

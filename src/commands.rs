@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use http::HeaderValue;
+use http::header::USER_AGENT;
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -29,9 +31,17 @@ pub mod exit {
 /// How long start-up waits for the API server before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A client for the cluster, or the exit code after saying why there is none.
-pub async fn connect_or_exit() -> Result<Client, i32> {
-    connect().await.map_err(|message| {
+/// The User-Agent of every request a `command` (`run`, `audit`, `create`) sends, such as
+/// `workspace-gc/0.1.0 (run)`: it names this traffic in the API server's audit log and to API
+/// Priority and Fairness, and the server takes the default field manager of a write (the events)
+/// from it: the part before the `/`, `workspace-gc`.
+pub fn user_agent(command: &str) -> String {
+    format!("workspace-gc/{} ({command})", env!("CARGO_PKG_VERSION"))
+}
+
+/// A client for the cluster for `command`, or the exit code after saying why there is none.
+pub async fn connect_or_exit(command: &str) -> Result<Client, i32> {
+    connect(command).await.map_err(|message| {
         error!("{message}");
         exit::CLUSTER
     })
@@ -39,10 +49,13 @@ pub async fn connect_or_exit() -> Result<Client, i32> {
 
 /// Builds a client from the in-cluster service account or the kubeconfig, and checks the
 /// API server answers.
-async fn connect() -> Result<Client, String> {
-    let config = kube::Config::infer()
+async fn connect(command: &str) -> Result<Client, String> {
+    let mut config = kube::Config::infer()
         .await
         .map_err(|e| format!("no usable cluster access (in-cluster or KUBECONFIG): {e}"))?;
+    let agent = HeaderValue::from_str(&user_agent(command))
+        .map_err(|e| format!("invalid User-Agent for {command}: {e}"))?;
+    config.headers.push((USER_AGENT, agent));
     let url = config.cluster_url.clone();
     let client =
         Client::try_from(config).map_err(|e| format!("cannot build a client for {url}: {e}"))?;
@@ -61,7 +74,7 @@ async fn connect() -> Result<Client, String> {
 
 /// `workspace-gc run`: the daemon, until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> i32 {
-    let client = match connect_or_exit().await {
+    let client = match connect_or_exit("run").await {
         Ok(client) => client,
         Err(code) => return code,
     };
@@ -84,7 +97,7 @@ pub async fn run(config: Config) -> i32 {
 
 /// `workspace-gc audit`: list once, decide every claim, print, exit.
 pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
-    let client = match connect_or_exit().await {
+    let client = match connect_or_exit("audit").await {
         Ok(client) => client,
         Err(code) => return code,
     };

@@ -402,7 +402,7 @@ fn check_existing(existing: &PersistentVolumeClaim, job: &JobRef) -> Result<(), 
 /// Returns [`CREATED`], [`ALREADY_PRESENT`], [`REFUSED`], [`exit::CLUSTER`] or
 /// [`exit::FAILURE`].
 pub async fn command(config: &Config, args: &CreateArgs) -> i32 {
-    let client = match commands::connect_or_exit().await {
+    let client = match commands::connect_or_exit("create").await {
         Ok(client) => client,
         Err(code) => return code,
     };
@@ -440,7 +440,7 @@ pub async fn command(config: &Config, args: &CreateArgs) -> i32 {
 
 fn render(value: &impl Serialize, output: CreateOutput) -> Result<String, String> {
     match output {
-        CreateOutput::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
+        CreateOutput::Yaml => serde_saphyr::to_string(value).map_err(|e| e.to_string()),
         CreateOutput::Json => serde_json::to_string_pretty(value)
             .map(|text| text + "\n")
             .map_err(|e| e.to_string()),
@@ -869,7 +869,7 @@ mod tests {
     fn the_claim_renders_as_yaml_and_json() {
         let claim = build_claim(&job("nb"), &settings());
         let yaml = render(&claim, CreateOutput::Yaml).unwrap();
-        let back: PersistentVolumeClaim = serde_yaml::from_str(&yaml).unwrap();
+        let back: PersistentVolumeClaim = serde_saphyr::from_str(&yaml).unwrap();
         assert_eq!(back, claim);
         let json = render(&claim, CreateOutput::Json).unwrap();
         let back: PersistentVolumeClaim = serde_json::from_str(&json).unwrap();

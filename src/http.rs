@@ -1,4 +1,5 @@
-//! The HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz` (the process is alive) and
+//! The HTTP endpoint: `/metrics` (OpenMetrics text when asked for, as Prometheus does, else the
+//! Prometheus text format), `/healthz` (the process is alive) and
 //! `/readyz` (every watch has synced once, and the API server can be reached).
 
 use std::net::SocketAddr;
@@ -7,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::text::encode;
@@ -78,20 +79,30 @@ pub async fn serve(
     }))
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+async fn metrics(headers: HeaderMap, State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let mut body = String::new();
-    match encode(&mut body, &shared.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
+    if encode(&mut body, &shared.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    // Negotiated as Prometheus' own client libraries do: OpenMetrics only for a client that
+    // lists it (Prometheus does), the older text format for anyone else.
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.contains("application/openmetrics-text"));
+    let (content_type, body) = if openmetrics {
+        (
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
             body,
         )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
+    } else {
+        (
+            "text/plain; version=0.0.4; charset=utf-8",
+            crate::metrics::classic_text(&body),
+        )
+    };
+    (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

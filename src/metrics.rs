@@ -1,7 +1,7 @@
 //! Prometheus metrics, registered once. Every label comes from a bounded enum (reason, state,
 //! result, error category, cache kind) or is the claim's namespace; never an object name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
@@ -15,8 +15,11 @@ use prometheus_client::registry::Registry;
 use crate::facts::ObjectKey;
 use crate::policy::{Reason, Verdict};
 
+/// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
+/// namespace fills up.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabels {
+struct ClaimLabels {
+    namespace: String,
     state: &'static str,
     reason: &'static str,
 }
@@ -138,13 +141,14 @@ impl Operation {
 /// What the daemon last decided about a claim, so the `claims` gauges move, not accumulate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tracked {
-    labels: (&'static str, &'static str),
+    state: &'static str,
+    reason: &'static str,
     bytes: u64,
 }
 
 pub struct Metrics {
-    claims: Family<StateLabels, Gauge>,
-    tracked_bytes: Gauge<u64, AtomicU64>,
+    claims: Family<ClaimLabels, Gauge>,
+    tracked_bytes: Family<ClaimLabels, Gauge<u64, AtomicU64>>,
     deletions: Family<DeletionLabels, Counter>,
     would_delete: Family<WouldDeleteLabels, Counter>,
     reclaimed_bytes: Counter,
@@ -165,7 +169,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             claims: Family::default(),
-            tracked_bytes: Gauge::default(),
+            tracked_bytes: Family::default(),
             deletions: Family::default(),
             would_delete: Family::default(),
             reclaimed_bytes: Counter::default(),
@@ -183,12 +187,12 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("workspace_gc");
         r.register(
             "claims",
-            "Tracked claims by the state and reason of their last verdict",
+            "Tracked claims by namespace and the state and reason of their last verdict",
             metrics.claims.clone(),
         );
         r.register(
             "tracked_bytes",
-            "Storage requested by the tracked claims",
+            "Storage requested by the tracked claims, by namespace, state and reason",
             metrics.tracked_bytes.clone(),
         );
         r.register(
@@ -258,7 +262,8 @@ impl Metrics {
     pub fn track(&self, key: &ObjectKey, verdict: Option<(&Verdict, u64)>) {
         let mut tracked = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
         let new = verdict.map(|(verdict, bytes)| Tracked {
-            labels: (verdict.state().as_str(), verdict.reason().as_str()),
+            state: verdict.state().as_str(),
+            reason: verdict.reason().as_str(),
             bytes,
         });
         let old = match new {
@@ -269,12 +274,21 @@ impl Metrics {
             return;
         }
         if let Some(old) = old {
-            self.claims.get_or_create(&state_labels(old)).dec();
-            self.tracked_bytes.dec_by(old.bytes);
+            let labels = claim_labels(key, old);
+            // Separate statements: `remove` waits for the guard `get_or_create` returns.
+            let before = self.claims.get_or_create(&labels).dec();
+            self.tracked_bytes.get_or_create(&labels).dec_by(old.bytes);
+            // The last claim of these labels is gone: drop the series, so namespaces that come
+            // and go (one per team or per test run) do not leave zeros behind for good.
+            if before == 1 {
+                self.claims.remove(&labels);
+                self.tracked_bytes.remove(&labels);
+            }
         }
         if let Some(new) = new {
-            self.claims.get_or_create(&state_labels(new)).inc();
-            self.tracked_bytes.inc_by(new.bytes);
+            let labels = claim_labels(key, new);
+            self.claims.get_or_create(&labels).inc();
+            self.tracked_bytes.get_or_create(&labels).inc_by(new.bytes);
         }
     }
 
@@ -350,9 +364,192 @@ impl Metrics {
     }
 }
 
-fn state_labels(tracked: Tracked) -> StateLabels {
-    StateLabels {
-        state: tracked.labels.0,
-        reason: tracked.labels.1,
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition, for clients that do not ask
+/// for OpenMetrics (`curl`, `promtool check metrics`, older scrapers), which would otherwise
+/// read every counter as an untyped `_total` series without help: there, a counter's HELP and
+/// TYPE lines name its `_total` sample. No `# EOF` and no `# UNIT` either (none is registered).
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let counter_meta = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let (name, rest) = line.strip_prefix(prefix)?.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {rest}"))
+        });
+        out.push_str(counter_meta.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+fn claim_labels(key: &ObjectKey, tracked: Tracked) -> ClaimLabels {
+    ClaimLabels {
+        namespace: key.namespace.clone(),
+        state: tracked.state,
+        reason: tracked.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    fn exposition(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).unwrap();
+        text
+    }
+
+    /// The samples of `name`, sorted: a family prints its series in no particular order.
+    fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let prefix = format!("{name}{{");
+        let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    fn assert_samples(text: &str, name: &str, expected: [&str; 2]) {
+        assert_eq!(samples(text, name), expected, "{text}");
+    }
+
+    #[test]
+    fn the_classic_format_names_counters_by_their_total_sample() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.reclaimed(1024, Some(2.0));
+        let openmetrics = exposition(&registry);
+        let classic = classic_text(&openmetrics);
+        assert!(openmetrics.contains("# TYPE workspace_gc_reclaimed_bytes counter\n"));
+        assert!(classic.contains(
+            "# HELP workspace_gc_reclaimed_bytes_total Storage requested by the claims deleted.\n\
+             # TYPE workspace_gc_reclaimed_bytes_total counter\n\
+             workspace_gc_reclaimed_bytes_total 1024\n"
+        ));
+        // Gauges and histograms read the same in both formats.
+        assert!(classic.contains("# TYPE workspace_gc_leader gauge\nworkspace_gc_leader 0\n"));
+        assert!(classic.contains("# TYPE workspace_gc_reclaim_lag_seconds histogram\n"));
+        assert!(!classic.contains("# EOF"), "{classic}");
+        // Only the counters' metadata lines differ; every sample is kept.
+        let samples = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&classic), samples(&openmetrics));
+    }
+
+    /// Every `workspace_gc_*` name the shipped alerts and dashboard mention is one the daemon
+    /// exports once each metric has recorded something: a labelled counter appears only then, so
+    /// a live scrape cannot show them all.
+    #[test]
+    fn every_metric_the_shipped_alerts_and_dashboard_read_is_exported() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let key = ObjectKey::new("team-a", "one");
+        let protected = Verdict::Protected {
+            reason: Reason::InUse,
+        };
+        metrics.track(&key, Some((&protected, 1024)));
+        metrics.deletion("team-a", Reason::Orphaned, DeleteResult::Deleted);
+        metrics.would_delete("team-a", Reason::Orphaned);
+        metrics.reclaimed(1024, Some(1.0));
+        metrics.reconciled(0.001);
+        metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
+        metrics.watch_restart("claims");
+        metrics.cached([(crate::cache::Kind::Claims, 1)]);
+        metrics.set_leader(true);
+        metrics.set_ready(true);
+        metrics.set_capped(true);
+        let text = classic_text(&exposition(&registry));
+        let shipped = concat!(
+            include_str!("../manifests/components/prometheus/prometheusrule.yaml"),
+            include_str!("../manifests/components/prometheus/dashboard.json"),
+        );
+        let mut read = 0;
+        for (at, _) in shipped.match_indices("workspace_gc_") {
+            let tail = &shipped[at..];
+            let name = &tail[..tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len())];
+            // The prefix alone: a comment about `workspace_gc_*`.
+            if name == "workspace_gc_" {
+                continue;
+            }
+            let exported = text.lines().any(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with([' ', '{']))
+            });
+            assert!(exported, "{name} is read but not exported:\n{text}");
+            read += 1;
+        }
+        assert!(read > 10, "the shipped rules and dashboard read metrics");
+    }
+
+    #[test]
+    fn claims_and_bytes_follow_each_claim_by_namespace_and_drop_empty_series() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let delete = Verdict::Delete {
+            reason: Reason::Orphaned,
+            due_at: None,
+        };
+        let protected = Verdict::Protected {
+            reason: Reason::InUse,
+        };
+        let a1 = ObjectKey::new("team-a", "one");
+        let a2 = ObjectKey::new("team-a", "two");
+        let b1 = ObjectKey::new("team-b", "one");
+        metrics.track(&a1, Some((&delete, 1024)));
+        metrics.track(&a2, Some((&delete, 2048)));
+        metrics.track(&b1, Some((&protected, 512)));
+        let text = exposition(&registry);
+        assert_samples(
+            &text,
+            "workspace_gc_claims",
+            [
+                "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2",
+                "workspace_gc_claims{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 1",
+            ],
+        );
+        assert_samples(
+            &text,
+            "workspace_gc_tracked_bytes",
+            [
+                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 3072",
+                "workspace_gc_tracked_bytes{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 512",
+            ],
+        );
+
+        // A verdict that changes moves the claim; the namespace's last claim takes its series.
+        metrics.track(&a1, Some((&protected, 1024)));
+        metrics.track(&b1, None);
+        let text = exposition(&registry);
+        assert_samples(
+            &text,
+            "workspace_gc_claims",
+            [
+                "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 1",
+                "workspace_gc_claims{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1",
+            ],
+        );
+        assert_samples(
+            &text,
+            "workspace_gc_tracked_bytes",
+            [
+                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2048",
+                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1024",
+            ],
+        );
     }
 }

@@ -563,7 +563,7 @@ async fn the_create_command_prints_the_claim_and_exits_by_outcome() {
         "{}",
         describe(&output)
     );
-    let printed: PersistentVolumeClaim = serde_yaml::from_slice(&output.stdout)
+    let printed: PersistentVolumeClaim = serde_saphyr::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("stdout is not a claim in YAML ({e}): {}", describe(&output)));
     assert_eq!(printed.metadata.uid, stored.metadata.uid);
 

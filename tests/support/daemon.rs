@@ -229,31 +229,27 @@ pub async fn http_get(port: u16, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// The value of the sample `name{labels}` (labels exactly as printed, `""` for none) in an
-/// OpenMetrics text, or 0 when absent: counters appear only once incremented.
+/// The sum of the samples of metric `name` whose labels include every `key="value"` of `labels`
+/// (as printed, comma-separated; `""` sums every sample), or 0 when there is none: counters appear
+/// only once incremented. Label values here are enums and namespaces, which hold no comma.
 pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    let series = if labels.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{name}{{{labels}}}")
-    };
-    text.lines()
-        .find_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            (key == series).then(|| value.parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
-}
-
-/// The sum of every sample of metric `name`, whatever its labels.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
+    let wanted: Vec<&str> = labels.split(',').filter(|l| !l.is_empty()).collect();
     text.lines()
         .filter_map(|line| {
             let (key, value) = line.rsplit_once(' ')?;
-            let series = key.split_once('{').map_or(key, |(series, _)| series);
-            (series == name)
+            let (series, present) = match key.split_once('{') {
+                Some((series, rest)) => (series, rest.strip_suffix('}')?),
+                None => (key, ""),
+            };
+            let present: Vec<&str> = present.split(',').collect();
+            (series == name && wanted.iter().all(|l| present.contains(l)))
                 .then(|| value.parse::<f64>().ok())
                 .flatten()
         })
         .sum()
+}
+
+/// The sum of every sample of metric `name`, whatever its labels.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    metric(text, name, "")
 }

@@ -8,6 +8,7 @@ mod daemon;
 pub mod graph;
 mod objects;
 pub mod oracle;
+mod prometheus;
 mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.
@@ -20,6 +21,8 @@ pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
     notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
 };
+#[allow(unused_imports)]
+pub use prometheus::prometheus_binary;
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 
