@@ -1,6 +1,7 @@
 //! The audit report: every tracked claim with its owners, build state, age, size, verdict,
-//! reason and when the verdict changes. Built from the same cache, linking and policy as the
-//! daemon's decisions, so the report is what the daemon would do.
+//! reason and when the verdict changes, and each namespace's quota situation. Built from the
+//! same cache, linking, policy and quota plan as the daemon's decisions, so the report is what
+//! the daemon would do.
 
 use std::fmt::Write as _;
 
@@ -9,8 +10,9 @@ use serde::Serialize;
 
 use crate::cache::Index;
 use crate::facts::{Facts, Owner, OwnerState, Progress};
-use crate::linking;
-use crate::policy::{self, Decision, Policy, VerdictState};
+use crate::linking::{self, Found};
+use crate::policy::{self, Decision, Policy, Reason, Verdict, VerdictState};
+use crate::quota::{self, Waters};
 
 /// One claim's line in the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,6 +40,72 @@ pub fn rows(index: &Index, policy: &Policy, now: DateTime<Utc>) -> Vec<Row> {
         .collect();
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     rows
+}
+
+/// One quota resource's line in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuotaRow {
+    pub namespace: String,
+    pub quota: String,
+    pub resource: String,
+    pub used: u64,
+    pub hard: u64,
+    /// `ok`, `pressure` (at high water; the plan deletes claims) or `unrelieved` (at high
+    /// water with nothing more that may be deleted).
+    pub state: &'static str,
+}
+
+/// Every namespace's quotas, and the claims pressure would delete now: their rows become
+/// `delete` / `quota-pressure` verdicts, as the daemon would act on them.
+pub fn quotas(
+    index: &Index,
+    policy: &Policy,
+    waters: Waters,
+    now: DateTime<Utc>,
+    rows: &mut [Row],
+) -> Vec<QuotaRow> {
+    let mut out = Vec::new();
+    for namespace in index.quota_namespaces() {
+        let Found::Yes(quotas) = index.quotas_in(&namespace) else {
+            continue;
+        };
+        let claims = quota::Claim::all_in(index, &namespace, policy, now);
+        let plan = quota::plan(&quotas, &claims, &[], waters);
+        for row in rows.iter_mut().filter(|r| r.namespace == namespace) {
+            let taken = plan.victims.iter().any(|key| key.name == row.name);
+            if let (true, Some(pressure)) = (taken, plan.pressed.first()) {
+                row.decision = Decision {
+                    verdict: Verdict::Delete {
+                        reason: Reason::QuotaPressure,
+                        due_at: None,
+                    },
+                    detail: Some(pressure.to_string()),
+                };
+            }
+        }
+        for quota in &quotas {
+            for limit in &quota.limits {
+                let same =
+                    |p: &quota::Pressure| p.quota == quota.key && p.resource == limit.resource;
+                let state = if plan.unrelieved.iter().any(same) {
+                    "unrelieved"
+                } else if plan.pressed.iter().any(same) {
+                    "pressure"
+                } else {
+                    "ok"
+                };
+                out.push(QuotaRow {
+                    namespace: namespace.clone(),
+                    quota: quota.key.name.clone(),
+                    resource: limit.resource.to_string(),
+                    used: limit.used,
+                    hard: limit.hard,
+                    state,
+                });
+            }
+        }
+    }
+    out
 }
 
 fn row(facts: Facts, decision: Decision) -> Row {
@@ -100,10 +168,10 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
         "REASON",
         "CHANGES",
     ];
-    let cells: Vec<[String; 9]> = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|row| {
-            [
+            vec![
                 row.namespace.clone(),
                 row.name.clone(),
                 owners(&row.owners),
@@ -119,29 +187,7 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for line in &cells {
-        for (width, cell) in widths.iter_mut().zip(line) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut emit = |line: &[String]| {
-        let mut text = String::new();
-        for (i, (cell, width)) in line.iter().zip(widths).enumerate() {
-            if i + 1 == line.len() {
-                text.push_str(cell);
-            } else {
-                let _ = write!(text, "{cell:<width$}  ");
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    emit(&header.map(str::to_owned));
-    for line in &cells {
-        emit(line);
-    }
+    let mut out = aligned(&header, &cells);
     let _ = writeln!(
         out,
         "\n{} claims: {} to delete, {} protected, {} kept",
@@ -150,6 +196,71 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
         count(rows, VerdictState::Protected),
         count(rows, VerdictState::Keep)
     );
+    out
+}
+
+/// The quota table, after the claims'; empty when no namespace has a quota claims count toward.
+pub fn quota_table(quotas: &[QuotaRow]) -> String {
+    if quotas.is_empty() {
+        return String::new();
+    }
+    let header = [
+        "NAMESPACE",
+        "QUOTA",
+        "RESOURCE",
+        "USED",
+        "HARD",
+        "RATIO",
+        "STATE",
+    ];
+    let amount = |q: &QuotaRow, n: u64| {
+        if q.resource.ends_with("requests.storage") {
+            size(n)
+        } else {
+            n.to_string()
+        }
+    };
+    let cells: Vec<Vec<String>> = quotas
+        .iter()
+        .map(|q| {
+            #[allow(clippy::cast_precision_loss)]
+            let percent = q.used as f64 / q.hard as f64 * 100.0;
+            vec![
+                q.namespace.clone(),
+                q.quota.clone(),
+                q.resource.clone(),
+                amount(q, q.used),
+                amount(q, q.hard),
+                format!("{percent:.0}%"),
+                q.state.to_owned(),
+            ]
+        })
+        .collect();
+    format!("\n{}", aligned(&header, &cells))
+}
+
+/// Left-aligned columns, two spaces apart, the last one unpadded.
+fn aligned(header: &[&str], cells: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for line in cells {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for line in std::iter::once(&header).chain(cells) {
+        let mut text = String::new();
+        for (i, (cell, width)) in line.iter().zip(&widths).enumerate() {
+            if i + 1 == line.len() {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<width$}  ");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
     out
 }
 
@@ -242,6 +353,7 @@ mod tests {
             owner_references: Vec::new(),
             deletion_timestamp: None,
             requested_bytes: Some(1 << 30),
+            storage_class: None,
         }
     }
 

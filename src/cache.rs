@@ -1,5 +1,5 @@
 //! The in-memory index the watchers feed: stripped entries for claims, jobs, PipelineRuns,
-//! TaskRuns and pods,
+//! TaskRuns, pods and ResourceQuotas,
 //! with the secondary indices that map a change of any of them to exactly the claims it can
 //! affect. No I/O; the controller applies watcher events and schedules what comes back.
 
@@ -10,6 +10,7 @@ use crate::facts::{
     RunEntry,
 };
 use crate::linking::{Found, Lookup};
+use crate::quota::QuotaEntry;
 
 /// The namespace one watch covers; `None` for a cluster-wide watch.
 pub type Scope = Option<String>;
@@ -39,6 +40,7 @@ pub enum Update {
     Run(Change<RunEntry>),
     TaskRun(Change<TaskRunEntry>),
     Pod(Change<PodEntry>),
+    Quota(Change<QuotaEntry>),
 }
 
 /// The kinds the watches feed.
@@ -49,6 +51,7 @@ pub enum Kind {
     Runs,
     TaskRuns,
     Pods,
+    Quotas,
 }
 
 impl Kind {
@@ -59,6 +62,7 @@ impl Kind {
             Kind::Runs => "runs",
             Kind::TaskRuns => "taskruns",
             Kind::Pods => "pods",
+            Kind::Quotas => "quotas",
         }
     }
 }
@@ -107,6 +111,9 @@ pub struct Index {
     runs: Table<RunEntry>,
     task_runs: Table<TaskRunEntry>,
     pods: Table<PodEntry>,
+    /// Watched only when quota pressure is enabled ([`Index::with_quotas`]); otherwise synced
+    /// and empty from the start.
+    quotas: Table<QuotaEntry>,
     /// Claim → kinds and names of the runs in its namespace whose workspaces bind it.
     runs_by_claim: HashMap<ObjectKey, BTreeSet<(OwnerKind, String)>>,
     /// Claim → names of the pods in its namespace that mount it.
@@ -143,10 +150,17 @@ impl Index {
             runs: Table::new(scopes),
             task_runs: Table::new(scopes),
             pods: Table::new(scopes),
+            quotas: Table::new(&[]),
             runs_by_claim: HashMap::new(),
             pods_by_claim: HashMap::new(),
             claims_by_owner: HashMap::new(),
         }
+    }
+
+    /// An index that also waits for the ResourceQuota watches to list once.
+    pub fn with_quotas(mut self, scopes: &[Scope]) -> Self {
+        self.quotas = Table::new(scopes);
+        self
     }
 
     /// Applies a change of any kind and returns the claims to re-evaluate.
@@ -157,6 +171,7 @@ impl Index {
             Update::Run(change) => self.apply(change),
             Update::TaskRun(change) => self.apply(change),
             Update::Pod(change) => self.apply(change),
+            Update::Quota(change) => self.apply(change),
         }
     }
 
@@ -227,6 +242,7 @@ impl Index {
             && self.runs.synced()
             && self.task_runs.synced()
             && self.pods.synced()
+            && self.quotas.synced()
     }
 
     pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimFacts> {
@@ -237,14 +253,41 @@ impl Index {
         self.claims.items.values()
     }
 
+    /// The tracked claims of one namespace.
+    pub fn claims_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a ClaimFacts> {
+        self.claims()
+            .filter(move |claim| claim.key.namespace == namespace)
+    }
+
+    /// The ResourceQuotas of one namespace, sorted by name; unknown until their watch listed.
+    pub fn quotas_in(&self, namespace: &str) -> Found<Vec<QuotaEntry>> {
+        if !self.quotas.synced() {
+            return Found::Unknown(format!("the {} cache has not synced yet", QuotaEntry::WHAT));
+        }
+        let mut quotas: Vec<QuotaEntry> = (self.quotas.items.values())
+            .filter(|quota| quota.key.namespace == namespace)
+            .cloned()
+            .collect();
+        quotas.sort_by(|a, b| a.key.cmp(&b.key));
+        Found::Yes(quotas)
+    }
+
+    /// The namespaces that hold a cached ResourceQuota.
+    pub fn quota_namespaces(&self) -> BTreeSet<String> {
+        (self.quotas.items.keys())
+            .map(|key| key.namespace.clone())
+            .collect()
+    }
+
     /// Entries cached per kind, for metrics.
-    pub fn sizes(&self) -> [(Kind, usize); 5] {
+    pub fn sizes(&self) -> [(Kind, usize); 6] {
         [
             (Kind::Claims, self.claims.len()),
             (Kind::Jobs, self.jobs.len()),
             (Kind::Runs, self.runs.len()),
             (Kind::TaskRuns, self.task_runs.len()),
             (Kind::Pods, self.pods.len()),
+            (Kind::Quotas, self.quotas.len()),
         ]
     }
 
@@ -420,6 +463,29 @@ impl Cached for PodEntry {
         for claim in &self.claims {
             index.tracked(sibling(&self.key, claim.clone()), out);
         }
+    }
+}
+
+impl Cached for QuotaEntry {
+    const WHAT: &'static str = "ResourceQuota";
+
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.quotas
+    }
+
+    fn index(&self, _: &mut Index, _: bool) {}
+
+    /// Pressure in a namespace may choose any of its claims.
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+        out.extend(
+            index
+                .claims_in(&self.key.namespace)
+                .map(|claim| claim.key.clone()),
+        );
     }
 }
 

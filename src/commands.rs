@@ -102,7 +102,8 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
         Err(code) => return code,
     };
     let mut failures = 0;
-    let synced = watches::sync_once(&client, &config.selector, |kind, error| {
+    let quotas = config.quota.enabled;
+    let synced = watches::sync_once(&client, &config.selector, quotas, |kind, error| {
         failures += 1;
         warn!(kind = kind.as_str(), %error, "listing failed");
         // A few retries ride out a blip; a persistent error (RBAC, missing CRD) ends the audit.
@@ -113,9 +114,14 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
         return exit::CLUSTER;
     };
     let now = chrono::Utc::now();
-    let rows = audit::rows(&index, &config.policy(), now);
+    let policy = config.policy();
+    let mut rows = audit::rows(&index, &policy, now);
+    let quotas = match config.quota.waters() {
+        Some(waters) => audit::quotas(&index, &policy, waters, now, &mut rows),
+        None => Vec::new(),
+    };
     let report = match args.output {
-        AuditOutput::Table => audit::table(&rows, now),
+        AuditOutput::Table => audit::table(&rows, now) + &audit::quota_table(&quotas),
         AuditOutput::Json => audit::json(&rows),
     };
     print!("{report}");

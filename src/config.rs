@@ -20,6 +20,7 @@ pub use crate::labels::LabelSelector;
 use crate::labels::{dns1123_label, dns1123_subdomain, label_key, label_value};
 use crate::policy::Policy;
 pub use crate::quantity::Quantity;
+use crate::quota::Waters;
 
 /// Process exit code for an invalid configuration (or command line): nothing is started.
 pub const EXIT_CONFIG: i32 = 2;
@@ -43,6 +44,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub logging: LoggingConfig,
     pub creator: CreatorConfig,
+    pub quota: QuotaConfig,
 }
 
 /// Which claims are tracked.
@@ -153,6 +155,27 @@ pub struct CreatorConfig {
     pub annotations: BTreeMap<String, String>,
 }
 
+/// Quota pressure: finished workspaces deleted before their TTL while a namespace's storage
+/// quota is nearly exhausted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuotaConfig {
+    pub enabled: bool,
+    /// A namespace is under pressure once a quota's used / hard reaches this.
+    pub high_water: f64,
+    /// Under pressure, claims are deleted until used / hard is projected at or below this.
+    pub low_water: f64,
+}
+
+impl QuotaConfig {
+    /// The thresholds, when quota pressure is enabled.
+    pub fn waters(&self) -> Option<Waters> {
+        self.enabled.then_some(Waters {
+            high: self.high_water,
+            low: self.low_water,
+        })
+    }
+}
+
 impl Default for Config {
     /// Exactly what the shipped `config.toml` says (a test holds them together).
     fn default() -> Self {
@@ -192,6 +215,11 @@ impl Default for Config {
                 storage_class: None,
                 labels: BTreeMap::new(),
                 annotations: BTreeMap::new(),
+            },
+            quota: QuotaConfig {
+                enabled: true,
+                high_water: 0.9,
+                low_water: 0.8,
             },
         }
     }
@@ -297,6 +325,20 @@ impl Config {
                 format!("{} per {}", d.max_deletions_per_window, human(d.window))
             };
             say("deletion.max_deletions_per_window", cap(was), cap(del));
+        }
+        let (quota, was) = (&self.quota, &base.quota);
+        if quota.enabled && !was.enabled {
+            say("quota.enabled", "false".into(), "true".into());
+        }
+        if quota.enabled {
+            for (key, to, from) in [
+                ("quota.high_water", quota.high_water, was.high_water),
+                ("quota.low_water", quota.low_water, was.low_water),
+            ] {
+                if to < from {
+                    say(key, from.to_string(), to.to_string());
+                }
+            }
         }
         found
     }
@@ -429,6 +471,7 @@ struct Layer {
     http: HttpLayer,
     logging: LoggingLayer,
     creator: CreatorLayer,
+    quota: QuotaLayer,
 }
 
 #[derive(Default, Deserialize)]
@@ -488,9 +531,17 @@ struct CreatorLayer {
     annotations: Slot<BTreeMap<String, String>>,
 }
 
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct QuotaLayer {
+    enabled: Slot<bool>,
+    high_water: Slot<f64>,
+    low_water: Slot<f64>,
+}
+
 /// The file's sections, for splitting `WORKSPACE_GC_LEADER_ELECTION_LEASE_NAME` and the like
 /// where underscores separate words as well as section from key.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "selector",
     "policy",
     "deletion",
@@ -498,6 +549,7 @@ const SECTIONS: [&str; 7] = [
     "http",
     "logging",
     "creator",
+    "quota",
 ];
 
 /// A rejected value, before its origin is turned into a [`Location`].
@@ -644,6 +696,7 @@ impl Layer {
             http: h,
             logging: g,
             creator: c,
+            quota: q,
         } = self;
         Some(match key {
             "selector.label_selector" => put(&mut s.label_selector, raw, at),
@@ -670,6 +723,9 @@ impl Layer {
             "creator.storage_class" => put(&mut c.storage_class, raw, at),
             "creator.labels" => put(&mut c.labels, raw, at),
             "creator.annotations" => put(&mut c.annotations, raw, at),
+            "quota.enabled" => put(&mut q.enabled, raw, at),
+            "quota.high_water" => put(&mut q.high_water, raw, at),
+            "quota.low_water" => put(&mut q.low_water, raw, at),
             _ => return None,
         })
     }
@@ -740,6 +796,7 @@ impl Layer {
             http,
             logging: log,
             creator: cr,
+            quota,
         } = self;
 
         let label_selector = take(
@@ -893,6 +950,8 @@ impl Layer {
             annotation_map,
         )?;
 
+        let quota = resolve_quota(quota, d.quota)?;
+
         Ok(Config {
             selector: SelectorConfig {
                 label_selector: label_selector.value,
@@ -930,8 +989,31 @@ impl Layer {
                 labels: labels.value,
                 annotations: annotations.value,
             },
+            quota,
         })
     }
+}
+
+/// The `[quota]` section: each water a fraction in (0, 1], and low water below high water, or
+/// pressure would delete without ever reaching its goal.
+fn resolve_quota(layer: QuotaLayer, d: QuotaConfig) -> Result<QuotaConfig, Problem> {
+    let enabled = take(layer.enabled, "quota.enabled", d.enabled, Ok)?;
+    let high = take(layer.high_water, "quota.high_water", d.high_water, fraction)?;
+    let low = take(layer.low_water, "quota.low_water", d.low_water, fraction)?;
+    if low.value >= high.value {
+        let (key, at) = blame(("quota.low_water", &low.at), ("quota.high_water", &high.at));
+        let message = format!(
+            "quota.low_water ({}) is not below quota.high_water ({}); expected \
+             0 < low_water < high_water <= 1",
+            low.value, high.value
+        );
+        return Err(problem(key, at, message));
+    }
+    Ok(QuotaConfig {
+        enabled: enabled.value,
+        high_water: high.value,
+        low_water: low.value,
+    })
 }
 
 /// Converts a raw value with `parse`, or takes the default; either way keeps the origin.
@@ -1073,6 +1155,17 @@ fn positive_rate(rate: f64) -> Result<f64, String> {
         Ok(rate)
     } else {
         Err(format!("{rate} must be a finite number greater than zero"))
+    }
+}
+
+/// A share of a quota: greater than zero, at most one.
+fn fraction(value: f64) -> Result<f64, String> {
+    if value.is_finite() && value > 0.0 && value <= 1.0 {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{value} must be a fraction greater than 0 and at most 1, e.g. 0.9"
+        ))
     }
 }
 

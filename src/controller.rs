@@ -1,6 +1,7 @@
 //! The daemon's wiring: watches feed the cache, changes schedule the claims they affect, and
-//! each reconcile gathers facts from the cache, asks the pure policy, and acts through the
-//! writer — after the limiter admits it and a live re-check confirms it.
+//! each reconcile gathers facts from the cache, asks the pure policy (and, while its namespace's
+//! quota is nearly exhausted, the pure quota plan), and acts through the writer — after the
+//! limiter admits it and a live re-check confirms it.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -17,16 +18,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cache::Index;
+use crate::cache::{Change, Index, Update};
 use crate::config::Config;
 use crate::facts::{ClaimFacts, ObjectKey};
 use crate::http::{self, Health};
 use crate::leader::Leadership;
 use crate::limiter::{Admission, Limiter};
-use crate::linking;
-use crate::live::{LiveView, Snapshots};
+use crate::linking::{self, Found};
+use crate::live::{self, LiveView, Snapshots};
 use crate::metrics::{DeleteResult, ErrorCategory, Metrics};
 use crate::policy::{self, Decision, Policy, Reason, Verdict};
+use crate::quota::{self, Plan, Rounds, Sent, Waters};
 use crate::watches;
 use crate::writer::{Mode, Notice, Writer};
 
@@ -72,6 +74,18 @@ struct Controller {
     schedule: crate::scheduler::Schedule,
     leading: watch::Receiver<bool>,
     snapshots: Snapshots,
+    /// Quota pressure's thresholds; `None` when disabled.
+    quota: Option<Waters>,
+    rounds: Mutex<Rounds>,
+}
+
+/// Why a claim is deleted: the live re-check confirms that same cause, and no other.
+#[derive(Debug, Clone, Copy)]
+enum Cause {
+    /// Its verdict is delete; the cached verdict's due instant, for the reclaim lag.
+    Due(Option<DateTime<Utc>>),
+    /// Its namespace's quota plan takes it (see `quota`).
+    Pressure,
 }
 
 /// Runs the daemon until `stop` is cancelled: finishes the deletes in flight, releases the
@@ -116,7 +130,7 @@ pub async fn run(
     let (schedule, scheduler) = crate::scheduler::Scheduler::new();
     let controller = Arc::new(Controller {
         policy: config.policy(),
-        index: RwLock::new(Index::new(&watches::scopes(&config.selector))),
+        index: RwLock::new(watches::index(&config.selector, config.quota.enabled)),
         metrics: metrics.clone(),
         writer: Writer::new(client.clone(), mode, Some(options.identity)),
         limiter: Mutex::new(Limiter::new(
@@ -132,11 +146,13 @@ pub async fn run(
         leading: leadership.subscribe(),
         snapshots: Snapshots::default(),
         client: client.clone(),
+        quota: config.quota.waters(),
+        rounds: Mutex::default(),
     });
 
     let feeder = tokio::spawn(feed(
         controller.clone(),
-        watches::updates(&client, &config.selector),
+        watches::updates(&client, &config.selector, config.quota.enabled),
         health.clone(),
     ));
     let follower = tokio::spawn(follow_leadership(controller.clone(), health));
@@ -192,7 +208,11 @@ async fn feed(
                 let (affected, all) = {
                     let mut index = controller.write_index();
                     let was_synced = index.synced();
+                    let quotas_changed = quota_namespaces_changed(&update);
                     let affected = index.update(update);
+                    if let Some(namespace) = quotas_changed {
+                        controller.observe_quotas(&index, namespace);
+                    }
                     let synced = index.synced();
                     controller.metrics.cached(index.sizes());
                     if synced && !was_synced {
@@ -225,6 +245,17 @@ async fn feed(
                 }
             }
         }
+    }
+}
+
+/// Whether an update may change the quotas of some namespace: `Some(Some(ns))` for one,
+/// `Some(None)` for a re-list that may change any; `None` for an update of another kind.
+fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
+    match update {
+        Update::Quota(Change::Apply(quota)) => Some(Some(quota.key.namespace.clone())),
+        Update::Quota(Change::Delete(key)) => Some(Some(key.namespace.clone())),
+        Update::Quota(Change::InitDone(_)) => Some(None),
+        _ => None,
     }
 }
 
@@ -314,6 +345,7 @@ impl Controller {
         };
         let bytes = claim.requested_bytes.unwrap_or(0);
         self.metrics.track(&key, Some((&decision.verdict, bytes)));
+        let taken = self.relieve(&key).await;
         let reason = decision.verdict.reason();
         match decision.verdict {
             Verdict::Keep { recheck_at, .. } => {
@@ -325,6 +357,9 @@ impl Controller {
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
+                if taken {
+                    self.act(claim, Cause::Pressure).await;
+                }
                 if let Some(at) = recheck_at {
                     self.schedule.at(key, instant_at(at));
                 }
@@ -332,7 +367,7 @@ impl Controller {
             Verdict::Protected { .. } => debug!(claim = %key, %reason, "protected"),
             Verdict::Delete { due_at, .. } => {
                 if self.is_leader() {
-                    self.act(claim, due_at).await;
+                    self.act(claim, Cause::Due(due_at)).await;
                 } else {
                     debug!(claim = %key, %reason, "due; the leader deletes");
                 }
@@ -341,8 +376,8 @@ impl Controller {
         self.metrics.reconciled(started.elapsed().as_secs_f64());
     }
 
-    /// Deletes a due claim: within the limits, after a live re-check.
-    async fn act(&self, claim: ClaimFacts, cached_due_at: Option<DateTime<Utc>>) {
+    /// Deletes a claim for `cause`: within the limits, after a live re-check.
+    async fn act(&self, claim: ClaimFacts, cause: Cause) {
         let key = claim.key.clone();
         let admission = self
             .limiter
@@ -380,7 +415,17 @@ impl Controller {
         let live = LiveView::read(&self.client, &claim, &self.snapshots, &self.metrics).await;
         let facts = linking::facts(&claim, &live);
         let decision = policy::decide(&facts, &self.policy, Utc::now());
-        let Verdict::Delete { reason, due_at } = decision.verdict else {
+        let confirmed = match (cause, decision.verdict) {
+            (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
+                Some((reason, due_at.or(cached_due_at)))
+            }
+            (Cause::Due(_), _) => None,
+            (Cause::Pressure, verdict) => self
+                .still_taken(&facts, verdict)
+                .await
+                .then_some((Reason::QuotaPressure, None)),
+        };
+        let Some((reason, due_at)) = confirmed else {
             self.release(slot);
             info!(
                 claim = %key,
@@ -393,7 +438,15 @@ impl Controller {
         };
 
         let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+        let pressure = matches!(cause, Cause::Pressure);
+        if pressure {
+            self.rounds().record(Sent::of(&claim));
+        }
         let result = self.writer.delete(&claim, &self.metrics).await;
+        // A delete that did not happen frees nothing (a claim already gone does).
+        if pressure && matches!(result, DeleteResult::Conflict | DeleteResult::Failed) {
+            self.rounds().withdraw(&key, &claim.uid);
+        }
         match (result, dry_run) {
             (DeleteResult::Deleted, true) => {
                 info!(claim = %key, %reason, "dry-run: would delete");
@@ -403,7 +456,6 @@ impl Controller {
                     .await;
             }
             (DeleteResult::Deleted, false) => {
-                let due_at = due_at.or(cached_due_at);
                 let lag = due_at.map(|due| (Utc::now() - due).as_seconds_f64());
                 info!(claim = %key, %reason, lag_seconds = lag, "deleted");
                 self.metrics.deletion(&key.namespace, reason, result);
@@ -430,6 +482,111 @@ impl Controller {
                 self.schedule.at(key, Instant::now() + RETRY_AFTER);
             }
         }
+    }
+
+    fn rounds(&self) -> std::sync::MutexGuard<'_, Rounds> {
+        self.rounds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes in a namespace's quotas (every namespace with quotas, for `None`) after a change:
+    /// their metrics, and the pressure round's bookkeeping.
+    fn observe_quotas(&self, index: &Index, namespace: Option<String>) {
+        let namespaces = match namespace {
+            Some(namespace) => BTreeSet::from([namespace]),
+            None => &index.quota_namespaces() | &self.metrics.quota_namespaces(),
+        };
+        for namespace in namespaces {
+            let Found::Yes(quotas) = index.quotas_in(&namespace) else {
+                continue;
+            };
+            self.metrics.quota_ratios(&namespace, &quotas);
+            if let Some(waters) = self.quota {
+                let present = |key: &ObjectKey| index.claim(key).is_some();
+                self.rounds().observe(&namespace, &quotas, waters, present);
+            }
+        }
+    }
+
+    /// The quota plan of a namespace from the cache; `None` without pressure.
+    fn plan_cached(&self, namespace: &str, waters: Waters) -> Option<Plan> {
+        let index = self.read_index();
+        let Found::Yes(quotas) = index.quotas_in(namespace) else {
+            return None;
+        };
+        if !waters.under_pressure(&quotas) {
+            return None;
+        }
+        let claims = quota::Claim::all_in(&index, namespace, &self.policy, Utc::now());
+        Some(quota::plan(
+            &quotas,
+            &claims,
+            self.rounds().sent(namespace),
+            waters,
+        ))
+    }
+
+    /// Under quota pressure, as the leader: warns once a round when nothing more may be
+    /// deleted, asks for the plan's other claims to be reconciled, and says whether the plan
+    /// takes this claim.
+    async fn relieve(&self, key: &ObjectKey) -> bool {
+        let Some(waters) = self.quota.filter(|_| self.is_leader()) else {
+            return false;
+        };
+        let Some(plan) = self.plan_cached(&key.namespace, waters) else {
+            return false;
+        };
+        let unrelieved =
+            (plan.unrelieved.first()).filter(|_| self.rounds().first_warning(&key.namespace));
+        if let Some(worst) = unrelieved {
+            warn!(
+                namespace = %key.namespace,
+                quota = %worst.quota.name,
+                resource = %worst.resource,
+                ratio = worst.ratio(),
+                deleting = plan.victims.len(),
+                "quota pressure remains and no more finished workspaces may be deleted"
+            );
+            self.writer
+                .notify_quota_pressure(worst, &self.metrics)
+                .await;
+        }
+        let mut taken = false;
+        for victim in plan.victims {
+            if victim == *key {
+                taken = true;
+            } else {
+                self.schedule.now(victim);
+            }
+        }
+        taken
+    }
+
+    /// The live re-check of a pressure delete: the claim must still be within its TTL, live
+    /// (every linked owner finished with a completion time, nothing protecting it), and the
+    /// plan over the quotas listed live must still take it. Never anything wider.
+    async fn still_taken(&self, facts: &crate::facts::Facts, verdict: Verdict) -> bool {
+        let within_ttl = matches!(
+            verdict,
+            Verdict::Keep {
+                reason: Reason::WithinTtl,
+                ..
+            }
+        );
+        let Some(waters) = self.quota.filter(|_| within_ttl) else {
+            return false;
+        };
+        let namespace = &facts.claim.key.namespace;
+        let Found::Yes(quotas) = live::quotas(&self.client, namespace, &self.metrics).await else {
+            return false;
+        };
+        let plan = {
+            let index = self.read_index();
+            let mut claims = quota::Claim::all_in(&index, namespace, &self.policy, Utc::now());
+            claims.retain(|claim| claim.key != facts.claim.key);
+            claims.push(quota::Claim::of(facts, verdict));
+            quota::plan(&quotas, &claims, self.rounds().sent(namespace), waters)
+        };
+        plan.victims.contains(&facts.claim.key)
     }
 
     fn count(&self, dry_run: bool, key: &ObjectKey, reason: Reason, result: DeleteResult) {

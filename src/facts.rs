@@ -110,6 +110,10 @@ pub struct ClaimFacts {
     pub deletion_timestamp: Option<DateTime<Utc>>,
     /// `spec.resources.requests.storage` in bytes, when it parses.
     pub requested_bytes: Option<u64>,
+    /// The storage class the claim is counted under by class-scoped quotas, as Kubernetes'
+    /// quota evaluator reads it; `None` when it names none (such a claim counts toward no
+    /// class-scoped quota).
+    pub storage_class: Option<String>,
 }
 
 impl ClaimFacts {
@@ -135,6 +139,7 @@ impl ClaimFacts {
             owner_references: Vec::new(),
             deletion_timestamp: None,
             requested_bytes: None,
+            storage_class: None,
         }
     }
 }
@@ -246,4 +251,21 @@ pub struct Facts {
     pub claim: ClaimFacts,
     pub owners: Vec<Owner>,
     pub users: Users,
+}
+
+impl Facts {
+    /// The latest completion time a present linked owner records: where a finished build's TTL
+    /// starts, and the order in which quota pressure takes finished workspaces.
+    pub fn latest_completion(&self) -> Option<DateTime<Utc>> {
+        self.owners
+            .iter()
+            .filter_map(|owner| match &owner.state {
+                OwnerState::Present {
+                    progress: Progress::Finished { at },
+                    ..
+                } => *at,
+                _ => None,
+            })
+            .max()
+    }
 }

@@ -22,6 +22,7 @@ pub mod live;
 pub mod metrics;
 pub mod policy;
 pub mod quantity;
+pub mod quota;
 pub mod resources;
 pub mod scheduler;
 pub mod telemetry;

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::facts::{ClaimFacts, JobEntry, ObjectKey, OwnerKind, PodEntry, PodUse, RunEntry};
 use crate::linking::{self, Found, Lookup};
 use crate::metrics::{Metrics, Operation};
+use crate::quota::QuotaEntry;
 use crate::resources::{self, PodVolumes};
 
 /// What the API server said, for one claim, moments ago.
@@ -216,6 +217,22 @@ impl Snapshots {
         }
         snapshot
     }
+}
+
+/// The ResourceQuotas of `namespace`, listed live: quota pressure is a reason to delete, so
+/// the cache, which may lag, is not trusted to say it still holds.
+pub async fn quotas(client: &Client, namespace: &str, metrics: &Metrics) -> Found<Vec<QuotaEntry>> {
+    let api: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), namespace);
+    let found = list(
+        "ResourceQuotas",
+        &api,
+        ListParams::default(),
+        metrics,
+        |quota| Some(resources::quota_entry(quota)),
+    )
+    .await;
+    served(found, "ResourceQuotas")
 }
 
 async fn get(api: &Api<DynamicObject>, name: &str, metrics: &Metrics) -> Found<DynamicObject> {

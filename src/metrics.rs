@@ -1,5 +1,6 @@
 //! Prometheus metrics, registered once. Every label comes from a bounded enum (reason, state,
-//! result, error category, cache kind) or is the claim's namespace; never an object name.
+//! result, error category, cache kind, quota resource) or is the claim's namespace; never an
+//! object name, except a ResourceQuota's: a namespace holds a handful, set by its admins.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -14,6 +15,7 @@ use prometheus_client::registry::Registry;
 
 use crate::facts::ObjectKey;
 use crate::policy::{Reason, Verdict};
+use crate::quota::QuotaEntry;
 
 /// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
 /// namespace fills up.
@@ -41,6 +43,13 @@ struct WouldDeleteLabels {
 struct ApiErrorLabels {
     operation: &'static str,
     category: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    namespace: String,
+    quota: String,
+    resource: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -161,7 +170,10 @@ pub struct Metrics {
     ready: Gauge,
     blast_radius_capped: Gauge,
     blast_radius_cap_reached: Counter,
+    quota_used_ratio: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     tracked: Mutex<HashMap<ObjectKey, Tracked>>,
+    /// The `quota_used_ratio` series of each namespace, so the ones no longer there go.
+    quota_series: Mutex<HashMap<String, HashSet<QuotaLabels>>>,
 }
 
 impl Metrics {
@@ -182,7 +194,9 @@ impl Metrics {
             ready: Gauge::default(),
             blast_radius_capped: Gauge::default(),
             blast_radius_cap_reached: Counter::default(),
+            quota_used_ratio: Family::default(),
             tracked: Mutex::default(),
+            quota_series: Mutex::default(),
         };
         let r = registry.sub_registry_with_prefix("workspace_gc");
         r.register(
@@ -255,7 +269,48 @@ impl Metrics {
             "Times the maximum deletions per window was reached",
             metrics.blast_radius_cap_reached.clone(),
         );
+        r.register(
+            "quota_used_ratio",
+            "status.used / status.hard of the ResourceQuota resources claims count toward, the \
+             highest over storage classes for the class-scoped ones",
+            metrics.quota_used_ratio.clone(),
+        );
         metrics
+    }
+
+    /// The namespaces that have `quota_used_ratio` series.
+    pub fn quota_namespaces(&self) -> std::collections::BTreeSet<String> {
+        let series = self.quota_series.lock().unwrap_or_else(|e| e.into_inner());
+        series.keys().cloned().collect()
+    }
+
+    /// Sets the used ratios of one namespace's quotas, dropping the series of quotas and
+    /// resources no longer there.
+    pub fn quota_ratios(&self, namespace: &str, quotas: &[QuotaEntry]) {
+        let mut highest: HashMap<QuotaLabels, f64> = HashMap::new();
+        for quota in quotas {
+            for limit in &quota.limits {
+                let labels = QuotaLabels {
+                    namespace: namespace.to_owned(),
+                    quota: quota.key.name.clone(),
+                    resource: limit.resource.kind().as_str(),
+                };
+                let ratio = highest.entry(labels).or_insert(0.0);
+                *ratio = ratio.max(limit.ratio());
+            }
+        }
+        let mut series = self.quota_series.lock().unwrap_or_else(|e| e.into_inner());
+        let known = series.entry(namespace.to_owned()).or_default();
+        for gone in known.iter().filter(|labels| !highest.contains_key(*labels)) {
+            self.quota_used_ratio.remove(gone);
+        }
+        for (labels, ratio) in &highest {
+            self.quota_used_ratio.get_or_create(labels).set(*ratio);
+        }
+        *known = highest.into_keys().collect();
+        if known.is_empty() {
+            series.remove(namespace);
+        }
     }
 
     /// Records the latest verdict for a claim (`None` once it is gone).
@@ -471,6 +526,10 @@ mod tests {
         metrics.set_leader(true);
         metrics.set_ready(true);
         metrics.set_capped(true);
+        metrics.quota_ratios(
+            "team-a",
+            &[quota("storage", crate::quota::Resource::Storage)],
+        );
         let text = classic_text(&exposition(&registry));
         let shipped = concat!(
             include_str!("../manifests/components/prometheus/prometheusrule.yaml"),
@@ -494,6 +553,42 @@ mod tests {
             read += 1;
         }
         assert!(read > 10, "the shipped rules and dashboard read metrics");
+    }
+
+    fn quota(name: &str, resource: crate::quota::Resource) -> QuotaEntry {
+        QuotaEntry {
+            key: ObjectKey::new("team-a", name),
+            uid: name.into(),
+            limits: vec![crate::quota::Limit {
+                resource,
+                hard: 4,
+                used: 3,
+            }],
+        }
+    }
+
+    #[test]
+    fn quota_ratios_take_the_highest_class_and_drop_what_is_gone() {
+        use crate::quota::Resource;
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let mut classes = quota("classes", Resource::ClassClaims("fast".into()));
+        classes.limits.push(crate::quota::Limit {
+            resource: Resource::ClassClaims("slow".into()),
+            hard: 4,
+            used: 4,
+        });
+        metrics.quota_ratios("team-a", &[quota("storage", Resource::Storage), classes]);
+        assert_samples(
+            &exposition(&registry),
+            "workspace_gc_quota_used_ratio",
+            [
+                "workspace_gc_quota_used_ratio{namespace=\"team-a\",quota=\"classes\",resource=\"storageclass.storage.k8s.io/persistentvolumeclaims\"} 1.0",
+                "workspace_gc_quota_used_ratio{namespace=\"team-a\",quota=\"storage\",resource=\"requests.storage\"} 0.75",
+            ],
+        );
+        metrics.quota_ratios("team-a", &[]);
+        assert!(samples(&exposition(&registry), "workspace_gc_quota_used_ratio").is_empty());
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub enum Reason {
     Orphaned,
     /// The claim is older than `max_age`, whatever its owners say.
     MaxAgeExceeded,
+    /// Its namespace's storage quota is nearly exhausted and its build finished: taken before
+    /// its TTL, oldest completion first (see `quota`). Never a verdict of `decide`.
+    QuotaPressure,
     // Protected.
     /// A pod that has not terminated mounts the claim.
     InUse,
@@ -77,12 +80,13 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Expired,
         Reason::OwnerGone,
         Reason::TtlExpired,
         Reason::Orphaned,
         Reason::MaxAgeExceeded,
+        Reason::QuotaPressure,
         Reason::InUse,
         Reason::KeepAnnotation,
         Reason::AlreadyTerminating,
@@ -105,6 +109,7 @@ impl Reason {
             Reason::TtlExpired => "ttl-expired",
             Reason::Orphaned => "orphaned",
             Reason::MaxAgeExceeded => "max-age-exceeded",
+            Reason::QuotaPressure => "quota-pressure",
             Reason::InUse => "in-use",
             Reason::KeepAnnotation => "keep-annotation",
             Reason::AlreadyTerminating => "already-terminating",
@@ -128,6 +133,9 @@ impl Reason {
             Reason::TtlExpired => "the build finished longer ago than its TTL",
             Reason::Orphaned => "no owner was found and the orphan grace has passed",
             Reason::MaxAgeExceeded => "it is older than the maximum age",
+            Reason::QuotaPressure => {
+                "its namespace's storage quota is nearly exhausted and its build has finished"
+            }
             Reason::InUse => "a running pod mounts it",
             Reason::KeepAnnotation => "it is annotated keep=true",
             Reason::AlreadyTerminating => "it is already being deleted",
@@ -348,15 +356,12 @@ fn decide_by_time(
 /// until that changes. With no owner at all, the orphan grace applies.
 fn owners_relative(facts: &Facts, ttl: Duration, policy: &Policy, now: DateTime<Utc>) -> Relative {
     let (mut running, mut time_missing, mut any_gone) = (false, false, false);
-    let mut latest_completion: Option<DateTime<Utc>> = None;
     for owner in &facts.owners {
         match &owner.state {
             OwnerState::Present { progress, .. } => match progress {
                 Progress::Running => running = true,
                 Progress::Finished { at: None } => time_missing = true,
-                Progress::Finished { at: Some(at) } => {
-                    latest_completion = Some(latest_completion.map_or(*at, |l| l.max(*at)));
-                }
+                Progress::Finished { at: Some(_) } => {}
             },
             OwnerState::Gone => any_gone = true,
             // `decide` keeps every claim with an unknown owner before deadlines are looked at.
@@ -369,7 +374,7 @@ fn owners_relative(facts: &Facts, ttl: Duration, policy: &Policy, now: DateTime<
     if time_missing {
         return Relative::Keep(Reason::CompletionTimeMissing, None);
     }
-    if let Some(finished_at) = latest_completion {
+    if let Some(finished_at) = facts.latest_completion() {
         if finished_at > now {
             return Relative::Keep(Reason::CompletionInFuture, Some(finished_at));
         }

@@ -128,3 +128,9 @@ fn scaled_bytes(whole: &str, fraction: &str, base: u128, exponent: i32) -> Optio
     }
     u64::try_from(numerator.div_ceil(denominator)).ok()
 }
+
+/// A quantity that may be zero, such as a quota's `status.used`, in whole units (bytes, or a
+/// count), rounded up; `None` when it does not parse or is negative or too large.
+pub fn amount(text: &str) -> Option<u64> {
+    quantity_bytes(text).flatten()
+}

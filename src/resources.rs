@@ -8,7 +8,7 @@
 use chrono::{DateTime, Utc};
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::{NamespaceResourceScope, Resource as _};
 use kube::Resource;
@@ -21,7 +21,8 @@ use crate::facts::{
     ClaimFacts, JOB_GROUP, JOB_KIND, JobEntry, ObjectKey, OwnerKind, OwnerRef, PodEntry, Progress,
     RUN_GROUP, RUN_KIND, RunEntry, TASK_RUN_KIND,
 };
-use crate::quantity::Quantity;
+use crate::quantity::{self, Quantity};
+use crate::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 
 /// `mlops.mlops.dev/v1alpha1` NotebookValidationJob.
 pub fn job_resource() -> ApiResource {
@@ -112,6 +113,63 @@ pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
             .and_then(|r| r.get("storage"))
             .and_then(|q| q.0.parse::<Quantity>().ok())
             .map(|q| q.bytes()),
+        storage_class: storage_class(claim),
+    }
+}
+
+/// The annotation older claims name their class with; it wins over `spec.storageClassName`.
+const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// The class a claim is counted under by class-scoped quotas, read as Kubernetes' quota
+/// evaluator reads it: the beta annotation, else `spec.storageClassName`. A claim that names
+/// none is counted by no class-scoped quota. The default class is no help here: the API server
+/// writes it into the claim at creation (or the volume controller does later), and until it
+/// is written the quota does not count the claim under that class either.
+fn storage_class(claim: &PersistentVolumeClaim) -> Option<String> {
+    let annotated = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(BETA_STORAGE_CLASS));
+    let spec = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_ref());
+    annotated
+        .or(spec)
+        .filter(|class| !class.is_empty())
+        .cloned()
+}
+
+/// A ResourceQuota's limits that claims count toward, from its status (what the quota
+/// controller enforces). Left out, so they never cause a delete: every limit of a quota with
+/// scopes (its used counts only some claims, which workspace-gc cannot tell apart), a resource
+/// with no used value yet or a value that does not parse, and a hard limit of zero.
+pub fn quota_entry(quota: &ResourceQuota) -> QuotaEntry {
+    let scoped = quota.spec.as_ref().is_some_and(|spec| {
+        spec.scope_selector.is_some() || spec.scopes.as_ref().is_some_and(|s| !s.is_empty())
+    });
+    let status = quota.status.as_ref().filter(|_| !scoped);
+    let used = status.and_then(|s| s.used.as_ref());
+    let limits = status
+        .and_then(|s| s.hard.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, hard)| {
+            let resource = QuotaResource::parse(name)?;
+            let hard = quantity::amount(&hard.0).filter(|&h| h > 0)?;
+            let used = quantity::amount(&used?.get(name)?.0)?;
+            Some(Limit {
+                resource,
+                hard,
+                used,
+            })
+        })
+        .collect();
+    QuotaEntry {
+        key: ObjectKey::of(&quota.metadata),
+        uid: quota.metadata.uid.clone().unwrap_or_default(),
+        limits,
     }
 }
 
@@ -390,6 +448,73 @@ mod tests {
             let entry = task_run_entry(&run);
             assert_eq!(entry.kind, OwnerKind::TaskRun);
             assert_eq!(entry.progress, Progress::Finished { at: None }, "{at}");
+        }
+    }
+
+    #[test]
+    fn claims_are_counted_under_the_class_quota_counts_them_under() {
+        let claim =
+            |value: Value| -> PersistentVolumeClaim { serde_json::from_value(value).unwrap() };
+        let class_of = |value| claim_facts(&claim(value)).storage_class;
+        let meta = json!({"name": "c", "namespace": "ml"});
+        assert_eq!(class_of(json!({"metadata": meta, "spec": {}})), None);
+        assert_eq!(
+            class_of(json!({"metadata": meta, "spec": {"storageClassName": ""}})),
+            None
+        );
+        assert_eq!(
+            class_of(json!({"metadata": meta, "spec": {"storageClassName": "fast"}})),
+            Some("fast".into())
+        );
+        let annotated = json!({"name": "c", "namespace": "ml",
+                               "annotations": {"volume.beta.kubernetes.io/storage-class": "old"}});
+        assert_eq!(
+            class_of(json!({"metadata": annotated, "spec": {"storageClassName": "fast"}})),
+            Some("old".into())
+        );
+    }
+
+    #[test]
+    fn quotas_keep_only_what_claims_count_toward_and_can_be_judged() {
+        let quota = |value: Value| -> ResourceQuota { serde_json::from_value(value).unwrap() };
+        let entry = quota_entry(&quota(json!({
+            "metadata": {"name": "q", "namespace": "ml", "uid": "u"},
+            "spec": {"hard": {"requests.storage": "10Gi"}},
+            "status": {
+                "hard": {"requests.storage": "10Gi", "persistentvolumeclaims": "5",
+                         "fast.storageclass.storage.k8s.io/requests.storage": "2Gi",
+                         "requests.cpu": "4", "pods": "0", "count/persistentvolumeclaims": "1",
+                         "slow.storageclass.storage.k8s.io/persistentvolumeclaims": "3"},
+                "used": {"requests.storage": "0", "persistentvolumeclaims": "5",
+                         "fast.storageclass.storage.k8s.io/requests.storage": "bogus",
+                         "requests.cpu": "1", "pods": "0"}
+            }
+        })));
+        assert_eq!(
+            entry.limits,
+            vec![
+                Limit {
+                    resource: QuotaResource::Claims,
+                    hard: 5,
+                    used: 5
+                },
+                Limit {
+                    resource: QuotaResource::Storage,
+                    hard: 10 << 30,
+                    used: 0
+                },
+            ]
+        );
+        for odd in [
+            json!({"metadata": {"name": "q"}}),
+            json!({"metadata": {"name": "q"}, "status": {"hard": {"requests.storage": "0"},
+                                                     "used": {"requests.storage": "1Gi"}}}),
+            json!({"metadata": {"name": "q"}, "status": {"hard": {"requests.storage": "1Gi"}}}),
+            json!({"metadata": {"name": "q"}, "spec": {"scopes": ["Terminating"]},
+                   "status": {"hard": {"requests.storage": "1Gi"},
+                              "used": {"requests.storage": "1Gi"}}}),
+        ] {
+            assert!(quota_entry(&quota(odd.clone())).limits.is_empty(), "{odd}");
         }
     }
 

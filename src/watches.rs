@@ -1,5 +1,6 @@
 //! The watches that feed the cache: claims (by label selector), NotebookValidationJobs,
-//! PipelineRuns, TaskRuns and pods, cluster-wide or one watch per configured namespace. Each
+//! PipelineRuns, TaskRuns, pods and, with quota pressure enabled, ResourceQuotas, cluster-wide
+//! or one watch per configured namespace. Each
 //! object is stripped to its cache entry as it arrives, so full objects are never kept.
 //!
 //! The TaskRun kind is optional: where its CRD is not installed the list answers 404, which
@@ -12,7 +13,7 @@ use std::fmt::Debug;
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -37,9 +38,24 @@ pub fn scopes(selector: &SelectorConfig) -> Vec<Scope> {
     }
 }
 
-/// All watches merged into one stream of cache updates. Watch errors are yielded (to be
-/// logged and counted) and the watch retries with kube-runtime's default backoff.
-pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static, Item> {
+/// The index the watches of [`updates`] fill: it is synced once each of them has listed.
+pub fn index(selector: &SelectorConfig, quotas: bool) -> Index {
+    let index = Index::new(&scopes(selector));
+    if quotas {
+        index.with_quotas(&scopes(selector))
+    } else {
+        index
+    }
+}
+
+/// All watches merged into one stream of cache updates (ResourceQuotas only with `quotas`).
+/// Watch errors are yielded (to be logged and counted) and the watch retries with
+/// kube-runtime's default backoff.
+pub fn updates(
+    client: &Client,
+    selector: &SelectorConfig,
+    quotas: bool,
+) -> BoxStream<'static, Item> {
     let mut streams: Vec<BoxStream<'static, Item>> = Vec::new();
     let claims = watcher::Config::default().labels(&selector.label_selector.to_string());
     for scope in scopes(selector) {
@@ -82,6 +98,16 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
             resources::pod_entry,
             Update::Pod,
         ));
+        if quotas {
+            streams.push(kind(
+                Kind::Quotas,
+                typed::<ResourceQuota>(client, &scope),
+                watcher::Config::default(),
+                scope.clone(),
+                resources::quota_entry,
+                Update::Quota,
+            ));
+        }
     }
     let excluded = selector.exclude_namespaces.clone();
     stream::select_all(streams)
@@ -109,10 +135,11 @@ pub fn updates(client: &Client, selector: &SelectorConfig) -> BoxStream<'static,
 pub async fn sync_once(
     client: &Client,
     selector: &SelectorConfig,
+    quotas: bool,
     mut on_error: impl FnMut(Kind, &watcher::Error) -> bool,
 ) -> Option<Index> {
-    let mut index = Index::new(&scopes(selector));
-    let mut updates = updates(client, selector);
+    let mut index = index(selector, quotas);
+    let mut updates = updates(client, selector, quotas);
     while let Some(item) = updates.next().await {
         match item {
             Ok(update) => {
@@ -261,5 +288,6 @@ fn namespace_of(update: &Update) -> Option<&str> {
         Update::Run(c) => of(c),
         Update::TaskRun(c) => of(c),
         Update::Pod(c) => of(c),
+        Update::Quota(c) => of(c),
     }
 }

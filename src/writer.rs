@@ -9,9 +9,10 @@ use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::warn;
 
-use crate::facts::ClaimFacts;
+use crate::facts::{ClaimFacts, ObjectKey};
 use crate::metrics::{DeleteResult, Metrics, Operation};
 use crate::policy::Reason;
+use crate::quota::Pressure;
 
 /// How deletes are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +121,40 @@ impl Writer {
                 ),
             ),
         };
+        self.publish(type_, reason, note, &reference(claim), &claim.key, metrics)
+            .await;
+    }
+
+    /// A warning on the ResourceQuota that stays at high water with nothing more to delete.
+    pub async fn notify_quota_pressure(&self, pressure: &Pressure, metrics: &Metrics) {
+        let quota = &pressure.quota;
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ResourceQuota".into()),
+            namespace: Some(quota.namespace.clone()),
+            name: Some(quota.name.clone()),
+            uid: Some(pressure.quota_uid.clone()),
+            ..ObjectReference::default()
+        };
+        let note = format!(
+            "{pressure}: workspace-gc has no more finished build workspaces to delete in this \
+             namespace; raise the quota or delete claims by hand"
+        );
+        let reason = "QuotaPressure";
+        self.publish(EventType::Warning, reason, note, &reference, quota, metrics)
+            .await;
+    }
+
+    /// Publishes an event; failures are logged and counted, never fatal.
+    async fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        regarding: &ObjectReference,
+        key: &ObjectKey,
+        metrics: &Metrics,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -127,9 +162,9 @@ impl Writer {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, &reference(claim)).await {
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
             metrics.api_error(Operation::Event, &error);
-            warn!(claim = %claim.key, %error, "could not publish event");
+            warn!(object = %key, %error, "could not publish event");
         }
     }
 }
@@ -181,6 +216,7 @@ mod tests {
             owner_references: Vec::new(),
             deletion_timestamp: None,
             requested_bytes: None,
+            storage_class: None,
         }
     }
 

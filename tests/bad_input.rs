@@ -353,6 +353,7 @@ fn overdue(annotations: BTreeMap<String, String>) -> Facts {
             owner_references: Vec::new(),
             deletion_timestamp: None,
             requested_bytes: None,
+            storage_class: None,
         },
         owners: Vec::new(),
         users: Users::Known { pods: Vec::new() },
