@@ -19,7 +19,7 @@ pub(super) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/co
 #[derive(Debug, Clone, Default)]
 pub struct ControlPlaneOptions {
     /// Run kube-controller-manager (garbage collector, PVC protection, namespace deletion,
-    /// service accounts).
+    /// service accounts, resource quotas).
     pub controller_manager: bool,
     /// Extra kube-apiserver flags, e.g. `--etcd-compaction-interval=1s`.
     pub apiserver_args: Vec<String>,

@@ -308,6 +308,7 @@ pub struct ClaimBuilder {
     annotations: BTreeMap<String, String>,
     owner_references: Vec<OwnerReference>,
     bound: bool,
+    storage_class: Option<String>,
 }
 
 impl ClaimBuilder {
@@ -334,7 +335,14 @@ impl ClaimBuilder {
             annotations: BTreeMap::new(),
             owner_references: Vec::new(),
             bound: false,
+            storage_class: None,
         }
+    }
+
+    /// `spec.storageClassName` (no StorageClass object is needed: nothing provisions it).
+    pub fn storage_class(mut self, class: &str) -> Self {
+        self.storage_class = Some(class.to_owned());
+        self
     }
 
     /// Writes `status.phase: Bound` (and capacity 1Gi), as a provisioner would. The
@@ -401,6 +409,7 @@ impl ClaimBuilder {
                     )])),
                     ..VolumeResourceRequirements::default()
                 }),
+                storage_class_name: self.storage_class,
                 ..PersistentVolumeClaimSpec::default()
             }),
             status: None,
