@@ -530,6 +530,30 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         r#"{ "bad key" = "x" }"#,
         "\"bad key\" is not a valid annotation key",
     ),
+    (
+        "quota",
+        "high_water",
+        "1.5",
+        "1.5 must be a fraction greater than 0 and at most 1",
+    ),
+    (
+        "quota",
+        "high_water",
+        "nan",
+        "NaN must be a fraction greater than 0 and at most 1",
+    ),
+    (
+        "quota",
+        "low_water",
+        "0.0",
+        "0 must be a fraction greater than 0 and at most 1",
+    ),
+    (
+        "quota",
+        "low_water",
+        "0.95",
+        "quota.low_water (0.95) is not below quota.high_water (0.9)",
+    ),
 ];
 
 #[test]
@@ -746,6 +770,9 @@ const KEYS: &[&str] = &[
     "creator.storage_class",
     "creator.labels",
     "creator.annotations",
+    "quota.enabled",
+    "quota.high_water",
+    "quota.low_water",
 ];
 
 fn env_name(key: &str) -> String {
@@ -927,9 +954,52 @@ fn overrides_that_widen_deletion_are_named() {
     // Narrowing says nothing.
     let narrowed = with_file(
         text,
-        &[("WORKSPACE_GC_POLICY_MAX_AGE", "30d")],
+        &[
+            ("WORKSPACE_GC_POLICY_MAX_AGE", "30d"),
+            ("WORKSPACE_GC_QUOTA_HIGH_WATER", "0.95"),
+        ],
         &Overrides::default(),
     )
     .unwrap();
     assert!(narrowed.widenings(&base).is_empty());
+}
+
+#[test]
+fn quota_pressure_that_starts_earlier_or_deletes_further_is_named() {
+    let text = "[quota]
+enabled = false
+";
+    let base = file(text).unwrap();
+    let widened = with_file(
+        text,
+        &[
+            ("WORKSPACE_GC_QUOTA_ENABLED", "true"),
+            ("WORKSPACE_GC_QUOTA_HIGH_WATER", "0.7"),
+            ("WORKSPACE_GC_QUOTA_LOW_WATER", "0.5"),
+        ],
+        &Overrides::default(),
+    )
+    .unwrap();
+    let warnings = widened.widenings(&base);
+    assert_eq!(
+        warnings,
+        [
+            "quota.enabled is overridden from false to true: more claims may be deleted",
+            "quota.high_water is overridden from 0.9 to 0.7: more claims may be deleted",
+            "quota.low_water is overridden from 0.8 to 0.5: more claims may be deleted",
+        ]
+    );
+    // The low water is checked against the high water of whichever layer set it.
+    rejected(
+        vars(&[("WORKSPACE_GC_QUOTA_HIGH_WATER", "0.8")]),
+        "$WORKSPACE_GC_QUOTA_HIGH_WATER: quota.high_water: ",
+        "quota.low_water (0.8) is not below quota.high_water (0.8)",
+    );
+    assert_eq!(
+        vars(&[("WORKSPACE_GC_QUOTA_ENABLED", "false")])
+            .unwrap()
+            .quota
+            .waters(),
+        None
+    );
 }
