@@ -785,6 +785,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
         "WorkspaceGCBlastRadiusCapReached",
         "WorkspaceGCNotReady",
         "WorkspaceGCReclaimLagHigh",
+        "WorkspaceGCQuotaPressureUnrelieved",
     ] {
         assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
     }
