@@ -463,6 +463,50 @@ mod tests {
     }
 
     #[test]
+    fn quotas_show_and_pressure_takes_what_it_would_delete() {
+        use crate::quota::{Limit, QuotaEntry, Resource};
+        let mut index = index();
+        index.update(Update::Quota(Change::Apply(QuotaEntry {
+            key: ObjectKey::new("ml", "claims"),
+            uid: "q".into(),
+            limits: vec![Limit {
+                resource: Resource::Claims,
+                hard: 2,
+                used: 2,
+            }],
+        })));
+        // A 4h TTL: the build that finished 3h ago is within it, so pressure may take it.
+        let policy = Policy {
+            ttl_after_finished: Duration::hours(4),
+            ..Policy::default()
+        };
+        let mut rows = rows(&index, &policy, now());
+        let waters = Waters {
+            high: 0.9,
+            low: 0.8,
+        };
+        let quotas = quotas(&index, &policy, waters, now(), &mut rows);
+        assert_eq!(rows[0].decision.verdict.reason(), Reason::QuotaPressure);
+        assert_eq!(
+            rows[0].decision.detail.as_deref(),
+            Some("quota claims persistentvolumeclaims at 100% (2 of 2)")
+        );
+        assert_eq!(rows[1].decision.verdict.reason(), Reason::WithinOrphanGrace);
+        assert_eq!(due(&rows), 1);
+        let text = quota_table(&quotas);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1],
+            "NAMESPACE  QUOTA   RESOURCE                USED  HARD  RATIO  STATE"
+        );
+        assert_eq!(
+            lines[2],
+            "ml         claims  persistentvolumeclaims  2     2     100%   pressure"
+        );
+        assert_eq!(quota_table(&[]), "");
+    }
+
+    #[test]
     fn short_durations() {
         assert_eq!(short(Duration::seconds(12)), "12s");
         assert_eq!(short(Duration::minutes(45)), "45m");

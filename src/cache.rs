@@ -736,6 +736,34 @@ mod tests {
     }
 
     #[test]
+    fn a_quota_change_affects_every_claim_of_its_namespace_only() {
+        use crate::quota::{Limit, QuotaEntry, Resource};
+        let mut index = synced();
+        let mut elsewhere = claim("b");
+        elsewhere.key.namespace = "other".into();
+        index.apply(Change::Apply(claim("a")));
+        index.apply(Change::Apply(claim("c")));
+        index.apply(Change::Apply(elsewhere));
+        let quota = |used| QuotaEntry {
+            key: ObjectKey::new("ml", "q"),
+            uid: "q".into(),
+            limits: vec![Limit {
+                resource: Resource::Claims,
+                hard: 10,
+                used,
+            }],
+        };
+        assert_eq!(index.apply(Change::Apply(quota(9))), keys(&["a", "c"]));
+        assert!(index.apply(Change::Apply(quota(9))).is_empty(), "unchanged");
+        assert_eq!(index.quotas_in("ml"), Found::Yes(vec![quota(9)]));
+        assert_eq!(index.quotas_in("other"), Found::Yes(vec![]));
+        assert_eq!(index.quota_namespaces(), ["ml".to_owned()].into());
+        let waiting = Index::default().with_quotas(&[None]);
+        assert!(!waiting.synced(), "waits for the quota watch to list");
+        assert!(matches!(waiting.quotas_in("ml"), Found::Unknown(_)));
+    }
+
+    #[test]
     fn a_relist_replaces_its_scope_and_reports_what_vanished() {
         let mut index = Index::new(&[Some("ml".into()), Some("other".into())]);
         let in_other = |name: &str| {

@@ -683,56 +683,86 @@ mod tests {
         })
     }
 
+    /// Quotas, claims, what this round already deleted, and the waters.
+    #[derive(Debug)]
+    struct Scene {
+        quotas: Vec<QuotaEntry>,
+        claims: Vec<Claim>,
+        sent: Vec<Sent>,
+        waters: Waters,
+    }
+
+    impl Scene {
+        fn plan(&self) -> Plan {
+            plan(&self.quotas, &self.claims, &self.sent, self.waters)
+        }
+
+        fn claim(&self, key: &ObjectKey) -> &Claim {
+            self.claims.iter().find(|c| &c.key == key).unwrap()
+        }
+    }
+
+    fn any_scene() -> impl Strategy<Value = Scene> {
+        let claims = prop::collection::vec(any_claim(), 0..30).prop_map(unique);
+        (any_quotas(), claims, any_waters(), any::<u32>()).prop_map(
+            |(quotas, claims, waters, picks)| {
+                // Some of the claims were deleted earlier in this round (still in the cache).
+                let sent = (claims.iter().enumerate())
+                    .filter(|(i, _)| picks >> (i % 32) & 1 == 1 && i % 4 == 0)
+                    .map(|(_, c)| Sent {
+                        key: c.key.clone(),
+                        uid: c.uid.clone(),
+                        bytes: c.bytes,
+                        class: c.class.clone(),
+                    })
+                    .collect();
+                Scene {
+                    quotas,
+                    claims,
+                    sent,
+                    waters,
+                }
+            },
+        )
+    }
+
     proptest! {
         #[test]
-        fn only_claims_within_their_ttl_are_taken(
-            quotas in any_quotas(),
-            claims in prop::collection::vec(any_claim(), 0..30).prop_map(unique),
-            waters in any_waters(),
-        ) {
-            let plan = plan(&quotas, &claims, &[], waters);
-            for victim in &plan.victims {
-                let claim = claims.iter().find(|c| &c.key == victim).unwrap();
+        fn only_claims_within_their_ttl_and_not_yet_deleted_are_taken(scene in any_scene()) {
+            for victim in &scene.plan().victims {
+                let claim = scene.claim(victim);
                 let within_ttl = matches!(
                     claim.verdict,
                     Verdict::Keep { reason: Reason::WithinTtl, .. }
                 );
                 prop_assert!(within_ttl, "{claim:?}");
                 prop_assert!(claim.completed.is_some(), "{claim:?}");
+                prop_assert!(!scene.sent.iter().any(|s| s.uid == claim.uid), "{claim:?}");
             }
         }
 
         #[test]
-        fn nothing_is_taken_without_pressure(
-            quotas in any_quotas(),
-            claims in prop::collection::vec(any_claim(), 0..30).prop_map(unique),
-            waters in any_waters(),
-        ) {
-            let plan = plan(&quotas, &claims, &[], waters);
-            if !waters.under_pressure(&quotas) {
+        fn nothing_is_taken_without_pressure(scene in any_scene()) {
+            let plan = scene.plan();
+            if !scene.waters.under_pressure(&scene.quotas) {
                 prop_assert!(plan.victims.is_empty());
                 prop_assert!(plan.pressed.is_empty() && plan.unrelieved.is_empty());
             }
         }
 
         #[test]
-        fn oldest_completions_go_first_and_it_stops_at_low_water(
-            quotas in any_quotas(),
-            claims in prop::collection::vec(any_claim(), 0..30).prop_map(unique),
-            waters in any_waters(),
-        ) {
-            let plan = plan(&quotas, &claims, &[], waters);
-            let by_key = |key: &ObjectKey| claims.iter().find(|c| &c.key == key).unwrap();
-            let completed = |key: &ObjectKey| by_key(key).completed.unwrap();
+        fn oldest_completions_go_first_and_it_stops_at_low_water(scene in any_scene()) {
+            let (plan, waters) = (scene.plan(), scene.waters);
+            let completed = |key: &ObjectKey| scene.claim(key).completed.unwrap();
             // Oldest first: every victim finished no later than the next one.
             for pair in plan.victims.windows(2) {
                 prop_assert!(completed(&pair[0]) <= completed(&pair[1]));
             }
             // Each victim was needed: before it, some pressed resource it counts toward was
-            // still above low water.
-            let mut projected: Vec<u64> = plan.pressed.iter().map(|p| p.used).collect();
+            // still projected above low water (what the round deleted already subtracted).
+            let mut projected: Vec<u64> = plan.pressed.iter().map(|p| p.projected).collect();
             for victim in &plan.victims {
-                let claim = by_key(victim);
+                let claim = scene.claim(victim);
                 let taken = |p: &Pressure| p.resource.taken_by(claim.bytes, claim.class.as_deref());
                 let needed = plan.pressed.iter().zip(&projected).any(|(p, used)| {
                     !waters.relieved(*used, p.hard) && taken(p) > 0
@@ -742,12 +772,14 @@ mod tests {
                     *used = used.saturating_sub(taken(p));
                 }
             }
-            // It stops only at low water or when no eligible claim is left that would help.
+            // It stops only at low water, or when no eligible claim is left that would help.
             let relieved = plan.pressed.iter().zip(&projected)
                 .all(|(p, used)| waters.relieved(*used, p.hard));
             if !relieved {
-                let left = claims.iter().filter(|c| {
-                    c.eligible().is_some() && !plan.victims.contains(&c.key)
+                let left = scene.claims.iter().filter(|c| {
+                    c.eligible().is_some()
+                        && !plan.victims.contains(&c.key)
+                        && !scene.sent.iter().any(|s| s.uid == c.uid)
                 }).any(|c| plan.pressed.iter().zip(&projected).any(|(p, used)| {
                     !waters.relieved(*used, p.hard)
                         && p.resource.taken_by(c.bytes, c.class.as_deref()) > 0

@@ -19,34 +19,18 @@ use support::{
 };
 use tokio_util::sync::CancellationToken;
 use workspace_gc::annotations;
-use workspace_gc::config::Config;
 use workspace_gc::controller::{self, RunOptions};
 use workspace_gc::metrics::Metrics;
 use workspace_gc::resources;
 use workspace_gc::writer::{Mode, Writer};
-
-/// A configuration that watches only `ns`, without leader election, with a generous rate.
-fn config_for(ns: &TestNamespace) -> Config {
-    let mut config = Config::default();
-    config.selector.namespaces = vec![ns.name().to_owned()];
-    config.leader_election.enabled = false;
-    config.deletion.deletes_per_second = 100.0;
-    config.deletion.max_deletions_per_window = 1000;
-    config
-}
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
 async fn events_for(ns: &TestNamespace, claim: &str) -> Vec<Event> {
-    let events = ns
-        .api::<Event>()
-        .list(&Default::default())
+    ns.events()
         .await
-        .expect("list events");
-    events
-        .items
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim))
         .collect()
@@ -84,7 +68,7 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
     // Not a build workspace: the label selector keeps it out of reach.
     ClaimBuilder::plain("nb-user-data").create(&ns).await;
 
-    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "ttl").await;
+    let daemon = Daemon::start(ns.client().clone(), ns.config(), "ttl").await;
     assert!(
         wait_until(secs(10), || gone(&ns, "nb-build-workspace")).await,
         "the expired workspace is deleted"
@@ -124,7 +108,7 @@ async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
         .create(&ns)
         .await;
     ClaimBuilder::for_job("nb").create(&ns).await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.ttl_after_finished = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "running").await;
 
@@ -175,7 +159,7 @@ async fn orphan_is_deleted_after_its_grace_and_a_young_one_is_kept() {
     ClaimBuilder::build_workspace("leftover-build-workspace")
         .create(&ns)
         .await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "orphan").await;
     assert!(
@@ -196,7 +180,7 @@ async fn young_orphan_is_kept() {
     ClaimBuilder::build_workspace("fresh-build-workspace")
         .create(&ns)
         .await;
-    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "young").await;
+    let daemon = Daemon::start(ns.client().clone(), ns.config(), "young").await;
     tokio::time::sleep(secs(3)).await;
     assert!(claim_exists(&ns, "fresh-build-workspace").await);
     let metrics = daemon.metrics().await;
@@ -223,7 +207,7 @@ async fn in_use_claim_is_kept_however_old_until_its_pod_finishes() {
         .phase("Running")
         .create(&ns)
         .await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     config.policy.max_age = secs(1);
     let daemon = Daemon::start(ns.client().clone(), config, "inuse").await;
@@ -262,7 +246,7 @@ async fn keep_annotation_and_malformed_annotations_keep_the_claim() {
     ClaimBuilder::build_workspace("plain-build-workspace")
         .create(&ns)
         .await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     let daemon = Daemon::start(ns.client().clone(), config, "annot").await;
     assert!(
@@ -304,7 +288,7 @@ async fn max_age_deletes_a_claim_whose_run_never_finishes() {
         .create(&ns)
         .await;
     ClaimBuilder::for_job("stuck").create(&ns).await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.max_age = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "maxage").await;
     assert!(claim_exists(&ns, "stuck-build-workspace").await);
@@ -402,7 +386,7 @@ async fn dry_run_deletes_nothing_and_reports_exactly_what_real_mode_deletes() {
     let ns = ns("dryrun").await;
     let due = seed_mix(&ns).await;
     let before = claim_names(&ns).await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     config.deletion.dry_run = true;
     config.deletion.server_side_dry_run = true;
@@ -444,7 +428,7 @@ async fn blast_radius_cap_stops_deletions_at_the_cap() {
             .create(&ns)
             .await;
     }
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     config.deletion.max_deletions_per_window = 2;
     config.deletion.window = Duration::from_secs(600);
@@ -473,7 +457,7 @@ async fn blast_radius_cap_stops_deletions_at_the_cap() {
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_leader_deletes_and_the_standby_takes_over() {
     let ns = ns("leader").await;
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     config.leader_election.enabled = true;
     config.leader_election.lease_namespace = Some(ns.name().to_owned());
@@ -586,7 +570,7 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
         .expect("role");
     ns.bind_role("workspace-gc", "workspace-gc").await;
 
-    let mut config = config_for(&ns);
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     let port = free_port();
     let stop = CancellationToken::new();

@@ -51,11 +51,7 @@ fn expiring(name: &str, at: DateTime<Utc>) -> ClaimBuilder {
 /// A configuration that watches only `ns`, without leader election, deleting as fast as
 /// asked, and with an orphan grace long enough that only the deadlines a test sets apply.
 fn config_for(ns: &TestNamespace) -> Config {
-    let mut config = Config::default();
-    config.selector.namespaces = vec![ns.name().to_owned()];
-    config.leader_election.enabled = false;
-    config.deletion.deletes_per_second = 100.0;
-    config.deletion.max_deletions_per_window = 1000;
+    let mut config = ns.config();
     config.policy.orphan_grace = secs(3600);
     config
 }

@@ -2,7 +2,8 @@
 //! the resource-quota controller, so `status.used` is the real one: exactly the oldest-completed
 //! workspaces needed to fall to low water are deleted, for `requests.storage`, a class-scoped
 //! quota and the `persistentvolumeclaims` count, and a namespace left at high water with nothing
-//! more to delete gets one `QuotaPressure` warning.
+//! more to delete gets one `QuotaPressure` warning. The daemon runs with the default TTL (1h)
+//! and waters (0.9, 0.8).
 
 mod support;
 
@@ -19,18 +20,6 @@ use support::{
     wait_until,
 };
 use workspace_gc::annotations;
-use workspace_gc::config::Config;
-
-/// A configuration that watches only `ns`, without leader election, with a generous rate; the
-/// default TTL (1h) and waters (0.9, 0.8).
-fn config_for(ns: &TestNamespace) -> Config {
-    let mut config = Config::default();
-    config.selector.namespaces = vec![ns.name().to_owned()];
-    config.leader_election.enabled = false;
-    config.deletion.deletes_per_second = 100.0;
-    config.deletion.max_deletions_per_window = 1000;
-    config
-}
 
 /// `{job}-build-workspace`, bound by PipelineRun `{job}-build` that finished `minutes_ago`:
 /// within the 1h TTL.
@@ -137,13 +126,8 @@ async fn ns(prefix: &str) -> TestNamespace {
 }
 
 async fn events(ns: &TestNamespace, reason: &str) -> Vec<Event> {
-    let events = ns
-        .api::<Event>()
-        .list(&Default::default())
+    ns.events()
         .await
-        .expect("list events");
-    events
-        .items
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
@@ -160,7 +144,7 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
     // 6 claims of 1Gi at 100%: 80% is 4.8Gi, so two must go, the two oldest completions.
     full_quota(&ns, "storage", &[("requests.storage", "6Gi")]).await;
 
-    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "quota-storage").await;
+    let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-storage").await;
     exactly_deleted(
         &ns,
         &["older", "old"],
@@ -215,7 +199,7 @@ async fn a_class_scoped_quota_takes_only_claims_of_its_class() {
     )
     .await;
 
-    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "quota-class").await;
+    let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-class").await;
     exactly_deleted(
         &ns,
         &["fast-b"],
@@ -235,7 +219,7 @@ async fn a_full_claim_count_with_nothing_more_to_take_warns_once() {
     // 10 of 10 claims: deleting the one finished workspace leaves 90%, still at high water.
     full_quota(&ns, "claims", &[("persistentvolumeclaims", "10")]).await;
 
-    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "quota-count").await;
+    let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-count").await;
     let kept: Vec<String> = (0..9).map(|i| format!("debug-{i}")).collect();
     let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
     exactly_deleted(&ns, &["done"], &kept).await;

@@ -7,11 +7,13 @@ use std::sync::OnceLock;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde::de::DeserializeOwned;
+use workspace_gc::config::Config as DaemonConfig;
 
 pub(super) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane");
 
@@ -480,6 +482,26 @@ impl TestNamespace {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// A daemon configuration that watches only this namespace, without leader election,
+    /// deleting as fast as a test asks.
+    pub fn config(&self) -> DaemonConfig {
+        let mut config = DaemonConfig::default();
+        config.selector.namespaces = vec![self.name.clone()];
+        config.leader_election.enabled = false;
+        config.deletion.deletes_per_second = 100.0;
+        config.deletion.max_deletions_per_window = 1000;
+        config
+    }
+
+    /// Every `events.k8s.io` event in this namespace.
+    pub async fn events(&self) -> Vec<Event> {
+        self.api::<Event>()
+            .list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("list events in {}: {e}", self.name))
+            .items
     }
 
     /// The admin client this namespace was created with.
