@@ -149,6 +149,46 @@ fn every_subcommand_checks_the_configuration_first() {
     }
 }
 
+/// Well-formed values that cannot be honoured as written: refused before anything runs, rather
+/// than turned into their opposite (`1e-30` deletions a second once became no pacing at all).
+#[test]
+fn values_that_cannot_be_honoured_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().expect("a directory");
+    for (key, value) in [
+        ("deletion.deletes_per_second", "1e-30"),
+        ("deletion.deletes_per_second", "3e-10"),
+        ("deletion.deletes_per_second", "5e-324"),
+        ("policy.max_age", "101y"),
+        ("deletion.window", "200y"),
+        ("leader_election.lease_duration", "1s"),
+    ] {
+        let var = env_name(key);
+        let output = workspace_gc(&["run"], &[(&var, value)], None);
+        assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
+        let message = stderr(&output);
+        assert!(
+            message.starts_with(&format!("error: ${var}: {key}: ")),
+            "{var}={value}: {message}"
+        );
+        let (section, name) = key.split_once('.').expect("section.key");
+        let path = dir.path().join("config.toml");
+        let quoted = if value.ends_with(char::is_alphabetic) {
+            format!("\"{value}\"")
+        } else {
+            value.to_owned()
+        };
+        std::fs::write(&path, format!("[{section}]\n{name} = {quoted}\n")).expect("write");
+        let flag = path.to_str().expect("a UTF-8 temp path");
+        let output = workspace_gc(&["--config", flag, "run"], &[], None);
+        assert_exit(&output, exit::CONFIG, &format!("{key} = {quoted}"));
+        assert!(
+            stderr(&output).contains(&format!("config.toml:2: {key}: ")),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
 #[test]
 fn malformed_configuration_files_exit_2_naming_file_and_line() {
     let dir = tempfile::tempdir().expect("a directory");

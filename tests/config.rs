@@ -409,6 +409,19 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         "nan",
         "NaN must be a finite number greater than zero",
     ),
+    // Accepted before, then overflowed into "no pacing at all".
+    (
+        "deletion",
+        "deletes_per_second",
+        "1e-30",
+        "1e-30 is too small: it means one deletion every 1.0e30 s; expected at least 3.2e-10",
+    ),
+    (
+        "deletion",
+        "deletes_per_second",
+        "3e-10",
+        "3e-10 is too small",
+    ),
     (
         "deletion",
         "max_deletions_per_window",
