@@ -418,6 +418,10 @@ impl Controller {
             None => Err(FenceError::NotLeading),
         };
         let result = match sent {
+            Ok(DeleteResult::Deleted) => {
+                self.lock_limiter().sent(reservation, Utc::now());
+                DeleteResult::Deleted
+            }
             Ok(result) => result,
             Err(error) => {
                 self.release(reservation);

@@ -96,6 +96,17 @@ impl Limiter {
         }
     }
 
+    /// Moves a reservation's record to `at`, when its delete has been answered: the API server
+    /// received it at `at` at the latest, so the window counts from no earlier than that.
+    pub fn sent(&mut self, reservation: Reservation, at: DateTime<Utc>) {
+        if reservation.term == self.term
+            && let Some(ledger) = &mut self.ledger
+        {
+            ledger.unrecord(reservation.at);
+            ledger.record(at.max(reservation.at));
+        }
+    }
+
     /// The ledger to persist before `reservation`'s delete: every reservation granted so far
     /// and not released, this one included. `None` if it was granted before the count was
     /// last forgotten or recovered: the ledger since then does not count it.
@@ -212,6 +223,22 @@ mod tests {
         limiter.release(reservation);
         assert!(!capped(&limiter, wall));
         assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
+    }
+
+    #[test]
+    fn a_delete_counts_from_when_it_was_answered() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let window = Duration::from_secs(60);
+        let mut limiter = limiter(Duration::ZERO, 1, window);
+        let Admission::At(reservation) = limiter.reserve(now, wall) else {
+            panic!("admitted")
+        };
+        let slow = Duration::from_secs(5);
+        limiter.sent(reservation, wall + slow);
+        let Admission::Capped { until } = limiter.reserve(now + window, wall + window) else {
+            panic!("still capped a window after the slot: the delete landed later")
+        };
+        assert!(until >= now + slow + window);
     }
 
     #[test]
