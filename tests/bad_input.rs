@@ -109,20 +109,25 @@ fn assert_exit(output: &Output, code: i32, what: &str) {
     );
 }
 
+/// Runs `run` with `key` set to `value` through its variable, with no cluster access at all
+/// (the configuration is checked first), and checks it exits 2 with one line naming both.
+fn assert_refused_from_the_environment(key: &str, value: &str) {
+    let var = env_name(key);
+    let output = workspace_gc(&["run"], &[(&var, value)], None);
+    assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
+    let message = stderr(&output);
+    assert!(
+        message.starts_with(&format!("error: ${var}: {key}: ")),
+        "{var}={value}: {message}"
+    );
+    assert_eq!(message.lines().count(), 1, "one line: {message}");
+    assert!(output.stdout.is_empty());
+}
+
 #[test]
 fn every_malformed_key_exits_2_naming_variable_and_key() {
     for (key, value) in MALFORMED {
-        let var = env_name(key);
-        // `run` with no cluster access at all: the configuration is checked first.
-        let output = workspace_gc(&["run"], &[(&var, value)], None);
-        assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
-        let message = stderr(&output);
-        assert!(
-            message.starts_with(&format!("error: ${var}: {key}: ")),
-            "{var}={value}: {message}"
-        );
-        assert_eq!(message.lines().count(), 1, "one line: {message}");
-        assert!(output.stdout.is_empty());
+        assert_refused_from_the_environment(key, value);
     }
 }
 
@@ -162,14 +167,7 @@ fn values_that_cannot_be_honoured_exit_2_naming_the_key() {
         ("deletion.window", "200y"),
         ("leader_election.lease_duration", "1s"),
     ] {
-        let var = env_name(key);
-        let output = workspace_gc(&["run"], &[(&var, value)], None);
-        assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
-        let message = stderr(&output);
-        assert!(
-            message.starts_with(&format!("error: ${var}: {key}: ")),
-            "{var}={value}: {message}"
-        );
+        assert_refused_from_the_environment(key, value);
         let (section, name) = key.split_once('.').expect("section.key");
         let path = dir.path().join("config.toml");
         let quoted = if value.ends_with(char::is_alphabetic) {

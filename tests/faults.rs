@@ -24,9 +24,9 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
-    ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder, PipelineRunBuilder,
-    PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, policy_rule, wait_until,
+    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
+    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, wait_until,
 };
 use workspace_gc::annotations;
 use workspace_gc::config::Config;
@@ -1128,6 +1128,28 @@ async fn capped(replica: &Process) -> bool {
     ) == 1.0
 }
 
+/// `replica` comes to lead, re-evaluates every claim on winning the lease, finds the cap
+/// reached, and 2 of `names` stay the only ones deleted.
+async fn leads_within_the_cap(replica: &Process, ns: &TestNamespace, names: &[String], when: &str) {
+    assert!(
+        wait_until(secs(30), || replica.leading()).await,
+        "leads {when}:\n{}",
+        replica.logs()
+    );
+    assert!(
+        wait_until(secs(15), || capped(replica)).await,
+        "finds the cap reached {when}:\n{}",
+        replica.logs()
+    );
+    tokio::time::sleep(secs(3)).await;
+    assert_eq!(
+        deleted_count(ns, names).await,
+        2,
+        "no more deletions {when}:\n{}",
+        replica.logs()
+    );
+}
+
 /// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
 /// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
 /// count of the window lives on the Lease, so each new leader starts from it.
@@ -1163,45 +1185,12 @@ async fn the_cap_holds_across_restarts_and_hand_overs() {
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
     let status = a.terminate().await;
     assert!(status.success(), "{status}");
-    assert!(
-        wait_until(secs(15), || b.leading()).await,
-        "replica-b takes over:\n{}",
-        b.logs()
-    );
-    // On winning the lease it re-evaluates every claim: the four due ones meet the cap.
-    assert!(
-        wait_until(secs(15), || capped(&b)).await,
-        "replica-b finds the cap reached:\n{}",
-        b.logs()
-    );
-    tokio::time::sleep(secs(3)).await;
-    assert_eq!(
-        deleted_count(&ns, &names).await,
-        2,
-        "no more deletions after the hand-over:\n{}",
-        b.logs()
-    );
+    leads_within_the_cap(&b, &ns, &names, "after the hand-over").await;
 
     // A crash and a restart of the same pod: it holds its own lease and leads at once.
     b.kill().await;
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b2.log"));
-    assert!(
-        wait_until(secs(30), || b.leading()).await,
-        "replica-b leads again after its restart:\n{}",
-        b.logs()
-    );
-    assert!(
-        wait_until(secs(15), || capped(&b)).await,
-        "the restarted replica finds the cap reached:\n{}",
-        b.logs()
-    );
-    tokio::time::sleep(secs(3)).await;
-    assert_eq!(
-        deleted_count(&ns, &names).await,
-        2,
-        "no more deletions after the restart:\n{}",
-        b.logs()
-    );
+    leads_within_the_cap(&b, &ns, &names, "after the restart").await;
     let status = b.terminate().await;
     assert!(status.success(), "{status}");
 }
@@ -1358,38 +1347,6 @@ rules:
   - level: None
 ";
 
-/// One request from the audit log.
-#[derive(Debug)]
-struct Audited {
-    user: String,
-    resource: String,
-    uid: Option<String>,
-    code: i64,
-    at: DateTime<Utc>,
-}
-
-fn read_audit(path: &std::path::Path) -> Vec<Audited> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter_map(|e| {
-            Some(Audited {
-                user: e["user"]["username"].as_str()?.to_owned(),
-                resource: e["objectRef"]["resource"].as_str()?.to_owned(),
-                uid: e["requestObject"]["preconditions"]["uid"]
-                    .as_str()
-                    .map(str::to_owned),
-                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
-                at: DateTime::parse_from_rfc3339(e["requestReceivedTimestamp"].as_str()?)
-                    .ok()?
-                    .with_timezone(&Utc),
-            })
-        })
-        .collect()
-}
-
 /// The daemon's Role in the test namespace, with the Lease rights old and new election need.
 fn elected_role(name: &str) -> Role {
     let mut role = daemon_role(true);
@@ -1511,7 +1468,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         .max()
         .expect("the old leader renewed its lease");
     let expiry = renewed + chrono::Duration::from_std(lease).expect("lease");
-    let late: Vec<&Audited> = audited
+    let late: Vec<&AuditEvent> = audited
         .iter()
         .filter(|e| e.user == old && e.resource == "persistentvolumeclaims" && e.at >= expiry)
         .collect();
