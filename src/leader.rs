@@ -52,6 +52,8 @@ pub enum FenceError {
     Lost,
     #[error("could not record the deletion on the lease: {0}")]
     Write(#[source] kube::Error),
+    #[error("recording the deletion on the lease took longer than the renew deadline")]
+    TimedOut,
 }
 
 /// The election's periods, all derived from the lease duration in client-go's proportions
@@ -208,17 +210,23 @@ impl Fence {
         let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
         let sent = Instant::now();
-        match elector.write(read, spec, Some(ledger)).await {
-            Ok(written) => {
+        // Bounded: the lock it holds also holds up the renewals.
+        let write = elector.write(read, spec, Some(ledger));
+        match tokio::time::timeout(elector.timing.renew_deadline, write).await {
+            Ok(Ok(written)) => {
                 *held = Some(written);
                 elector.renewed(sent);
                 Ok(())
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
                 elector.step_down("another replica wrote the lease");
                 Err(FenceError::Lost)
             }
-            Err(error) => Err(FenceError::Write(error)),
+            Ok(Err(error)) => {
+                elector.metrics.api_error(Operation::Lease, &error);
+                Err(FenceError::Write(error))
+            }
+            Err(_) => Err(FenceError::TimedOut),
         }
     }
 
