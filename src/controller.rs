@@ -18,11 +18,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cache::Index;
-use crate::config::Config;
+use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::facts::{ClaimFacts, ObjectKey};
 use crate::http::{self, Health};
-use crate::leader::Leadership;
-use crate::limiter::{Admission, Limiter};
+use crate::leader::{Fence, FenceError, Leadership};
+use crate::limiter::{Admission, Limiter, Reservation};
 use crate::linking;
 use crate::live::{LiveView, Snapshots};
 use crate::metrics::{DeleteResult, ErrorCategory, Metrics};
@@ -56,8 +56,6 @@ pub enum RunError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("leader election failed to start: {0}")]
-    Lease(#[from] kube_lease_manager::LeaseManagerError),
 }
 
 /// Everything a reconcile reads, built once.
@@ -71,6 +69,7 @@ struct Controller {
     cap: (u32, String),
     schedule: crate::scheduler::Schedule,
     leading: watch::Receiver<bool>,
+    fence: Fence,
     snapshots: Snapshots,
 }
 
@@ -101,8 +100,8 @@ pub async fn run(
         &config.leader_election,
         &lease_namespace,
         options.identity.clone(),
-    )
-    .await?;
+        metrics.clone(),
+    );
 
     let deletion = &config.deletion;
     let mode = if deletion.dry_run {
@@ -118,9 +117,15 @@ pub async fn run(
         policy: config.policy(),
         index: RwLock::new(Index::new(&watches::scopes(&config.selector))),
         metrics: metrics.clone(),
-        writer: Writer::new(client.clone(), mode, Some(options.identity)),
+        writer: Writer::new(
+            client.clone(),
+            mode,
+            Some(options.identity),
+            leadership.fence(),
+        ),
         limiter: Mutex::new(Limiter::new(
-            deletion.deletes_per_second,
+            // Validation refused every rate without an interval; the slowest pace otherwise.
+            deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
             deletion.max_deletions_per_window,
             deletion.window,
         )),
@@ -130,6 +135,7 @@ pub async fn run(
         ),
         schedule,
         leading: leadership.subscribe(),
+        fence: leadership.fence(),
         snapshots: Snapshots::default(),
         client: client.clone(),
     });
@@ -264,6 +270,7 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
         health.set_leader(is_leader);
         if is_leader {
             info!("leading: this replica deletes");
+            controller.recover_cap();
             let keys: Vec<ObjectKey> = {
                 let index = controller.read_index();
                 if index.synced() {
@@ -277,6 +284,7 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
             }
         } else {
             info!("standing by: another replica holds the lease");
+            controller.lock_limiter().forget();
         }
         if leading.changed().await.is_err() {
             return;
@@ -344,15 +352,18 @@ impl Controller {
     /// Deletes a due claim: within the limits, after a live re-check.
     async fn act(&self, claim: ClaimFacts, cached_due_at: Option<DateTime<Utc>>) {
         let key = claim.key.clone();
-        let admission = self
-            .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reserve(Instant::now());
-        let slot = match admission {
-            Admission::At(slot) => {
+        let admission = self.lock_limiter().reserve(Instant::now(), Utc::now());
+        let reservation = match admission {
+            Admission::At(reservation) => {
                 self.metrics.set_capped(false);
-                slot
+                self.metrics.set_cap_unknown(false);
+                reservation
+            }
+            Admission::Unknown => {
+                warn!(claim = %key, "the count of deletions in the current window is not known; deletion deferred");
+                self.metrics.set_cap_unknown(true);
+                self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
+                return;
             }
             Admission::Capped { until } => {
                 let (max, window) = &self.cap;
@@ -372,7 +383,7 @@ impl Controller {
                 return;
             }
         };
-        tokio::time::sleep_until(slot).await;
+        tokio::time::sleep_until(reservation.slot).await;
 
         // Whatever may protect the claim is read live: a watch can go silent without an error
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
@@ -381,7 +392,7 @@ impl Controller {
         let facts = linking::facts(&claim, &live);
         let decision = policy::decide(&facts, &self.policy, Utc::now());
         let Verdict::Delete { reason, due_at } = decision.verdict else {
-            self.release(slot);
+            self.release(reservation);
             info!(
                 claim = %key,
                 reason = %decision.verdict.reason(),
@@ -393,7 +404,24 @@ impl Controller {
         };
 
         let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
-        let result = self.writer.delete(&claim, &self.metrics).await;
+        let ledger = self.lock_limiter().ledger_for(reservation);
+        let sent = match &ledger {
+            Some(ledger) => self.writer.delete(&claim, ledger, &self.metrics).await,
+            None => Err(FenceError::NotLeading),
+        };
+        let result = match sent {
+            Ok(DeleteResult::Deleted) => {
+                self.lock_limiter().sent(reservation, Utc::now());
+                DeleteResult::Deleted
+            }
+            Ok(result) => result,
+            Err(error) => {
+                self.release(reservation);
+                info!(claim = %key, %error, "not deleted: this replica may not act");
+                self.schedule.at(key, Instant::now() + RETRY_AFTER);
+                return;
+            }
+        };
         match (result, dry_run) {
             (DeleteResult::Deleted, true) => {
                 info!(claim = %key, %reason, "dry-run: would delete");
@@ -414,18 +442,18 @@ impl Controller {
                     .await;
             }
             (DeleteResult::NotFound, _) => {
-                self.release(slot);
+                self.release(reservation);
                 self.count(dry_run, &key, reason, result);
                 debug!(claim = %key, "already gone");
             }
             (DeleteResult::Conflict, _) => {
-                self.release(slot);
+                self.release(reservation);
                 self.count(dry_run, &key, reason, result);
                 info!(claim = %key, "the claim changed or was re-created since the decision; re-evaluating");
                 self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
             }
             (DeleteResult::Failed, _) => {
-                self.release(slot);
+                self.release(reservation);
                 self.count(dry_run, &key, reason, result);
                 self.schedule.at(key, Instant::now() + RETRY_AFTER);
             }
@@ -438,11 +466,22 @@ impl Controller {
         }
     }
 
-    fn release(&self, slot: Instant) {
-        self.limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .release(slot);
+    fn release(&self, reservation: Reservation) {
+        self.lock_limiter().release(reservation);
+    }
+
+    fn lock_limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {
+        self.limiter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts the cap from the ledger found on the Lease just won; fails closed for a window
+    /// when it cannot be read.
+    fn recover_cap(&self) {
+        let found = self.fence.found();
+        if let Err(error) = self.lock_limiter().recover(found.as_deref(), Utc::now()) {
+            warn!(%error, "the count of deletions in the current window is not known; counting the cap as reached for one window");
+            self.metrics.set_cap_unknown(true);
+        }
     }
 }
 

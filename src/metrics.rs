@@ -161,6 +161,7 @@ pub struct Metrics {
     ready: Gauge,
     blast_radius_capped: Gauge,
     blast_radius_cap_reached: Counter,
+    blast_radius_unknown: Gauge,
     tracked: Mutex<HashMap<ObjectKey, Tracked>>,
 }
 
@@ -182,6 +183,7 @@ impl Metrics {
             ready: Gauge::default(),
             blast_radius_capped: Gauge::default(),
             blast_radius_cap_reached: Counter::default(),
+            blast_radius_unknown: Gauge::default(),
             tracked: Mutex::default(),
         };
         let r = registry.sub_registry_with_prefix("workspace_gc");
@@ -254,6 +256,11 @@ impl Metrics {
             "blast_radius_cap_reached",
             "Times the maximum deletions per window was reached",
             metrics.blast_radius_cap_reached.clone(),
+        );
+        r.register(
+            "blast_radius_unknown",
+            "1 while deletions are held back because the count of the current window is not known",
+            metrics.blast_radius_unknown.clone(),
         );
         metrics
     }
@@ -361,6 +368,10 @@ impl Metrics {
         if capped && before == 0 {
             self.blast_radius_cap_reached.inc();
         }
+    }
+
+    pub fn set_cap_unknown(&self, unknown: bool) {
+        self.blast_radius_unknown.set(unknown.into());
     }
 }
 
