@@ -98,9 +98,21 @@ fn reads(c: &Contender) -> f64 {
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}×", a / b),
+        (Some(a), Some(b)) if b > 0.0 => times(a / b),
         _ => "–".into(),
     }
+}
+
+/// Two significant digits below 1 (so the garbage collector's 0.013× does not print as 0.0×),
+/// one decimal up to 10, none above.
+fn times(x: f64) -> String {
+    let decimals = match x {
+        x if x >= 10.0 => 0,
+        x if x >= 1.0 => 1,
+        x if x > 0.0 => (1.0 - x.log10().floor()).min(6.0) as usize,
+        _ => 0,
+    };
+    format!("{x:.decimals$}×")
 }
 
 fn command_line(options: &Options) -> String {

@@ -13,8 +13,10 @@
 //!   expires annotations set and removed, invalid annotations, claims deleted and re-created
 //!   under the same name.
 //! - **The faults**: kube-apiserver killed and restarted, etcd killed and restarted, etcd
-//!   compacted under both replicas, a replica partitioned, the leader's watches stalled
-//!   silently, the leader killed with SIGKILL (and started again).
+//!   compacted under both replicas, the leader alone partitioned, the leader's watches stalled
+//!   silently, the leader killed with SIGKILL (and started again), and a restart storm: a
+//!   burst of [`CAP`] claims due at once, then the leader killed and restarted again and again
+//!   within one [`WINDOW`] of the tight blast-radius cap.
 //! - **The ground truth**: for every claim incarnation (UID), the history of the states that
 //!   decide its fate, each bracketed by the times before and after the API call that made it.
 //!   Protections (a pod, `keep`, a later deadline) are only ever added to a claim that is not
@@ -22,8 +24,9 @@
 //!   for a wrong one.
 //! - **The check**: every delete in the API server's audit log sent by the daemon's
 //!   ServiceAccount that succeeded must name a claim that was due and unprotected at that moment
-//!   (wrong deletions: zero), no claim may be deleted twice, and every claim that has been due
-//!   for [`BOUND`] must be gone (missed deletions: zero). Exit status 1 otherwise.
+//!   (wrong deletions: zero), no claim may be deleted twice, every claim that has been due
+//!   for [`BOUND`] must be gone (missed deletions: zero), and no rolling [`WINDOW`] may hold
+//!   more than [`CAP`] of them (cap exceeded: never). Exit status 1 otherwise.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -45,9 +48,9 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use support::{
-    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, ControlPlaneOptions, JobBuilder,
+    AuditEvent, BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, ControlPlaneOptions, JobBuilder,
     PipelineRunBuilder, Process, Proxy, TestNamespace, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource,
+    notebook_validation_job_resource, pipeline_run_resource, read_audit,
 };
 use tokio::sync::{Mutex, RwLock};
 
@@ -58,9 +61,14 @@ const ORPHAN_GRACE: i64 = 30;
 const MAX_AGE: i64 = 150;
 /// A protection is added only to a claim not due for at least this long.
 const MARGIN: i64 = 5;
+/// The blast-radius cap: at most this many deletions in any rolling [`WINDOW`] seconds. Tight:
+/// about twice the workload's usual rate, so a burst meets it.
+const CAP: u32 = 30;
+const WINDOW: i64 = 30;
 /// A claim due (and unprotected) for this long must be gone: the longest fault (an API server
-/// down for 15 s, then kube-runtime's watch backoff of up to 30 s) with room to spare.
-const BOUND: i64 = 90;
+/// down for 15 s, then kube-runtime's watch backoff of up to 30 s) with room to spare, plus a
+/// window in which the cap may hold it back.
+const BOUND: i64 = 90 + WINDOW;
 /// The daemon's ServiceAccount, as the audit log names it.
 const DAEMON_USER: &str = "system:serviceaccount:workspace-gc:workspace-gc";
 const NAMESPACES: [&str; 3] = ["soak-a", "soak-b", "soak-c"];
@@ -480,7 +488,13 @@ impl Driver {
         NAMESPACES[self.rng.lock().await.below(NAMESPACES.len())]
     }
 
-    async fn created(&self, claim: PersistentVolumeClaim, link: Link, before: DateTime<Utc>) {
+    async fn created(
+        &self,
+        claim: PersistentVolumeClaim,
+        link: Link,
+        annotations: Annotations,
+        before: DateTime<Utc>,
+    ) {
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let created = claim
@@ -496,7 +510,7 @@ impl Driver {
             uid: claim.metadata.uid.clone().unwrap_or_default(),
             created,
             link,
-            annotations: Annotations::default(),
+            annotations,
             history: Vec::new(),
             gone: false,
             driver_deleted: false,
@@ -535,7 +549,13 @@ impl Driver {
         // The operator creates the claim before its PipelineRun.
         let before = now();
         let claim = ClaimBuilder::for_job(&job).create(&namespace).await;
-        self.created(claim, Link::Naming(job.clone()), before).await;
+        self.created(
+            claim,
+            Link::Naming(job.clone()),
+            Annotations::default(),
+            before,
+        )
+        .await;
         let before = now();
         PipelineRunBuilder::for_job(&job)
             .running()
@@ -584,7 +604,8 @@ impl Driver {
             })
             .create(&namespace)
             .await;
-        self.created(claim, Link::OwnerRef(job), before).await;
+        self.created(claim, Link::OwnerRef(job), Annotations::default(), before)
+            .await;
         Ok(())
     }
 
@@ -595,9 +616,31 @@ impl Driver {
         let claim = ClaimBuilder::build_workspace(&name)
             .create(&self.namespace(ns))
             .await;
-        self.created(claim, Link::Orphan, before).await;
+        self.created(claim, Link::Orphan, Annotations::default(), before)
+            .await;
         self.world.lock().await.count("new-orphan");
         Ok(())
+    }
+
+    /// `count` orphan claims whose `expires` has passed: all due at once.
+    async fn burst(&self, count: u32) {
+        let _gate = self.gate.read().await;
+        let expired = (now() - seconds(1)).trunc_subsecs(0);
+        for _ in 0..count {
+            let ns = self.pick_namespace().await;
+            let name = format!("s{}-build-workspace", self.serial().await);
+            let before = now();
+            let claim = ClaimBuilder::build_workspace(&name)
+                .annotation(workspace_gc::annotations::EXPIRES, &rfc3339(expired))
+                .create(&self.namespace(ns))
+                .await;
+            let annotations = Annotations {
+                expires: Some(expired),
+                ..Annotations::default()
+            };
+            self.created(claim, Link::Orphan, annotations, before).await;
+            self.world.lock().await.count("burst");
+        }
     }
 
     /// Picks a build with the given state.
@@ -1009,7 +1052,8 @@ impl Driver {
         }
         let before = now();
         let claim = builder.create(&self.namespace(&ns)).await;
-        self.created(claim, link, before).await;
+        self.created(claim, link, Annotations::default(), before)
+            .await;
         self.world.lock().await.count("recreate");
         Ok(())
     }
@@ -1108,8 +1152,9 @@ impl Replica {
             ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "50".into()),
             (
                 "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-                "100000".into(),
+                CAP.to_string(),
             ),
+            ("WORKSPACE_GC_DELETION_WINDOW", format!("{WINDOW}s")),
             (
                 "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
                 LEASE_NAMESPACE.into(),
@@ -1179,13 +1224,31 @@ impl Faults {
         }
     }
 
+    /// SIGKILLs the replica that holds the lease and starts it again after `down`.
+    async fn kill_leader(&mut self, down: Duration) {
+        let target = self.leader().await.unwrap_or(0);
+        let replica = &mut self.replicas[target];
+        replica.scrape().await;
+        if let Some(process) = replica.process.take() {
+            process.kill().await;
+        }
+        tokio::time::sleep(down).await;
+        replica.spawn();
+    }
+
     /// Injects the next fault: each kind in turn, in an order shuffled per round, so a run of
-    /// six faults or more has every kind.
+    /// seven faults or more has every kind.
     async fn inject(&mut self, rng: &mut Rng) {
         if self.order.is_empty() {
-            let mut kinds: Vec<usize> = (0..6).collect();
+            let mut kinds: Vec<usize> = (0..7).collect();
             for i in (1..kinds.len()).rev() {
                 kinds.swap(i, rng.below(i + 1));
+            }
+            if self.windows.is_empty() {
+                // The first round opens with the restart storm and the leader's partition, so
+                // that even a short run has both.
+                kinds.retain(|&k| k != 6 && k != 3);
+                kinds.extend([3, 6]);
             }
             self.order = kinds;
         }
@@ -1245,16 +1308,21 @@ impl Faults {
                 self.replicas[target].proxy.unstall();
                 "stall"
             }
-            _ => {
-                let target = self.leader().await.unwrap_or(0);
-                let replica = &mut self.replicas[target];
-                replica.scrape().await;
-                if let Some(process) = replica.process.take() {
-                    process.kill().await;
-                }
-                tokio::time::sleep(Duration::from_secs(rng.between(3, 10))).await;
-                replica.spawn();
+            5 => {
+                self.kill_leader(Duration::from_secs(rng.between(3, 10)))
+                    .await;
                 "leader-kill"
+            }
+            _ => {
+                // A burst that meets the cap, then whoever leads is killed and restarted four
+                // times within one window: each new process must count from the Lease.
+                self.driver.burst(CAP).await;
+                for _ in 0..4 {
+                    tokio::time::sleep(Duration::from_secs(rng.between(1, 3))).await;
+                    self.kill_leader(Duration::from_millis(rng.between(200, 1500)))
+                        .await;
+                }
+                "restart-storm"
             }
         };
         let end = now();
@@ -1355,40 +1423,6 @@ rules:
 ";
 
 // --- the check ---------------------------------------------------------------------------
-
-/// One claim delete from the audit log.
-#[derive(Debug, Clone)]
-struct AuditedDelete {
-    user: String,
-    namespace: String,
-    name: String,
-    uid: Option<String>,
-    code: i64,
-    at: DateTime<Utc>,
-}
-
-fn read_audit(path: &Path) -> Vec<AuditedDelete> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|e| e["stage"] == "ResponseComplete" && e["verb"] == "delete")
-        .filter(|e| e["objectRef"]["resource"] == "persistentvolumeclaims")
-        .filter_map(|e| {
-            Some(AuditedDelete {
-                user: e["user"]["username"].as_str()?.to_owned(),
-                namespace: e["objectRef"]["namespace"].as_str()?.to_owned(),
-                name: e["objectRef"]["name"].as_str()?.to_owned(),
-                uid: e["requestObject"]["preconditions"]["uid"]
-                    .as_str()
-                    .map(str::to_owned),
-                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
-                at: DateTime::parse_from_rfc3339(e["requestReceivedTimestamp"].as_str()?)
-                    .ok()?
-                    .with_timezone(&Utc),
-            })
-        })
-        .collect()
-}
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -1544,7 +1578,10 @@ async fn main() {
     let checked_at = now();
 
     // The verdict.
-    let audited = read_audit(&audit_log);
+    let audited: Vec<AuditEvent> = read_audit(&audit_log)
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.resource == "persistentvolumeclaims")
+        .collect();
     let world = driver.world.lock().await;
     let by_uid: HashMap<&str, &Incarnation> = world
         .incarnations
@@ -1614,6 +1651,23 @@ async fn main() {
             lags.push((delete.at - since).as_seconds_f64());
         }
     }
+    // The cap: successful daemon deletes in any rolling window, by the API server's clock.
+    let mut sent: Vec<DateTime<Utc>> = audited
+        .iter()
+        .filter(|d| d.user == DAEMON_USER && (200..300).contains(&d.code))
+        .map(|d| d.at)
+        .collect();
+    sent.sort();
+    let busiest = (0..sent.len())
+        .map(|i| {
+            sent[i..]
+                .iter()
+                .take_while(|t| **t < sent[i] + seconds(WINDOW))
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let cap_exceeded = busiest > CAP as usize;
     let twice: Vec<&&str> = daemon_deleted
         .iter()
         .filter(|(_, n)| **n > 1)
@@ -1658,13 +1712,14 @@ async fn main() {
         world.actions, world.failures
     );
     println!(
-        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills; {} daemon crashes",
+        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms; {} daemon crashes",
         restarts("apiserver-restart"),
         restarts("etcd-restart"),
         restarts("compaction"),
         restarts("partition"),
         restarts("stall"),
         restarts("leader-kill"),
+        restarts("restart-storm"),
         faults.crashes
     );
     let faulted: i64 = faults
@@ -1700,6 +1755,10 @@ async fn main() {
             .collect::<Vec<_>>()
     );
     println!(
+        "soak: most deletions in any {WINDOW} s window: {busiest} (cap {CAP}){}",
+        if cap_exceeded { " CAP EXCEEDED" } else { "" }
+    );
+    println!(
         "soak: WRONG deletions: {}; deleted twice: {}; MISSED deletions: {}; tainted: {}",
         wrong.len(),
         twice.len(),
@@ -1709,7 +1768,11 @@ async fn main() {
     for line in wrong.iter().chain(missed.iter()) {
         println!("soak:   {line}");
     }
-    let failed = !wrong.is_empty() || !twice.is_empty() || !missed.is_empty() || faults.crashes > 0;
+    let failed = !wrong.is_empty()
+        || !twice.is_empty()
+        || !missed.is_empty()
+        || cap_exceeded
+        || faults.crashes > 0;
     drop(world);
     for replica in &mut faults.replicas {
         if let Some(process) = replica.process.take() {

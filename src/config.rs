@@ -32,7 +32,7 @@ const ENV_PREFIX: &str = "WORKSPACE_GC_";
 pub const ENV_CONFIG_FILE: &str = "WORKSPACE_GC_CONFIG";
 
 /// Durations beyond this are typos, and would overflow timestamp arithmetic in the policy.
-const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// The effective configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -84,6 +84,7 @@ pub struct DeletionConfig {
     pub dry_run: bool,
     /// In dry-run, still send each delete with `dryRun=All` so RBAC and admission run.
     pub server_side_dry_run: bool,
+    /// Always paced: validation refuses a rate whose [`deletion_interval`] is not representable.
     pub deletes_per_second: f64,
     /// At most this many deletions in any rolling `window`.
     pub max_deletions_per_window: u32,
@@ -1151,11 +1152,31 @@ fn lease_seconds(raw: String) -> Result<Duration, String> {
 }
 
 fn positive_rate(rate: f64) -> Result<f64, String> {
-    if rate.is_finite() && rate > 0.0 {
-        Ok(rate)
-    } else {
-        Err(format!("{rate} must be a finite number greater than zero"))
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(format!("{rate} must be a finite number greater than zero"));
     }
+    // A rate too small to state as an interval must not silently become "no pacing at all".
+    match deletion_interval(rate) {
+        Some(_) => Ok(rate),
+        None => Err(format!(
+            "{rate:e} is too small: it means one deletion every {:.1e} s; expected at least \
+             {:.1e} (one deletion per 100 years)",
+            1.0 / rate,
+            1.0 / MAX_DURATION.as_secs_f64()
+        )),
+    }
+}
+
+/// The time between two deletions at `per_second`, or `None` when it is not a positive rate or
+/// the interval would exceed [`MAX_DURATION`]. A rate too high for a nanosecond interval
+/// rounds to zero: as fast as the API server answers, which is what it asks for.
+pub fn deletion_interval(per_second: f64) -> Option<Duration> {
+    if !(per_second.is_finite() && per_second > 0.0) {
+        return None;
+    }
+    Duration::try_from_secs_f64(1.0 / per_second)
+        .ok()
+        .filter(|interval| *interval <= MAX_DURATION)
 }
 
 /// A share of a quota: greater than zero, at most one.

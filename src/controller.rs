@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cache::{Change, Index, Update};
-use crate::config::Config;
+use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::facts::{ClaimFacts, ObjectKey};
 use crate::http::{self, Health};
-use crate::leader::Leadership;
-use crate::limiter::{Admission, Limiter};
+use crate::leader::{Fence, FenceError, Leadership};
+use crate::limiter::{Admission, Limiter, Reservation};
 use crate::linking::{self, Found};
 use crate::live::{self, LiveView, Snapshots};
 use crate::metrics::{DeleteResult, ErrorCategory, Metrics};
@@ -58,8 +58,6 @@ pub enum RunError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("leader election failed to start: {0}")]
-    Lease(#[from] kube_lease_manager::LeaseManagerError),
 }
 
 /// Everything a reconcile reads, built once.
@@ -73,6 +71,7 @@ struct Controller {
     cap: (u32, String),
     schedule: crate::scheduler::Schedule,
     leading: watch::Receiver<bool>,
+    fence: Fence,
     snapshots: Snapshots,
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
@@ -115,8 +114,8 @@ pub async fn run(
         &config.leader_election,
         &lease_namespace,
         options.identity.clone(),
-    )
-    .await?;
+        metrics.clone(),
+    );
 
     let deletion = &config.deletion;
     let mode = if deletion.dry_run {
@@ -132,9 +131,15 @@ pub async fn run(
         policy: config.policy(),
         index: RwLock::new(watches::index(&config.selector, config.quota.enabled)),
         metrics: metrics.clone(),
-        writer: Writer::new(client.clone(), mode, Some(options.identity)),
+        writer: Writer::new(
+            client.clone(),
+            mode,
+            Some(options.identity),
+            leadership.fence(),
+        ),
         limiter: Mutex::new(Limiter::new(
-            deletion.deletes_per_second,
+            // Validation refused every rate without an interval; the slowest pace otherwise.
+            deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
             deletion.max_deletions_per_window,
             deletion.window,
         )),
@@ -144,6 +149,7 @@ pub async fn run(
         ),
         schedule,
         leading: leadership.subscribe(),
+        fence: leadership.fence(),
         snapshots: Snapshots::default(),
         client: client.clone(),
         quota: config.quota.waters(),
@@ -295,6 +301,7 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
         health.set_leader(is_leader);
         if is_leader {
             info!("leading: this replica deletes");
+            controller.recover_cap();
             let keys: Vec<ObjectKey> = {
                 let index = controller.read_index();
                 if index.synced() {
@@ -308,6 +315,7 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
             }
         } else {
             info!("standing by: another replica holds the lease");
+            controller.lock_limiter().forget();
         }
         if leading.changed().await.is_err() {
             return;
@@ -379,15 +387,18 @@ impl Controller {
     /// Deletes a claim for `cause`: within the limits, after a live re-check.
     async fn act(&self, claim: ClaimFacts, cause: Cause) {
         let key = claim.key.clone();
-        let admission = self
-            .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reserve(Instant::now());
-        let slot = match admission {
-            Admission::At(slot) => {
+        let admission = self.lock_limiter().reserve(Instant::now(), Utc::now());
+        let reservation = match admission {
+            Admission::At(reservation) => {
                 self.metrics.set_capped(false);
-                slot
+                self.metrics.set_cap_unknown(false);
+                reservation
+            }
+            Admission::Unknown => {
+                warn!(claim = %key, "the count of deletions in the current window is not known; deletion deferred");
+                self.metrics.set_cap_unknown(true);
+                self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
+                return;
             }
             Admission::Capped { until } => {
                 let (max, window) = &self.cap;
@@ -407,7 +418,7 @@ impl Controller {
                 return;
             }
         };
-        tokio::time::sleep_until(slot).await;
+        tokio::time::sleep_until(reservation.slot).await;
 
         // Whatever may protect the claim is read live: a watch can go silent without an error
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
@@ -426,7 +437,7 @@ impl Controller {
                 .then_some((Reason::QuotaPressure, None)),
         };
         let Some((reason, due_at)) = confirmed else {
-            self.release(slot);
+            self.release(reservation);
             info!(
                 claim = %key,
                 reason = %decision.verdict.reason(),
@@ -442,11 +453,29 @@ impl Controller {
         if pressure {
             self.rounds().record(Sent::of(&claim));
         }
-        let result = self.writer.delete(&claim, &self.metrics).await;
+        let ledger = self.lock_limiter().ledger_for(reservation);
+        let sent = match &ledger {
+            Some(ledger) => self.writer.delete(&claim, ledger, &self.metrics).await,
+            None => Err(FenceError::NotLeading),
+        };
         // A delete that did not happen frees nothing (a claim already gone does).
-        if pressure && matches!(result, DeleteResult::Conflict | DeleteResult::Failed) {
+        let freed = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::NotFound));
+        if pressure && !freed {
             self.rounds().withdraw(&key, &claim.uid);
         }
+        let result = match sent {
+            Ok(DeleteResult::Deleted) => {
+                self.lock_limiter().sent(reservation, Utc::now());
+                DeleteResult::Deleted
+            }
+            Ok(result) => result,
+            Err(error) => {
+                self.release(reservation);
+                info!(claim = %key, %error, "not deleted: this replica may not act");
+                self.schedule.at(key, Instant::now() + RETRY_AFTER);
+                return;
+            }
+        };
         match (result, dry_run) {
             (DeleteResult::Deleted, true) => {
                 info!(claim = %key, %reason, "dry-run: would delete");
@@ -466,18 +495,18 @@ impl Controller {
                     .await;
             }
             (DeleteResult::NotFound, _) => {
-                self.release(slot);
+                self.release(reservation);
                 self.count(dry_run, &key, reason, result);
                 debug!(claim = %key, "already gone");
             }
             (DeleteResult::Conflict, _) => {
-                self.release(slot);
+                self.release(reservation);
                 self.count(dry_run, &key, reason, result);
                 info!(claim = %key, "the claim changed or was re-created since the decision; re-evaluating");
                 self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
             }
             (DeleteResult::Failed, _) => {
-                self.release(slot);
+                self.release(reservation);
                 self.count(dry_run, &key, reason, result);
                 self.schedule.at(key, Instant::now() + RETRY_AFTER);
             }
@@ -595,11 +624,22 @@ impl Controller {
         }
     }
 
-    fn release(&self, slot: Instant) {
-        self.limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .release(slot);
+    fn release(&self, reservation: Reservation) {
+        self.lock_limiter().release(reservation);
+    }
+
+    fn lock_limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {
+        self.limiter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts the cap from the ledger found on the Lease just won; fails closed for a window
+    /// when it cannot be read.
+    fn recover_cap(&self) {
+        let found = self.fence.found();
+        if let Err(error) = self.lock_limiter().recover(found.as_deref(), Utc::now()) {
+            warn!(%error, "the count of deletions in the current window is not known; counting the cap as reached for one window");
+            self.metrics.set_cap_unknown(true);
+        }
     }
 }
 

@@ -1,79 +1,468 @@
-//! Lease-based leader election: only the leader deletes; a standby keeps its caches warm and
-//! takes over when the lease expires. Without leader election this replica always leads.
+//! Lease-based leader election with fencing: only the leader writes to the cluster, and it stops
+//! the moment it cannot be sure it still holds the Lease. A standby keeps its caches warm and
+//! takes over when the lease expires (at once when the leader releases it on shutdown). Without
+//! leader election this replica always leads.
+//!
+//! This follows client-go's leader election rather than using kube-lease-manager, which keeps
+//! reporting leadership while its renewals fail (it re-checks only when a call succeeds), so a
+//! partitioned leader went on deleting after a standby had taken over:
+//!
+//! - Every `retry` (an eighth of the lease) each replica reads the Lease. The holder renews it;
+//!   a standby takes it when its holder is empty, or when the holder and renew time have not
+//!   changed for a whole lease duration *by the standby's own monotonic clock*, so clock skew
+//!   between replicas does not matter. Every write is a patch that carries the resourceVersion
+//!   read, which the API server checks (409 otherwise), so two replicas cannot both win; and
+//!   it needs no right beyond the `get`, `patch` and `create` the Lease Role always granted.
+//! - The leader may act only until `renew_deadline` (two thirds of the lease) after it *sent*
+//!   its last successful write: [`Fence::check`]. A standby waits a whole lease from when it
+//!   *saw* that write, so the old leader has stopped at least a third of the lease before the
+//!   new one can start.
+//! - The blast-radius cap's [`Ledger`] lives on the same Lease (see `src/cap_ledger.rs`):
+//!   written before each delete ([`Fence::record`]), which also renews the lease and, being
+//!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
+//!   and read back by whoever wins the lease next ([`Fence::found`]).
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
+use crate::cap_ledger::{ANNOTATION, Ledger};
 use crate::config::LeaderElectionConfig;
+use crate::metrics::{Metrics, Operation};
 
-/// This replica's leadership, as a channel that flips when the lease is won or lost.
+/// Why this replica may not write to the cluster now.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    #[error(
+        "this replica does not hold the lease, or has not renewed it within the renew deadline"
+    )]
+    NotLeading,
+    #[error("another replica wrote the lease")]
+    Lost,
+    #[error("could not record the deletion on the lease: {0}")]
+    Write(#[source] kube::Error),
+    #[error("recording the deletion on the lease took longer than the renew deadline")]
+    TimedOut,
+}
+
+/// The election's periods, all derived from the lease duration in client-go's proportions
+/// (15 s, 10 s, 2 s there).
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    lease: Duration,
+    renew_deadline: Duration,
+    retry: Duration,
+}
+
+impl Timing {
+    fn new(lease: Duration) -> Self {
+        Self {
+            lease,
+            renew_deadline: lease * 2 / 3,
+            retry: lease / 8,
+        }
+    }
+}
+
+/// This replica's leadership, as a channel that flips when the lease is won or lost, and the
+/// [`Fence`] every write passes.
 pub struct Leadership {
+    fence: Fence,
     leading: watch::Receiver<bool>,
+    elector: Option<(JoinHandle<()>, CancellationToken)>,
+}
+
+/// Whether this replica may write to the cluster now. Cheap to clone and to check.
+#[derive(Clone)]
+pub struct Fence {
+    /// `None` without leader election: always allowed.
+    elector: Option<Arc<Elector>>,
     /// Holds the channel open when election is disabled.
-    _always: Option<watch::Sender<bool>>,
-    manager: Option<JoinHandle<Result<kube_lease_manager::LeaseManager, LeaseManagerError>>>,
+    _always: Option<Arc<watch::Sender<bool>>>,
+}
+
+struct Elector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timing: Timing,
+    metrics: Arc<Metrics>,
+    /// The Lease as this replica last read or wrote it. Its lock serialises every write.
+    lease: tokio::sync::Mutex<Option<Lease>>,
+    /// While leading: when the request of the last successful write was sent.
+    renewed: Mutex<Option<Instant>>,
+    /// The ledger annotation on the Lease when it was last won.
+    found: Mutex<Option<String>>,
+    leading: watch::Sender<bool>,
+}
+
+/// The holder and renew time a standby last saw, and when it first saw them.
+struct Observed {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    since: Instant,
 }
 
 impl Leadership {
     /// Starts competing for the lease (or leads at once when election is disabled).
-    pub async fn start(
+    pub fn start(
         client: Client,
         config: &LeaderElectionConfig,
         namespace: &str,
         identity: String,
-    ) -> Result<Self, LeaseManagerError> {
+        metrics: Arc<Metrics>,
+    ) -> Self {
         if !config.enabled {
             let (always, leading) = watch::channel(true);
-            return Ok(Self {
+            return Self {
+                fence: Fence {
+                    elector: None,
+                    _always: Some(Arc::new(always)),
+                },
                 leading,
-                _always: Some(always),
-                manager: None,
-            });
+                elector: None,
+            };
         }
-        let duration = config.lease_duration.as_secs().max(1);
-        // Renew a third of the way before expiry, as client-go's defaults do.
-        let grace = (duration / 3).max(1);
-        info!(lease = %config.lease_name, %namespace, %identity, duration, "competing for the lease");
-        let manager = LeaseManagerBuilder::new(client, config.lease_name.clone())
-            .with_namespace(namespace)
-            .with_identity(identity)
-            .with_duration(duration)
-            .with_grace(grace)
-            .build()
-            .await?;
-        let (leading, task) = manager.watch().await;
-        Ok(Self {
+        let timing = Timing::new(config.lease_duration);
+        info!(lease = %config.lease_name, %namespace, %identity, ?timing, "competing for the lease");
+        let (sender, leading) = watch::channel(false);
+        let elector = Arc::new(Elector {
+            api: Api::namespaced(client, namespace),
+            name: config.lease_name.clone(),
+            identity,
+            timing,
+            metrics,
+            lease: tokio::sync::Mutex::new(None),
+            renewed: Mutex::new(None),
+            found: Mutex::new(None),
+            leading: sender,
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(elector.clone().run(stop.clone()));
+        Self {
+            fence: Fence {
+                elector: Some(elector),
+                _always: None,
+            },
             leading,
-            _always: None,
-            manager: Some(task),
-        })
-    }
-
-    pub fn is_leader(&self) -> bool {
-        *self.leading.borrow()
+            elector: Some((task, stop)),
+        }
     }
 
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.leading.clone()
     }
 
-    /// Releases the lease so a standby takes over at once instead of after expiry. Every
-    /// receiver from [`Leadership::subscribe`] must be dropped first: the manager releases
-    /// when its channel closes.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+
+    /// Stops acting and releases the lease, so a standby takes over at once instead of after
+    /// expiry.
     pub async fn release(self) {
-        let Self {
-            leading, manager, ..
-        } = self;
-        drop(leading);
-        if let Some(manager) = manager {
-            match manager.await {
-                Ok(Ok(_)) => info!("released the lease"),
-                Ok(Err(error)) => warn!(%error, "could not release the lease"),
-                Err(error) => warn!(%error, "the lease manager task failed"),
+        if let Some((task, stop)) = self.elector {
+            stop.cancel();
+            if let Err(error) = task.await {
+                warn!(%error, "the leader election task failed");
             }
         }
+    }
+}
+
+impl Fence {
+    /// A fence that always allows: for a replica without leader election, and for tests.
+    pub fn unfenced() -> Self {
+        Self {
+            elector: None,
+            _always: None,
+        }
+    }
+
+    /// Whether this replica may write now: it holds the lease and sent its last successful
+    /// renewal less than the renew deadline ago.
+    pub fn check(&self) -> Result<(), FenceError> {
+        match &self.elector {
+            None => Ok(()),
+            Some(elector) if elector.fresh() => Ok(()),
+            Some(_) => Err(FenceError::NotLeading),
+        }
+    }
+
+    /// Writes `ledger` to the Lease, renewing it: before a delete, with that delete counted.
+    /// Fails unless this replica holds the lease at that moment, as the API server sees it.
+    pub async fn record(&self, ledger: &Ledger) -> Result<(), FenceError> {
+        let Some(elector) = &self.elector else {
+            return Ok(());
+        };
+        let mut held = elector.lease.lock().await;
+        self.check()?;
+        let read = held.as_ref().ok_or(FenceError::NotLeading)?;
+        let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
+        let sent = Instant::now();
+        // Bounded: the lock it holds also holds up the renewals.
+        let write = elector.write(read, spec, Some(ledger));
+        match tokio::time::timeout(elector.timing.renew_deadline, write).await {
+            Ok(Ok(written)) => {
+                *held = Some(written);
+                elector.renewed(sent);
+                Ok(())
+            }
+            Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
+                elector.step_down("another replica wrote the lease");
+                Err(FenceError::Lost)
+            }
+            Ok(Err(error)) => {
+                elector.metrics.api_error(Operation::Lease, &error);
+                Err(FenceError::Write(error))
+            }
+            Err(_) => Err(FenceError::TimedOut),
+        }
+    }
+
+    /// The deletion ledger found on the Lease when it was last won, if it had one.
+    pub fn found(&self) -> Option<String> {
+        let elector = self.elector.as_ref()?;
+        elector
+            .found
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Elector {
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut observed = None;
+        let mut failing = false;
+        loop {
+            let step = tokio::time::timeout(self.timing.renew_deadline, self.step(&mut observed));
+            match step.await {
+                Ok(Ok(())) => {
+                    if failing {
+                        info!("the lease can be read and written again");
+                    }
+                    failing = false;
+                }
+                Ok(Err(error)) => {
+                    self.metrics.api_error(Operation::Lease, &error);
+                    if failing {
+                        debug!(%error, "the lease still cannot be read or written");
+                    } else {
+                        warn!(%error, "the lease cannot be read or written; retrying");
+                    }
+                    failing = true;
+                }
+                Err(_) => {
+                    warn!(timeout = ?self.timing.renew_deadline, "reading or writing the lease timed out");
+                    failing = true;
+                }
+            }
+            if !self.fresh() {
+                self.step_down("the lease was not renewed within the renew deadline");
+            }
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(self.timing.retry) => {}
+            }
+        }
+        self.release().await;
+    }
+
+    /// One round: read the Lease, then renew it, take it, or stand by.
+    async fn step(&self, observed: &mut Option<Observed>) -> Result<(), kube::Error> {
+        let mut held = self.lease.lock().await;
+        let Some(current) = self.api.get_opt(&self.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+            };
+            return match self.claim(&mut held, lease, true).await {
+                // Another replica created it first: the next round reads it.
+                Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+                other => other,
+            };
+        };
+        let spec = current.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let seen = observed
+            .as_ref()
+            .is_some_and(|o| o.holder == holder && o.renew_time == spec.renew_time);
+        if !seen {
+            *observed = Some(Observed {
+                holder: holder.clone(),
+                renew_time: spec.renew_time.clone(),
+                since: Instant::now(),
+            });
+        }
+        let stated = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.timing.lease, Duration::from_secs);
+        let expired = observed
+            .as_ref()
+            .is_none_or(|o| o.since.elapsed() >= stated);
+        match holder {
+            Some(holder) if holder == self.identity => self.claim(&mut held, current, false).await,
+            Some(holder) if !expired => {
+                *held = Some(current);
+                if *self.leading.borrow() {
+                    self.step_down(&format!("{holder} holds the lease"));
+                }
+                Ok(())
+            }
+            _ => self.claim(&mut held, current, true).await,
+        }
+    }
+
+    /// Renews the lease (`take`: takes it), as read in `lease`, with this replica as holder.
+    async fn claim(
+        &self,
+        held: &mut Option<Lease>,
+        lease: Lease,
+        take: bool,
+    ) -> Result<(), kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let mut spec = json!({
+            "renewTime": now,
+            "leaseDurationSeconds": self.timing.lease.as_secs(),
+        });
+        if take {
+            let transitions = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_transitions)
+                .unwrap_or(0);
+            spec["holderIdentity"] = json!(self.identity);
+            spec["acquireTime"] = json!(now);
+            spec["leaseTransitions"] = json!(transitions.saturating_add(1));
+        }
+        let found = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+            .cloned();
+        let sent = Instant::now();
+        let written = if lease.metadata.resource_version.is_some() {
+            self.write(&lease, spec, None).await
+        } else {
+            let created = Lease {
+                metadata: lease.metadata,
+                spec: serde_json::from_value(spec).ok(),
+            };
+            self.api.create(&PostParams::default(), &created).await
+        };
+        let written = match written {
+            Ok(written) => written,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                self.step_down("another replica wrote the lease first");
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        *held = Some(written);
+        self.renewed(sent);
+        if !*self.leading.borrow() {
+            *self.found.lock().unwrap_or_else(|e| e.into_inner()) = found;
+            info!(identity = %self.identity, "won the lease");
+            self.leading.send_replace(true);
+        }
+        Ok(())
+    }
+
+    /// Patches `spec` (and the ledger) into the Lease; refused (409) if anyone wrote it since
+    /// it was `read`: the patch carries the resourceVersion read, a precondition.
+    async fn write(
+        &self,
+        read: &Lease,
+        spec: Value,
+        ledger: Option<&Ledger>,
+    ) -> Result<Lease, kube::Error> {
+        let mut patch = json!({
+            "metadata": { "resourceVersion": read.metadata.resource_version },
+            "spec": spec,
+        });
+        if let Some(ledger) = ledger {
+            patch["metadata"]["annotations"] = json!({ ANNOTATION: ledger.to_annotation() });
+        }
+        self.api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+    }
+
+    fn renewed(&self, sent: Instant) {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
+    }
+
+    fn fresh(&self) -> bool {
+        self.renewed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|sent| sent.elapsed() < self.timing.renew_deadline)
+    }
+
+    fn step_down(&self, why: &str) {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if self.leading.send_replace(false) {
+            warn!(
+                reason = why,
+                "no longer leading: this replica stops deleting"
+            );
+        }
+    }
+
+    /// On shutdown: stops acting, then empties the holder so a standby takes over at once.
+    async fn release(&self) {
+        let mut held = self.lease.lock().await;
+        let leading = self.fresh();
+        self.step_down("shutting down");
+        let Some(lease) = held.take().filter(|_| leading) else {
+            return;
+        };
+        let spec = json!({ "holderIdentity": null, "renewTime": null, "acquireTime": null });
+        match self.write(&lease, spec, None).await {
+            Ok(_) => info!("released the lease"),
+            Err(error) => {
+                self.metrics.api_error(Operation::Lease, &error);
+                warn!(%error, "could not release the lease; a standby takes over when it expires");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_old_leader_stops_well_before_a_standby_may_start() {
+        for seconds in [2, 4, 15, 3600] {
+            let timing = Timing::new(Duration::from_secs(seconds));
+            // The standby waits a whole lease from when it saw the last renewal; the leader
+            // stops a third of it earlier, which is what covers the DELETE already on its way.
+            assert!(timing.renew_deadline <= timing.lease * 2 / 3);
+            assert!(timing.lease - timing.renew_deadline >= Duration::from_millis(666));
+            // Several renewal attempts fit in the renew deadline.
+            assert!(timing.retry * 5 <= timing.renew_deadline);
+        }
+    }
+
+    #[test]
+    fn without_election_the_fence_always_allows() {
+        assert!(Fence::unfenced().check().is_ok());
     }
 }

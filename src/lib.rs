@@ -7,6 +7,7 @@
 pub mod annotations;
 pub mod audit;
 pub mod cache;
+pub mod cap_ledger;
 pub mod cli;
 pub mod commands;
 pub mod config;

@@ -1,82 +1,145 @@
-//! Deletion pacing and the blast-radius cap: at most `per_second` deletions a second, and at
-//! most `max_per_window` in any rolling `window`, so that a wrong selector cannot wipe a cluster.
+//! Deletion pacing and the blast-radius cap: at most one deletion per `interval`, and at most
+//! `max_per_window` in any rolling `window`, so that a wrong selector cannot wipe a cluster.
 //! Pure: the caller passes the instant.
+//!
+//! The cap counts through a [`Ledger`] that outlives this process (kept on the Lease by
+//! `src/leader.rs`). Until the ledger of the current window is known — at start, and from the
+//! moment leadership is lost until it is won again and the ledger read back — nothing is
+//! admitted: the cap fails closed.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
+
+use crate::cap_ledger::{Ledger, LedgerError};
 
 /// The answer to a request for a deletion slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Send the delete at this instant (now, or later to keep the pace).
-    At(Instant),
+    /// Send the delete at the reservation's slot (now, or later to keep the pace).
+    At(Reservation),
     /// The cap is reached: nothing may be deleted before this instant.
     Capped { until: Instant },
+    /// The count of the current window is not known: nothing may be deleted.
+    Unknown,
+}
+
+/// A granted deletion slot, counted in the ledger until released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub slot: Instant,
+    /// The slot on the wall clock, as the ledger counts it.
+    at: DateTime<Utc>,
+    /// The ledger it was counted in: one restored since does not hold it.
+    term: u64,
 }
 
 #[derive(Debug)]
 pub struct Limiter {
     interval: Duration,
-    max_per_window: usize,
+    max_per_window: u32,
     window: Duration,
     next_slot: Option<Instant>,
-    /// Slots granted within the last window, oldest first.
-    granted: VecDeque<Instant>,
+    /// `None` while the count of the current window is unknown.
+    ledger: Option<Ledger>,
+    term: u64,
 }
 
 impl Limiter {
-    pub fn new(per_second: f64, max_per_window: u32, window: Duration) -> Self {
-        // Configuration validation guarantees a finite positive rate; clamp anyway so no input
-        // can panic here.
-        let interval = Duration::try_from_secs_f64(1.0 / per_second).unwrap_or(Duration::ZERO);
+    /// A limiter whose count is unknown until [`Limiter::recover`]. `interval` comes from
+    /// `config::deletion_interval`, which never turns a small rate into no pacing.
+    pub fn new(interval: Duration, max_per_window: u32, window: Duration) -> Self {
         Self {
             interval,
-            max_per_window: usize::try_from(max_per_window).unwrap_or(usize::MAX),
+            max_per_window,
             window,
             next_slot: None,
-            granted: VecDeque::new(),
+            ledger: None,
+            term: 0,
         }
     }
 
     /// Reserves a deletion slot, or says until when the cap holds.
-    pub fn reserve(&mut self, now: Instant) -> Admission {
-        self.forget_before(now);
-        if self.granted.len() >= self.max_per_window {
-            let oldest = self.granted.front().copied().unwrap_or(now);
+    pub fn reserve(&mut self, now: Instant, wall: DateTime<Utc>) -> Admission {
+        let Some(ledger) = &mut self.ledger else {
+            return Admission::Unknown;
+        };
+        ledger.forget_before(wall);
+        let slot = self.next_slot.map_or(now, |next| next.max(now));
+        let at = wall + (slot - now);
+        if let Some(until) = ledger.capped_until(at, self.max_per_window) {
+            let wait = (until - wall).to_std().unwrap_or(Duration::ZERO);
             return Admission::Capped {
-                until: oldest + self.window,
+                until: now.checked_add(wait).unwrap_or(now + self.window),
             };
         }
-        let slot = self.next_slot.map_or(now, |next| next.max(now));
-        self.next_slot = Some(slot + self.interval);
-        self.granted.push_back(slot);
-        Admission::At(slot)
+        ledger.record(at);
+        self.next_slot = Some(
+            slot.checked_add(self.interval)
+                .unwrap_or(slot + self.window),
+        );
+        Admission::At(Reservation {
+            slot,
+            at,
+            term: self.term,
+        })
     }
 
-    /// Returns a slot that was not used (the live re-check kept the claim), so it does not
-    /// count against the cap.
-    pub fn release(&mut self, slot: Instant) {
-        if let Some(position) = self.granted.iter().rposition(|&s| s == slot) {
-            self.granted.remove(position);
+    /// Returns a slot that was not used (the live re-check kept the claim, or the delete was
+    /// refused), so it does not count against the cap.
+    pub fn release(&mut self, reservation: Reservation) {
+        if reservation.term == self.term
+            && let Some(ledger) = &mut self.ledger
+        {
+            ledger.unrecord(reservation.at);
         }
     }
 
-    /// Whether the cap is reached right now.
-    pub fn capped(&mut self, now: Instant) -> bool {
-        self.forget_before(now);
-        self.granted.len() >= self.max_per_window
+    /// Moves a reservation's record to `at`, when its delete has been answered: the API server
+    /// received it at `at` at the latest, so the window counts from no earlier than that.
+    pub fn sent(&mut self, reservation: Reservation, at: DateTime<Utc>) {
+        if reservation.term == self.term
+            && let Some(ledger) = &mut self.ledger
+        {
+            ledger.unrecord(reservation.at);
+            ledger.record(at.max(reservation.at));
+        }
     }
 
-    fn forget_before(&mut self, now: Instant) {
-        while let Some(&oldest) = self.granted.front() {
-            if oldest + self.window <= now {
-                self.granted.pop_front();
-            } else {
-                break;
-            }
-        }
+    /// The ledger to persist before `reservation`'s delete: every reservation granted so far
+    /// and not released, this one included. `None` if it was granted before the count was
+    /// last forgotten or recovered: the ledger since then does not count it.
+    pub fn ledger_for(&self, reservation: Reservation) -> Option<Ledger> {
+        self.ledger
+            .clone()
+            .filter(|_| reservation.term == self.term)
+    }
+
+    /// Counts from the ledger found on the Lease when it was won (`None`: it had none). One
+    /// that cannot be read counts as full for a window from `wall`: the cap fails closed.
+    pub fn recover(&mut self, found: Option<&str>, wall: DateTime<Utc>) -> Result<(), LedgerError> {
+        let (ledger, result) = match found.map(|text| Ledger::from_annotation(text, self.window)) {
+            None => (Ledger::new(self.window), Ok(())),
+            Some(Ok(ledger)) => (ledger, Ok(())),
+            Some(Err(error)) => (
+                Ledger::full(self.window, wall, self.max_per_window),
+                Err(error),
+            ),
+        };
+        self.restore(ledger);
+        result
+    }
+
+    fn restore(&mut self, ledger: Ledger) {
+        self.ledger = Some(ledger);
+        self.term += 1;
+    }
+
+    /// Forgets the count (leadership lost): nothing is admitted until the next recovery.
+    pub fn forget(&mut self) {
+        self.ledger = None;
+        self.term += 1;
     }
 }
 
@@ -84,48 +147,132 @@ impl Limiter {
 mod tests {
     use super::*;
 
+    fn limiter(interval: Duration, max: u32, window: Duration) -> Limiter {
+        let mut limiter = Limiter::new(interval, max, window);
+        limiter.restore(Ledger::new(window));
+        limiter
+    }
+
+    fn capped(limiter: &Limiter, wall: DateTime<Utc>) -> bool {
+        let ledger = limiter.ledger.as_ref().expect("known");
+        ledger.capped_until(wall, limiter.max_per_window).is_some()
+    }
+
+    fn slot(admission: Admission) -> Instant {
+        match admission {
+            Admission::At(reservation) => reservation.slot,
+            other => panic!("expected a slot, got {other:?}"),
+        }
+    }
+
     #[test]
     fn paces_deletions() {
-        let now = Instant::now();
-        let mut limiter = Limiter::new(4.0, 100, Duration::from_secs(600));
-        assert_eq!(limiter.reserve(now), Admission::At(now));
+        let (now, wall) = (Instant::now(), Utc::now());
+        let mut limiter = limiter(Duration::from_millis(250), 100, Duration::from_secs(600));
+        assert_eq!(slot(limiter.reserve(now, wall)), now);
         assert_eq!(
-            limiter.reserve(now),
-            Admission::At(now + Duration::from_millis(250))
+            slot(limiter.reserve(now, wall)),
+            now + Duration::from_millis(250)
         );
+        let later = Duration::from_secs(5);
         assert_eq!(
-            limiter.reserve(now + Duration::from_secs(5)),
-            Admission::At(now + Duration::from_secs(5))
+            slot(limiter.reserve(now + later, wall + later)),
+            now + later
         );
+    }
+
+    #[test]
+    fn the_slowest_accepted_rate_still_paces() {
+        let interval =
+            crate::config::deletion_interval(1.0 / crate::config::MAX_DURATION.as_secs_f64())
+                .expect("one deletion per 100 years is accepted");
+        let (now, wall) = (Instant::now(), Utc::now());
+        let mut limiter = limiter(interval, 100, Duration::from_secs(600));
+        assert_eq!(slot(limiter.reserve(now, wall)), now);
+        assert!(slot(limiter.reserve(now, wall)) >= now + interval);
     }
 
     #[test]
     fn caps_within_the_window_and_resumes_after_it() {
-        let now = Instant::now();
+        let (now, wall) = (Instant::now(), Utc::now());
         let window = Duration::from_secs(60);
-        let mut limiter = Limiter::new(1000.0, 3, window);
+        let mut limiter = limiter(Duration::ZERO, 3, window);
         for _ in 0..3 {
-            assert!(matches!(limiter.reserve(now), Admission::At(_)));
+            assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
         }
-        assert!(limiter.capped(now));
-        assert_eq!(
-            limiter.reserve(now + Duration::from_secs(30)),
-            Admission::Capped {
-                until: now + window
-            }
-        );
-        assert!(matches!(limiter.reserve(now + window), Admission::At(_)));
+        assert!(capped(&limiter, wall));
+        let half = Duration::from_secs(30);
+        let Admission::Capped { until } = limiter.reserve(now + half, wall + half) else {
+            panic!("capped")
+        };
+        // The window, plus at most one bucket (a hundredth of it).
+        assert!(until >= now + window && until <= now + window + window / 100);
+        assert!(matches!(
+            limiter.reserve(until, wall + (until - now)),
+            Admission::At(_)
+        ));
     }
 
     #[test]
     fn released_slots_do_not_count() {
-        let now = Instant::now();
-        let mut limiter = Limiter::new(1000.0, 1, Duration::from_secs(60));
-        let Admission::At(slot) = limiter.reserve(now) else {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let mut limiter = limiter(Duration::ZERO, 1, Duration::from_secs(60));
+        let Admission::At(reservation) = limiter.reserve(now, wall) else {
             panic!("first reservation must be admitted")
         };
-        limiter.release(slot);
-        assert!(!limiter.capped(now));
-        assert!(matches!(limiter.reserve(now), Admission::At(_)));
+        limiter.release(reservation);
+        assert!(!capped(&limiter, wall));
+        assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
+    }
+
+    #[test]
+    fn a_delete_counts_from_when_it_was_answered() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let window = Duration::from_secs(60);
+        let mut limiter = limiter(Duration::ZERO, 1, window);
+        let Admission::At(reservation) = limiter.reserve(now, wall) else {
+            panic!("admitted")
+        };
+        let slow = Duration::from_secs(5);
+        limiter.sent(reservation, wall + slow);
+        let Admission::Capped { until } = limiter.reserve(now + window, wall + window) else {
+            panic!("still capped a window after the slot: the delete landed later")
+        };
+        assert!(until >= now + slow + window);
+    }
+
+    #[test]
+    fn unknown_until_restored_and_after_forgetting() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let window = Duration::from_secs(60);
+        let mut limiter = Limiter::new(Duration::ZERO, 1, window);
+        assert_eq!(limiter.reserve(now, wall), Admission::Unknown);
+        limiter.restore(Ledger::new(window));
+        let Admission::At(old) = limiter.reserve(now, wall) else {
+            panic!("admitted once known")
+        };
+        limiter.forget();
+        assert_eq!(limiter.reserve(now, wall), Admission::Unknown);
+        // The ledger read back from the Lease holds that deletion; a release from the term
+        // before must not take it out.
+        let mut recovered = Ledger::new(window);
+        recovered.record(wall);
+        limiter.restore(recovered);
+        limiter.release(old);
+        assert!(capped(&limiter, wall));
+    }
+
+    #[test]
+    fn an_unreadable_ledger_holds_deletions_for_a_window() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let window = Duration::from_secs(60);
+        let mut limiter = Limiter::new(Duration::ZERO, 5, window);
+        assert!(limiter.recover(Some("not a ledger"), wall).is_err());
+        let Admission::Capped { until } = limiter.reserve(now, wall) else {
+            panic!("capped")
+        };
+        assert!(until >= now + window);
+        assert!(limiter.recover(None, wall).is_ok());
+        assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
     }
 }

@@ -170,6 +170,7 @@ pub struct Metrics {
     ready: Gauge,
     blast_radius_capped: Gauge,
     blast_radius_cap_reached: Counter,
+    blast_radius_unknown: Gauge,
     quota_used_ratio: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     tracked: Mutex<HashMap<ObjectKey, Tracked>>,
     /// The `quota_used_ratio` series of each namespace, so the ones no longer there go.
@@ -194,6 +195,7 @@ impl Metrics {
             ready: Gauge::default(),
             blast_radius_capped: Gauge::default(),
             blast_radius_cap_reached: Counter::default(),
+            blast_radius_unknown: Gauge::default(),
             quota_used_ratio: Family::default(),
             tracked: Mutex::default(),
             quota_series: Mutex::default(),
@@ -268,6 +270,11 @@ impl Metrics {
             "blast_radius_cap_reached",
             "Times the maximum deletions per window was reached",
             metrics.blast_radius_cap_reached.clone(),
+        );
+        r.register(
+            "blast_radius_unknown",
+            "1 while deletions are held back because the count of the current window is not known",
+            metrics.blast_radius_unknown.clone(),
         );
         r.register(
             "quota_used_ratio",
@@ -416,6 +423,10 @@ impl Metrics {
         if capped && before == 0 {
             self.blast_radius_cap_reached.inc();
         }
+    }
+
+    pub fn set_cap_unknown(&self, unknown: bool) {
+        self.blast_radius_unknown.set(unknown.into());
     }
 }
 

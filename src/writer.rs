@@ -2,14 +2,19 @@
 //!
 //! Deletes carry `{uid, resourceVersion}` preconditions, so a claim re-created under the same
 //! name, or changed since the decision, is never deleted; finalizers are never touched.
+//!
+//! Only the leader writes, events included: every write passes the [`Fence`] first, and a
+//! delete is recorded in the blast-radius ledger on the Lease before it is sent.
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use tracing::warn;
+use tracing::{debug, warn};
 
+use crate::cap_ledger::Ledger;
 use crate::facts::{ClaimFacts, ObjectKey};
+use crate::leader::{Fence, FenceError};
 use crate::metrics::{DeleteResult, Metrics, Operation};
 use crate::policy::Reason;
 use crate::quota::Pressure;
@@ -38,10 +43,11 @@ pub struct Writer {
     client: Client,
     recorder: Recorder,
     mode: Mode,
+    fence: Fence,
 }
 
 impl Writer {
-    pub fn new(client: Client, mode: Mode, instance: Option<String>) -> Self {
+    pub fn new(client: Client, mode: Mode, instance: Option<String>, fence: Fence) -> Self {
         let reporter = Reporter {
             controller: "workspace-gc".into(),
             instance,
@@ -50,6 +56,7 @@ impl Writer {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             mode,
+            fence,
         }
     }
 
@@ -57,14 +64,23 @@ impl Writer {
         self.mode
     }
 
-    /// Deletes the claim as it was when decided. In client-side dry-run nothing is sent and
-    /// the result is `Deleted` as if it had been.
-    pub async fn delete(&self, claim: &ClaimFacts, metrics: &Metrics) -> DeleteResult {
+    /// Deletes the claim as it was when decided, once `ledger` (which counts this delete) is on
+    /// the Lease and this replica still leads; `Err` when it may not, and nothing was sent. In
+    /// client-side dry-run no delete is sent and the result is `Deleted` as if it had been.
+    pub async fn delete(
+        &self,
+        claim: &ClaimFacts,
+        ledger: &Ledger,
+        metrics: &Metrics,
+    ) -> Result<DeleteResult, FenceError> {
+        self.fence.record(ledger).await?;
         let server_dry_run = match self.mode {
             Mode::Delete => false,
-            Mode::DryRun { server_side: false } => return DeleteResult::Deleted,
+            Mode::DryRun { server_side: false } => return Ok(DeleteResult::Deleted),
             Mode::DryRun { server_side: true } => true,
         };
+        // Checked again immediately before sending: the write above may have waited.
+        self.fence.check()?;
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.key.namespace);
         let params = DeleteParams {
@@ -76,7 +92,7 @@ impl Writer {
             }),
             ..DeleteParams::default()
         };
-        match api.delete(&claim.key.name, &params).await {
+        Ok(match api.delete(&claim.key.name, &params).await {
             Ok(_) => DeleteResult::Deleted,
             Err(kube::Error::Api(status)) if status.is_not_found() => DeleteResult::NotFound,
             Err(kube::Error::Api(status)) if status.is_conflict() => DeleteResult::Conflict,
@@ -85,10 +101,11 @@ impl Writer {
                 warn!(claim = %claim.key, %error, "delete failed");
                 DeleteResult::Failed
             }
-        }
+        })
     }
 
-    /// Publishes an event on the claim; failures are logged and counted, never fatal.
+    /// Publishes an event on the claim, if this replica leads; failures are logged and counted,
+    /// never fatal.
     pub async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
         let (type_, reason, note) = match notice {
             Notice::Deleted(why) => (
@@ -125,7 +142,8 @@ impl Writer {
             .await;
     }
 
-    /// A warning on the ResourceQuota that stays at high water with nothing more to delete.
+    /// A warning on the ResourceQuota that stays at high water with nothing more to delete, if
+    /// this replica leads.
     pub async fn notify_quota_pressure(&self, pressure: &Pressure, metrics: &Metrics) {
         let quota = &pressure.quota;
         let reference = ObjectReference {
@@ -145,7 +163,7 @@ impl Writer {
             .await;
     }
 
-    /// Publishes an event; failures are logged and counted, never fatal.
+    /// Publishes an event, if this replica leads; failures are logged and counted, never fatal.
     async fn publish(
         &self,
         type_: EventType,
@@ -155,6 +173,10 @@ impl Writer {
         key: &ObjectKey,
         metrics: &Metrics,
     ) {
+        if let Err(error) = self.fence.check() {
+            debug!(object = %key, %error, "event not written");
+            return;
+        }
         let event = Event {
             type_,
             reason: reason.into(),
@@ -220,11 +242,20 @@ mod tests {
         }
     }
 
+    fn ledger() -> Ledger {
+        Ledger::new(std::time::Duration::from_secs(60))
+    }
+
     /// Sends one delete through a mock API server; returns the request's query and body and
     /// the writer's result for the given response status.
     async fn delete_against(mode: Mode, status: u16) -> Option<(String, Value, DeleteResult)> {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let writer = Writer::new(kube::Client::new(service, "default"), mode, None);
+        let writer = Writer::new(
+            kube::Client::new(service, "default"),
+            mode,
+            None,
+            Fence::unfenced(),
+        );
         let metrics = Metrics::register(&mut Registry::default());
         let server = tokio::spawn(async move {
             let (request, reply) = handle.next_request().await?;
@@ -250,7 +281,10 @@ mod tests {
             );
             Some((query, body))
         });
-        let result = writer.delete(&claim(), &metrics).await;
+        let result = writer
+            .delete(&claim(), &ledger(), &metrics)
+            .await
+            .expect("unfenced");
         let (query, body) = server.await.ok()??;
         Some((query, body, result))
     }
@@ -304,11 +338,12 @@ mod tests {
             kube::Client::new(service, "default"),
             Mode::DryRun { server_side: false },
             None,
+            Fence::unfenced(),
         );
         let metrics = Metrics::register(&mut Registry::default());
         assert_eq!(
-            writer.delete(&claim(), &metrics).await,
-            DeleteResult::Deleted
+            writer.delete(&claim(), &ledger(), &metrics).await.ok(),
+            Some(DeleteResult::Deleted)
         );
         handle.allow(0);
         assert!(

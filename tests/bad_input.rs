@@ -109,20 +109,25 @@ fn assert_exit(output: &Output, code: i32, what: &str) {
     );
 }
 
+/// Runs `run` with `key` set to `value` through its variable, with no cluster access at all
+/// (the configuration is checked first), and checks it exits 2 with one line naming both.
+fn assert_refused_from_the_environment(key: &str, value: &str) {
+    let var = env_name(key);
+    let output = workspace_gc(&["run"], &[(&var, value)], None);
+    assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
+    let message = stderr(&output);
+    assert!(
+        message.starts_with(&format!("error: ${var}: {key}: ")),
+        "{var}={value}: {message}"
+    );
+    assert_eq!(message.lines().count(), 1, "one line: {message}");
+    assert!(output.stdout.is_empty());
+}
+
 #[test]
 fn every_malformed_key_exits_2_naming_variable_and_key() {
     for (key, value) in MALFORMED {
-        let var = env_name(key);
-        // `run` with no cluster access at all: the configuration is checked first.
-        let output = workspace_gc(&["run"], &[(&var, value)], None);
-        assert_exit(&output, exit::CONFIG, &format!("{var}={value}"));
-        let message = stderr(&output);
-        assert!(
-            message.starts_with(&format!("error: ${var}: {key}: ")),
-            "{var}={value}: {message}"
-        );
-        assert_eq!(message.lines().count(), 1, "one line: {message}");
-        assert!(output.stdout.is_empty());
+        assert_refused_from_the_environment(key, value);
     }
 }
 
@@ -143,6 +148,39 @@ fn every_subcommand_checks_the_configuration_first() {
         assert_exit(&output, exit::CONFIG, &format!("{args:?} unknown variable"));
         assert!(
             stderr(&output).contains("unknown environment variable"),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+/// Well-formed values that cannot be honoured as written: refused before anything runs, rather
+/// than turned into their opposite (`1e-30` deletions a second once became no pacing at all).
+#[test]
+fn values_that_cannot_be_honoured_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().expect("a directory");
+    for (key, value) in [
+        ("deletion.deletes_per_second", "1e-30"),
+        ("deletion.deletes_per_second", "3e-10"),
+        ("deletion.deletes_per_second", "5e-324"),
+        ("policy.max_age", "101y"),
+        ("deletion.window", "200y"),
+        ("leader_election.lease_duration", "1s"),
+    ] {
+        assert_refused_from_the_environment(key, value);
+        let (section, name) = key.split_once('.').expect("section.key");
+        let path = dir.path().join("config.toml");
+        let quoted = if value.ends_with(char::is_alphabetic) {
+            format!("\"{value}\"")
+        } else {
+            value.to_owned()
+        };
+        std::fs::write(&path, format!("[{section}]\n{name} = {quoted}\n")).expect("write");
+        let flag = path.to_str().expect("a UTF-8 temp path");
+        let output = workspace_gc(&["--config", flag, "run"], &[], None);
+        assert_exit(&output, exit::CONFIG, &format!("{key} = {quoted}"));
+        assert!(
+            stderr(&output).contains(&format!("config.toml:2: {key}: ")),
             "{}",
             stderr(&output)
         );

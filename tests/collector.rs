@@ -19,7 +19,9 @@ use support::{
 };
 use tokio_util::sync::CancellationToken;
 use workspace_gc::annotations;
+use workspace_gc::cap_ledger::Ledger;
 use workspace_gc::controller::{self, RunOptions};
+use workspace_gc::leader::Fence;
 use workspace_gc::metrics::Metrics;
 use workspace_gc::resources;
 use workspace_gc::writer::{Mode, Writer};
@@ -319,9 +321,13 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     assert_ne!(new.metadata.uid, old.metadata.uid);
 
     let metrics = Metrics::register(&mut Default::default());
-    let writer = Writer::new(ns.client().clone(), Mode::Delete, None);
-    let result = writer.delete(&decided_about, &metrics).await;
-    assert_eq!(result, workspace_gc::metrics::DeleteResult::Conflict);
+    let writer = Writer::new(ns.client().clone(), Mode::Delete, None, Fence::unfenced());
+    let ledger = Ledger::new(secs(60));
+    let result = writer.delete(&decided_about, &ledger, &metrics).await;
+    assert_eq!(
+        result.ok(),
+        Some(workspace_gc::metrics::DeleteResult::Conflict)
+    );
     let survivor = api.get("re-build-workspace").await.expect("the new claim");
     assert_eq!(survivor.metadata.uid, new.metadata.uid);
 
@@ -334,8 +340,11 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     )
     .await
     .expect("annotate");
-    let result = writer.delete(&decided_about, &metrics).await;
-    assert_eq!(result, workspace_gc::metrics::DeleteResult::Conflict);
+    let result = writer.delete(&decided_about, &ledger, &metrics).await;
+    assert_eq!(
+        result.ok(),
+        Some(workspace_gc::metrics::DeleteResult::Conflict)
+    );
     assert!(claim_exists(&ns, "re-build-workspace").await);
 }
 

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use workspace_gc::config::{Config, ConfigError, LabelSelector, LogFormat, Overrides};
+use workspace_gc::config::{
+    Config, ConfigError, LabelSelector, LogFormat, Overrides, deletion_interval,
+};
 
 fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml")
@@ -408,6 +410,19 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         "deletes_per_second",
         "nan",
         "NaN must be a finite number greater than zero",
+    ),
+    // Accepted before, then overflowed into "no pacing at all".
+    (
+        "deletion",
+        "deletes_per_second",
+        "1e-30",
+        "1e-30 is too small: it means one deletion every 1.0e30 s; expected at least 3.2e-10",
+    ),
+    (
+        "deletion",
+        "deletes_per_second",
+        "3e-10",
+        "3e-10 is too small",
     ),
     (
         "deletion",
@@ -866,6 +881,15 @@ proptest! {
         prop_assert_eq!(&reparsed, &parsed);
         prop_assert_eq!(reparsed.to_string(), canonical);
         prop_assert_eq!(parsed.matches(&labels), expected);
+    }
+
+    /// No accepted rate turns into its opposite: each has an interval to pace by.
+    #[test]
+    fn every_accepted_rate_paces(rate in any::<f64>()) {
+        let vars = vec![("WORKSPACE_GC_DELETION_DELETES_PER_SECOND".to_owned(), format!("{rate:e}"))];
+        if let Ok(config) = Config::parse(None, vars, &Overrides::default()) {
+            prop_assert!(deletion_interval(config.deletion.deletes_per_second).is_some(), "{rate:e}");
+        }
     }
 
     #[test]

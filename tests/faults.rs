@@ -1,7 +1,9 @@
 //! The daemon under faults, against a real kube-apiserver and etcd: an API server restart,
 //! watches expired by etcd compaction (410 Gone), a network partition, a silently stalled
 //! watch, the leader killed with SIGKILL, a delete denied by RBAC, a claim re-created just
-//! before its delete, clock skew, and objects with odd fields.
+//! before its delete, clock skew, objects with odd fields; and the limits that must hold across
+//! restarts and hand-overs: the blast-radius cap, the deletion rate, fencing of a partitioned
+//! leader, and only the leader writing.
 //!
 //! What every test checks, besides its fault: no claim is deleted before its deadline or while
 //! something protects it, every due claim is deleted within a bound once the fault is over, and
@@ -22,9 +24,9 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
-    ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder, PipelineRunBuilder,
-    PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, policy_rule, wait_until,
+    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
+    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, wait_until,
 };
 use workspace_gc::annotations;
 use workspace_gc::config::Config;
@@ -1082,4 +1084,419 @@ async fn odd_objects_keep_their_claims_and_say_why() {
     }
     assert!(daemon.running());
     daemon.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits that hold across restarts and hand-overs, and a leader that stops in time
+
+/// The variables for a replica of the binary with leader election on a Lease in `ns`.
+fn elected_vars(ns: &TestNamespace, lease: &str) -> Vec<(&'static str, String)> {
+    let mut vars = binary_vars(ns);
+    vars.retain(|(key, _)| *key != "WORKSPACE_GC_LEADER_ELECTION_ENABLED");
+    vars.push((
+        "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
+        ns.name().into(),
+    ));
+    vars.push(("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", lease.into()));
+    vars
+}
+
+fn set_var(vars: &mut Vec<(&'static str, String)>, key: &'static str, value: &str) {
+    vars.retain(|(k, _)| *k != key);
+    vars.push((key, value.to_owned()));
+}
+
+async fn deleted_count(ns: &TestNamespace, names: &[String]) -> usize {
+    let mut count = 0;
+    for name in names {
+        if deleted(ns, name).await {
+            count += 1;
+        }
+    }
+    count
+}
+
+async fn capped(replica: &Process) -> bool {
+    metric(
+        &replica.metrics().await,
+        "workspace_gc_blast_radius_capped",
+        "",
+    ) == 1.0
+}
+
+/// `replica` comes to lead, re-evaluates every claim on winning the lease, finds the cap
+/// reached, and 2 of `names` stay the only ones deleted.
+async fn leads_within_the_cap(replica: &Process, ns: &TestNamespace, names: &[String], when: &str) {
+    assert!(
+        wait_until(secs(30), || replica.leading()).await,
+        "leads {when}:\n{}",
+        replica.logs()
+    );
+    assert!(
+        wait_until(secs(15), || capped(replica)).await,
+        "finds the cap reached {when}:\n{}",
+        replica.logs()
+    );
+    tokio::time::sleep(secs(3)).await;
+    assert_eq!(
+        deleted_count(ns, names).await,
+        2,
+        "no more deletions {when}:\n{}",
+        replica.logs()
+    );
+}
+
+/// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
+/// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
+/// count of the window lives on the Lease, so each new leader starts from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cap_holds_across_restarts_and_hand_overs() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "cap").await;
+    let mut vars = elected_vars(&ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        "2",
+    );
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
+    let names: Vec<String> = (0..6).map(|i| format!("due{i}-build-workspace")).collect();
+    for name in &names {
+        expiring(name, in_secs(-60)).create(&ns).await;
+    }
+    let logs = log_dir();
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || async {
+            capped(&a).await && deleted_count(&ns, &names).await == 2
+        })
+        .await,
+        "replica-a deletes 2 and reaches the cap:\n{}",
+        a.logs()
+    );
+
+    // A hand-over: the standby takes the released lease at once.
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    let status = a.terminate().await;
+    assert!(status.success(), "{status}");
+    leads_within_the_cap(&b, &ns, &names, "after the hand-over").await;
+
+    // A crash and a restart of the same pod: it holds its own lease and leads at once.
+    b.kill().await;
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b2.log"));
+    leads_within_the_cap(&b, &ns, &names, "after the restart").await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// Every accepted deletion rate paces as configured, and one that cannot be honoured is refused
+/// before anything is deleted: `1e-30` once overflowed into "no pacing at all".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deletion_rate_paces_as_configured_or_is_refused() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "rate").await;
+    let names: Vec<String> = (0..3)
+        .map(|i| format!("paced{i}-build-workspace"))
+        .collect();
+    for name in &names {
+        expiring(name, in_secs(-60)).create(&ns).await;
+    }
+    let logs = log_dir();
+    let mut vars = binary_vars(&ns);
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_DELETES_PER_SECOND",
+        "1e-30",
+    );
+    let mut refused = Process::spawn(
+        cp.kubeconfig_path(),
+        &vars,
+        "rate",
+        &logs.path().join("refused.log"),
+    );
+    let mut status = None;
+    for _ in 0..100 {
+        status = refused.exited();
+        if status.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "exit 2:\n{}",
+        refused.logs()
+    );
+    assert!(
+        refused.logs().contains("deletion.deletes_per_second"),
+        "{}",
+        refused.logs()
+    );
+    assert_eq!(deleted_count(&ns, &names).await, 0, "nothing deleted");
+
+    // Half a deletion a second: one every 2 s.
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "0.5");
+    let daemon = Process::spawn(
+        cp.kubeconfig_path(),
+        &vars,
+        "rate",
+        &logs.path().join("paced.log"),
+    );
+    let mut seen: Vec<Instant> = Vec::new();
+    let started = Instant::now();
+    while seen.len() < names.len() && started.elapsed() < secs(30) {
+        let count = deleted_count(&ns, &names).await;
+        while seen.len() < count {
+            seen.push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen.len(), names.len(), "all deleted:\n{}", daemon.logs());
+    for pair in seen.windows(2) {
+        let gap = pair[1] - pair[0];
+        // 2 s apart, less the polling.
+        assert!(gap >= Duration::from_millis(1700), "deleted {gap:?} apart");
+    }
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// Only the leader writes to the cluster, events included: a standby that sees a claim with an
+/// invalid annotation keeps it and says so in its metrics, but writes no event.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_leader_writes_events() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "events").await;
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir();
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    assert!(!b.leading().await);
+
+    expiring("odd-build-workspace", in_secs(-60))
+        .annotation(annotations::TTL, "a while")
+        .create(&ns)
+        .await;
+    for replica in [&a, &b] {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(
+                    &replica.metrics().await,
+                    "workspace_gc_claims",
+                    "state=\"keep\",reason=\"invalid-annotation\"",
+                ) == 1.0
+            })
+            .await,
+            "both replicas decided: {}",
+            replica.metrics().await
+        );
+    }
+    assert!(
+        wait_until(secs(10), || async {
+            !events(&ns, "odd-build-workspace", "InvalidAnnotation")
+                .await
+                .is_empty()
+        })
+        .await,
+        "the leader explains the kept claim"
+    );
+    tokio::time::sleep(secs(2)).await;
+    let by: Vec<Option<String>> = events(&ns, "odd-build-workspace", "InvalidAnnotation")
+        .await
+        .into_iter()
+        .map(|e| e.reporting_instance)
+        .collect();
+    assert_eq!(
+        by,
+        vec![Some("replica-a".to_owned())],
+        "only the leader wrote"
+    );
+    assert_eq!(fate(&ns, "odd-build-workspace").await, Fate::Live);
+    for replica in [b, a] {
+        let status = replica.terminate().await;
+        assert!(status.success(), "{status}");
+    }
+}
+
+/// Claim deletes with their request (the precondition names the claim's UID) and every write
+/// of a Lease, with who sent it.
+const FENCING_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    verbs: [delete]
+    resources:
+      - group: \"\"
+        resources: [persistentvolumeclaims]
+  - level: Metadata
+    verbs: [create, update, patch]
+    resources:
+      - group: coordination.k8s.io
+        resources: [leases]
+  - level: None
+";
+
+/// The daemon's Role in the test namespace, with the Lease rights old and new election need.
+fn elected_role(name: &str) -> Role {
+    let mut role = daemon_role(true);
+    role.metadata.name = Some(name.to_owned());
+    if let Some(rules) = role.rules.as_mut() {
+        rules.push(policy_rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ));
+    }
+    role
+}
+
+/// Fencing. Only the leader is partitioned (its proxy cut) while claims fall due every second;
+/// the standby takes over. The API server's audit log shows that the old leader sent no DELETE
+/// after its lease could have expired (its last successful Lease write plus the lease
+/// duration), during the partition or after it heals, and that no claim was deleted twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
+    let work = tempfile::tempdir().expect("a directory for the audit log");
+    let audit_log = work.path().join("audit.log");
+    let audit_policy = work.path().join("audit-policy.yaml");
+    std::fs::write(&audit_policy, FENCING_AUDIT_POLICY).expect("write the audit policy");
+    let cp = ControlPlane::start_with(&ControlPlaneOptions {
+        controller_manager: true,
+        apiserver_args: vec![
+            format!("--audit-log-path={}", audit_log.display()),
+            format!("--audit-policy-file={}", audit_policy.display()),
+        ],
+    });
+    let ns = TestNamespace::new(&cp, "fencing").await;
+    let lease = secs(4);
+    let vars = elected_vars(&ns, "4s");
+    let server = cp.config().cluster_url.to_string();
+    let server = server.trim_end_matches('/').to_owned();
+    let mut kubeconfigs = Vec::new();
+    for name in ["replica-a", "replica-b"] {
+        ns.api::<Role>()
+            .create(&PostParams::default(), &elected_role(name))
+            .await
+            .expect("role");
+        ns.bind_role(name, name).await;
+        kubeconfigs.push(cp.service_account_kubeconfig(ns.name(), name).await);
+    }
+    let proxy = Proxy::start(cp.api_address()).await;
+    let via_proxy = work.path().join("a.kubeconfig");
+    let text = std::fs::read_to_string(&kubeconfigs[0]).expect("read the kubeconfig");
+    std::fs::write(&via_proxy, text.replace(&server, &proxy.url())).expect("write it");
+
+    let logs = log_dir();
+    let a = Process::spawn(&via_proxy, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
+    let b = Process::spawn(
+        &kubeconfigs[1],
+        &vars,
+        "replica-b",
+        &logs.path().join("b.log"),
+    );
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    assert!(!b.leading().await, "one leader at a time");
+
+    // Claims due every second from just before the cut until long after the heal.
+    let cut_at = in_secs(10);
+    let names: Vec<String> = (-2..=24)
+        .map(|offset: i64| format!("due{}-build-workspace", offset + 2))
+        .collect();
+    for (name, offset) in names.iter().zip(-2i64..) {
+        expiring(name, cut_at + chrono::Duration::seconds(offset))
+            .create(&ns)
+            .await;
+    }
+    for replica in [&a, &b] {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(
+                    &replica.metrics().await,
+                    "workspace_gc_cached_objects",
+                    "kind=\"claims\"",
+                ) == names.len() as f64
+            })
+            .await,
+            "both replicas cached every claim"
+        );
+    }
+
+    tokio::time::sleep((cut_at - Utc::now()).to_std().unwrap_or_default()).await;
+    proxy.cut();
+    let cut = Instant::now();
+    assert!(
+        wait_until(lease + secs(5), || b.leading()).await,
+        "the standby takes over:\n{}",
+        b.logs()
+    );
+    eprintln!("fencing: replica-b leads {:?} after the cut", cut.elapsed());
+    tokio::time::sleep(secs(1)).await;
+    proxy.heal();
+    let last = names.last().expect("claims");
+    assert!(
+        wait_until(secs(40), || deleted(&ns, last)).await,
+        "the new leader deletes the last claim:\n{}",
+        b.logs()
+    );
+    tokio::time::sleep(secs(3)).await;
+    assert!(!a.leading().await, "the old leader stood down");
+    // The standby first, so that no release hands the lease back to it.
+    for replica in [a, b] {
+        let status = replica.terminate().await;
+        assert!(status.success(), "{status}");
+    }
+
+    let audited = read_audit(&audit_log);
+    let user = |name: &str| format!("system:serviceaccount:{}:{name}", ns.name());
+    let (old, new) = (user("replica-a"), user("replica-b"));
+    let renewed = audited
+        .iter()
+        .filter(|e| e.user == old && e.resource == "leases" && (200..300).contains(&e.code))
+        .map(|e| e.at)
+        .max()
+        .expect("the old leader renewed its lease");
+    let expiry = renewed + chrono::Duration::from_std(lease).expect("lease");
+    let late: Vec<&AuditEvent> = audited
+        .iter()
+        .filter(|e| e.user == old && e.resource == "persistentvolumeclaims" && e.at >= expiry)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the old leader sent deletes after its lease could have expired at {expiry}: {late:#?}"
+    );
+    let deletes_by = |who: &str| {
+        audited
+            .iter()
+            .filter(|e| e.user == who && e.resource == "persistentvolumeclaims")
+            .count()
+    };
+    assert!(
+        deletes_by(&old) > 0,
+        "the old leader deleted before the cut"
+    );
+    assert!(deletes_by(&new) > 0, "the new leader deleted after it");
+    let mut successes: std::collections::HashMap<&str, u32> = Default::default();
+    for delete in audited
+        .iter()
+        .filter(|e| e.resource == "persistentvolumeclaims" && (200..300).contains(&e.code))
+    {
+        *successes
+            .entry(delete.uid.as_deref().unwrap_or("?"))
+            .or_default() += 1;
+    }
+    assert!(
+        successes.values().all(|n| *n == 1),
+        "no claim deleted twice: {successes:?}"
+    );
+    for name in &names {
+        assert!(deleted(&ns, name).await, "{name} is deleted");
+    }
 }

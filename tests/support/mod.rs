@@ -3,6 +3,7 @@
 // Each test binary compiles this module but uses only part of it.
 #![allow(dead_code)]
 
+mod audit;
 mod cluster;
 mod daemon;
 pub mod graph;
@@ -12,6 +13,8 @@ mod prometheus;
 mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.
+#[allow(unused_imports)]
+pub use audit::{AuditEvent, read_audit};
 #[allow(unused_imports)]
 pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace, policy_rule};
 #[allow(unused_imports)]
