@@ -555,8 +555,10 @@ impl Controller {
     }
 
     /// Under quota pressure, as the leader: warns once a round when nothing more may be
-    /// deleted, asks for the plan's other claims to be reconciled, and says whether the plan
-    /// takes this claim.
+    /// deleted, and says whether the plan takes this claim. A claim the plan does not take asks
+    /// for the plan's claims to be reconciled: a change to it (a build re-run binding it) may
+    /// have passed its place to one nothing else would wake. A claim the plan takes does not,
+    /// so two failing deletes cannot wake each other in a loop.
     async fn relieve(&self, key: &ObjectKey) -> bool {
         let Some(waters) = self.quota.filter(|_| self.is_leader()) else {
             return false;
@@ -579,11 +581,9 @@ impl Controller {
                 .notify_quota_pressure(worst, &self.metrics)
                 .await;
         }
-        let mut taken = false;
-        for victim in plan.victims {
-            if victim == *key {
-                taken = true;
-            } else {
+        let taken = plan.victims.contains(key);
+        if !taken {
+            for victim in plan.victims {
                 self.schedule.now(victim);
             }
         }

@@ -569,6 +569,8 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
                 &["notebookvalidationjobs"],
                 &["get", "list", "watch"],
             ),
+            // Quota pressure is on by default, and its watch must list too.
+            policy_rule(&[""], &["resourcequotas"], &["list", "watch"]),
             policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ]),
     };

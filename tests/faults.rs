@@ -699,6 +699,7 @@ fn daemon_role(can_delete: bool) -> Role {
                 &["notebookvalidationjobs"],
                 &["get", "list", "watch"],
             ),
+            policy_rule(&[""], &["resourcequotas"], &["list", "watch"]),
             policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ]),
     }
