@@ -561,8 +561,8 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
             ),
             policy_rule(
                 &["tekton.dev"],
-                &["pipelineruns"],
-                &["get", "list", "watch"],
+                &["pipelineruns", "taskruns"],
+                &["list", "watch"],
             ),
             policy_rule(
                 &["mlops.mlops.dev"],

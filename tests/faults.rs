@@ -691,8 +691,8 @@ fn daemon_role(can_delete: bool) -> Role {
             policy_rule(&[""], &["pods"], &["list", "watch"]),
             policy_rule(
                 &["tekton.dev"],
-                &["pipelineruns"],
-                &["get", "list", "watch"],
+                &["pipelineruns", "taskruns"],
+                &["list", "watch"],
             ),
             policy_rule(
                 &["mlops.mlops.dev"],
