@@ -453,6 +453,13 @@ impl Controller {
         if pressure {
             self.rounds().record(Sent::of(&claim));
         }
+        // The ledger written to the Lease before the DELETE counts it from the latest instant
+        // the DELETE can go out: the fence lets it go at most `reach` after this write. So a
+        // replica that recovers the ledger never counts it earlier than the API server saw it
+        // (a restart inside a window then cannot open room for one delete too many).
+        let reservation = self
+            .lock_limiter()
+            .count_from(reservation, Utc::now() + self.fence.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
         let sent = match &ledger {
             Some(ledger) => self.writer.delete(&claim, ledger, &self.metrics).await,
@@ -465,7 +472,8 @@ impl Controller {
         }
         let result = match sent {
             Ok(DeleteResult::Deleted) => {
-                self.lock_limiter().sent(reservation, Utc::now());
+                // Received by the time it was answered, at the latest.
+                self.lock_limiter().count_from(reservation, Utc::now());
                 DeleteResult::Deleted
             }
             Ok(result) => result,

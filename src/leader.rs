@@ -199,6 +199,14 @@ impl Fence {
         }
     }
 
+    /// How long after this replica's last successful Lease write it may still send a DELETE:
+    /// the renew deadline ([`Fence::check`]). Zero without leader election (no Lease).
+    pub fn reach(&self) -> Duration {
+        self.elector
+            .as_ref()
+            .map_or(Duration::ZERO, |elector| elector.timing.renew_deadline)
+    }
+
     /// Writes `ledger` to the Lease, renewing it: before a delete, with that delete counted.
     /// Fails unless this replica holds the lease at that moment, as the API server sees it.
     pub async fn record(&self, ledger: &Ledger) -> Result<(), FenceError> {

@@ -96,15 +96,19 @@ impl Limiter {
         }
     }
 
-    /// Moves a reservation's record to `at`, when its delete has been answered: the API server
-    /// received it at `at` at the latest, so the window counts from no earlier than that.
-    pub fn sent(&mut self, reservation: Reservation, at: DateTime<Utc>) {
+    /// Moves a reservation's record to no earlier than `at`, and returns it moved. The window
+    /// must count a delete from no earlier than the API server received it: the slot comes
+    /// before the live re-check, which can take seconds, and a replica that recovers the
+    /// ledger from the Lease knows only the instant written there.
+    pub fn count_from(&mut self, reservation: Reservation, at: DateTime<Utc>) -> Reservation {
+        let at = at.max(reservation.at);
         if reservation.term == self.term
             && let Some(ledger) = &mut self.ledger
         {
             ledger.unrecord(reservation.at);
-            ledger.record(at.max(reservation.at));
+            ledger.record(at);
         }
+        Reservation { at, ..reservation }
     }
 
     /// The ledger to persist before `reservation`'s delete: every reservation granted so far
@@ -234,11 +238,42 @@ mod tests {
             panic!("admitted")
         };
         let slow = Duration::from_secs(5);
-        limiter.sent(reservation, wall + slow);
+        let moved = limiter.count_from(reservation, wall + slow);
+        // Moving never brings a record forward in time.
+        assert_eq!(limiter.count_from(moved, wall), moved);
         let Admission::Capped { until } = limiter.reserve(now + window, wall + window) else {
             panic!("still capped a window after the slot: the delete landed later")
         };
         assert!(until >= now + slow + window);
+    }
+
+    #[test]
+    fn a_recovered_ledger_counts_a_delete_from_when_it_could_go_out() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let window = Duration::from_secs(30);
+        let mut leader = limiter(Duration::ZERO, 1, window);
+        let Admission::At(reservation) = leader.reserve(now, wall) else {
+            panic!("admitted")
+        };
+        // The live re-check took 5 s; the ledger is written just before the DELETE.
+        let late = wall + Duration::from_secs(5);
+        let reservation = leader.count_from(reservation, late);
+        let persisted = leader
+            .ledger_for(reservation)
+            .expect("current")
+            .to_annotation();
+
+        // The leader dies; another recovers the ledger a window after the slot.
+        let mut next = limiter(Duration::ZERO, 1, window);
+        next.recover(Some(&persisted), wall).unwrap();
+        let after_slot = wall + window + Duration::from_secs(1);
+        assert!(
+            matches!(
+                next.reserve(now + window + Duration::from_secs(1), after_slot),
+                Admission::Capped { .. }
+            ),
+            "a window after the slot, but not after the delete: still capped"
+        );
     }
 
     #[test]
