@@ -783,6 +783,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
     for wanted in [
         "WorkspaceGCDeletionsFailing",
         "WorkspaceGCBlastRadiusCapReached",
+        "WorkspaceGCCapCountUnknown",
         "WorkspaceGCNotReady",
         "WorkspaceGCReclaimLagHigh",
         "WorkspaceGCQuotaPressureUnrelieved",
