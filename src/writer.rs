@@ -220,25 +220,16 @@ fn reference(claim: &ClaimFacts) -> ObjectReference {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::facts::ObjectKey;
-    use chrono::{DateTime, Utc};
     use http::{Request, Response};
     use kube::client::Body;
     use prometheus_client::registry::Registry;
     use serde_json::{Value, json};
-    use std::collections::BTreeMap;
 
     fn claim() -> ClaimFacts {
         ClaimFacts {
-            key: ObjectKey::new("ml", "nb-build-workspace"),
             uid: "uid-1".into(),
             resource_version: "42".into(),
-            created: DateTime::<Utc>::UNIX_EPOCH,
-            annotations: BTreeMap::new(),
-            owner_references: Vec::new(),
-            deletion_timestamp: None,
-            requested_bytes: None,
-            storage_class: None,
+            ..ClaimFacts::example("nb-build-workspace")
         }
     }
 
