@@ -15,12 +15,13 @@ use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Preconditions, PropagationPolicy};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions, PropagationPolicy};
 use serde::de::DeserializeOwned;
 use workspace_gc::cache::{Change, Index, Update};
 use workspace_gc::facts::PodEntry;
 use workspace_gc::facts::{ClaimFacts, ObjectKey};
 use workspace_gc::policy::{self, Policy};
+use workspace_gc::resources::OwnerObject;
 use workspace_gc::{linking, resources};
 
 pub const SUBCOMMAND: &str = "sweep-janitor";
@@ -98,8 +99,8 @@ struct Stats {
 async fn sweep_once(client: &Client, policy: &Policy) -> Result<Stats> {
     let started = Instant::now();
     let claims_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let jobs_api: Api<DynamicObject> = Api::all_with(client.clone(), &resources::job_resource());
-    let runs_api: Api<DynamicObject> = Api::all_with(client.clone(), &resources::run_resource());
+    let jobs_api: Api<OwnerObject> = Api::all_with(client.clone(), &resources::job_resource());
+    let runs_api: Api<OwnerObject> = Api::all_with(client.clone(), &resources::run_resource());
     let pods_api: Api<Pod> = Api::all(client.clone());
     let (claims, jobs, runs, pods) = tokio::try_join!(
         list(

@@ -14,7 +14,7 @@ use std::fmt::Debug;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
@@ -24,7 +24,7 @@ use tracing::info;
 use crate::cache::{Change, Index, Kind, Scope, TaskRunEntry, Update};
 use crate::config::SelectorConfig;
 use crate::facts::ObjectKey;
-use crate::resources;
+use crate::resources::{self, OwnerObject};
 
 /// One item of the merged watch streams.
 pub type Item = Result<Update, (Kind, watcher::Error)>;
@@ -69,7 +69,7 @@ pub fn updates(
         ));
         streams.push(kind(
             Kind::Jobs,
-            dynamic(client, &scope, &resources::job_resource()),
+            owners(client, &scope, &resources::job_resource()),
             watcher::Config::default(),
             scope.clone(),
             resources::job_entry,
@@ -77,7 +77,7 @@ pub fn updates(
         ));
         streams.push(kind(
             Kind::Runs,
-            dynamic(client, &scope, &resources::run_resource()),
+            owners(client, &scope, &resources::run_resource()),
             watcher::Config::default(),
             scope.clone(),
             resources::run_entry,
@@ -85,7 +85,7 @@ pub fn updates(
         ));
         streams.push(optional_kind(
             Kind::TaskRuns,
-            dynamic(client, &scope, &resources::task_run_resource()),
+            owners(client, &scope, &resources::task_run_resource()),
             scope.clone(),
             |run| TaskRunEntry(resources::task_run_entry(run)),
             Update::TaskRun,
@@ -169,7 +169,7 @@ where
     }
 }
 
-fn dynamic(client: &Client, scope: &Scope, resource: &ApiResource) -> Api<DynamicObject> {
+fn owners(client: &Client, scope: &Scope, resource: &ApiResource) -> Api<OwnerObject> {
     match scope {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
         None => Api::all_with(client.clone(), resource),
@@ -202,9 +202,9 @@ where
 /// the scope is reported listed and empty (logged once each time the CRD goes or comes).
 fn optional_kind<E: Send + 'static>(
     name: Kind,
-    api: Api<DynamicObject>,
+    api: Api<OwnerObject>,
     scope: Scope,
-    convert: fn(&DynamicObject) -> E,
+    convert: fn(&OwnerObject) -> E,
     wrap: fn(Change<E>) -> Update,
 ) -> BoxStream<'static, Item> {
     let mut absent = false;
