@@ -290,24 +290,27 @@ fn manifest<T: serde::de::DeserializeOwned>(file: &str, kind: &str) -> Result<T>
     bail!("no {kind} in {file}")
 }
 
+pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    Ok(())
+}
+
 /// Grants the daemon's own ClusterRole (manifests/base/rbac-cluster.yaml, so the benchmark
 /// runs with exactly the rights a deployment has) to both contenders' users, and the daemon
 /// its Lease Role (rbac-lease.yaml) in its namespace.
 pub async fn grant(client: &Client) -> Result<()> {
     let mut lease_role: Role = manifest("rbac-lease.yaml", "Role")?;
     lease_role.metadata.namespace = Some(DAEMON_NAMESPACE.into());
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(DAEMON_NAMESPACE.into()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
-        .await?;
+    create_namespace(client, DAEMON_NAMESPACE).await?;
     let roles: Api<Role> = Api::namespaced(client.clone(), DAEMON_NAMESPACE);
     roles.create(&PostParams::default(), &lease_role).await?;
     let binding = RoleBinding {

@@ -24,9 +24,8 @@ use anyhow::{Result, anyhow};
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, ServiceAccount, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    Pod, PodSpec, ServiceAccount, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -212,18 +211,7 @@ pub struct Created {
 pub async fn create(client: &Client, plan: &Plan, concurrency: usize) -> Result<Created> {
     let started = Instant::now();
     for namespace in &plan.namespaces {
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(namespace.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    ..Namespace::default()
-                },
-            )
-            .await?;
+        crate::cluster::create_namespace(client, namespace).await?;
         // ServiceAccount admission rejects pods whose account does not exist yet.
         let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
         match accounts

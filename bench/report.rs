@@ -68,6 +68,14 @@ fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
+/// Bytes per reclaimed claim, in KiB.
+fn kib_per(bytes: f64, reclaimed: usize) -> String {
+    if reclaimed == 0 {
+        return "–".into();
+    }
+    format!("{:.0} KiB", bytes / 1024.0 / reclaimed as f64)
+}
+
 fn per(count: u64, reclaimed: usize) -> String {
     if reclaimed == 0 {
         return "–".into();
@@ -450,13 +458,7 @@ fn render_size(out: &mut String, r: &SizeResult) {
     row(
         out,
         "LIST bytes served after sync, per reclaimed claim",
-        &|c| {
-            if c.reclaimed() == 0 {
-                "–".into()
-            } else {
-                format!("{:.0} KiB", c.list_bytes / 1024.0 / c.reclaimed() as f64)
-            }
-        },
+        &|c| kib_per(c.list_bytes, c.reclaimed()),
     );
     row(
         out,
@@ -706,11 +708,7 @@ fn render_steady(out: &mut String, r: &SizeResult, cs: &[&Contender]) {
             &|c| format!("{:.2}", reads(&c.requests, c.reclaimed())),
         );
         row(out, &churned, "LIST bytes per reclaimed claim", &|c| {
-            if c.reclaimed() == 0 {
-                "–".into()
-            } else {
-                format!("{:.0} KiB", c.list_bytes / 1024.0 / c.reclaimed() as f64)
-            }
+            kib_per(c.list_bytes, c.reclaimed())
         });
         row(
             out,
