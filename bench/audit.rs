@@ -134,6 +134,14 @@ impl Counts {
         self.by_verb.get(verb).copied().unwrap_or(0)
     }
 
+    /// Requests with `verb` on Leases (leader election).
+    pub fn lease(&self, verb: &str) -> u64 {
+        self.by_verb_resource
+            .get(&format!("{verb} leases"))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Requests other than watches (a watch is one long-lived request per kind).
     pub fn non_watch(&self) -> u64 {
         self.total - self.verb("watch")

@@ -8,7 +8,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -273,17 +276,66 @@ pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// Grants the daemon's own ClusterRole (manifests/base/rbac-cluster.yaml, so the benchmark
-/// runs with exactly the rights a deployment has) to both contenders' users.
-pub async fn grant(client: &Client) -> Result<()> {
-    let text = std::fs::read_to_string(root().join("manifests/base/rbac-cluster.yaml"))?;
-    let mut role: Option<ClusterRole> = None;
+/// The namespace the daemon runs in, for its Lease (leader election, as deployed).
+pub const DAEMON_NAMESPACE: &str = "workspace-gc";
+
+/// The first object of `kind` in a manifest of manifests/base.
+fn manifest<T: serde::de::DeserializeOwned>(file: &str, kind: &str) -> Result<T> {
+    let text = std::fs::read_to_string(root().join("manifests/base").join(file))?;
     for value in serde_saphyr::from_multiple::<serde_json::Value>(&text)? {
-        if value.get("kind").and_then(|k| k.as_str()) == Some("ClusterRole") {
-            role = Some(serde_json::from_value(value)?);
+        if value.get("kind").and_then(|k| k.as_str()) == Some(kind) {
+            return Ok(serde_json::from_value(value)?);
         }
     }
-    let role = role.ok_or_else(|| anyhow!("no ClusterRole in rbac-cluster.yaml"))?;
+    bail!("no {kind} in {file}")
+}
+
+pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    Ok(())
+}
+
+/// Grants the daemon's own ClusterRole (manifests/base/rbac-cluster.yaml, so the benchmark
+/// runs with exactly the rights a deployment has) to both contenders' users, and the daemon
+/// its Lease Role (rbac-lease.yaml) in its namespace.
+pub async fn grant(client: &Client) -> Result<()> {
+    let mut lease_role: Role = manifest("rbac-lease.yaml", "Role")?;
+    lease_role.metadata.namespace = Some(DAEMON_NAMESPACE.into());
+    create_namespace(client, DAEMON_NAMESPACE).await?;
+    let roles: Api<Role> = Api::namespaced(client.clone(), DAEMON_NAMESPACE);
+    roles.create(&PostParams::default(), &lease_role).await?;
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: lease_role.metadata.name.clone(),
+            namespace: Some(DAEMON_NAMESPACE.into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: lease_role.metadata.name.clone().unwrap_or_default(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: DAEMON_USER.into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            namespace: None,
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), DAEMON_NAMESPACE)
+        .create(&PostParams::default(), &binding)
+        .await?;
+
+    let role: ClusterRole = manifest("rbac-cluster.yaml", "ClusterRole")?;
     let role_name = role.metadata.name.clone().unwrap_or_default();
     Api::<ClusterRole>::all(client.clone())
         .create(&PostParams::default(), &role)

@@ -1,7 +1,7 @@
 //! The objects: N builds, each a NotebookValidationJob `{job}`, a PipelineRun `{job}-build`
-//! binding claim `{job}-build-workspace`, and two pods mounting the claim, shaped as the
-//! operator and Tekton create them (see tests/support/objects.rs); and the deadline events the
-//! benchmark fires at known instants.
+//! binding claim `{job}-build-workspace`, and two pods mounting the claim (one in a lean plan),
+//! shaped as the operator and Tekton create them (see tests/support/objects.rs); and the
+//! deadline events the benchmark fires at known instants.
 //!
 //! States, chosen so that nothing is due when a contender starts (a TTL of seconds reclaims a
 //! finished build within seconds, so in a collected cluster the claims that remain are those of
@@ -24,9 +24,8 @@ use anyhow::{Result, anyhow};
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, ServiceAccount, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    Pod, PodSpec, ServiceAccount, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -64,6 +63,9 @@ impl Build {
 pub struct Plan {
     pub builds: Vec<Build>,
     pub namespaces: Vec<String>,
+    /// One pod per build (the build's TaskRun pod) instead of two, so that the largest sizes
+    /// can be created on a small machine.
+    pub lean: bool,
 }
 
 /// Deterministic, dependency-free pseudo-random numbers (xorshift64*).
@@ -85,7 +87,13 @@ impl Rng {
 impl Plan {
     /// `owned` builds have owner references (one set per contender that gets owner-deleted
     /// events), `validating` at least as many as the TTL events need.
-    pub fn new(n: usize, namespaces: usize, owned: usize, validating_min: usize) -> Result<Self> {
+    pub fn new(
+        n: usize,
+        namespaces: usize,
+        owned: usize,
+        validating_min: usize,
+        lean: bool,
+    ) -> Result<Self> {
         let running = n / 5;
         let kept = n / 20;
         let validating = n.saturating_sub(running + kept + owned);
@@ -129,7 +137,15 @@ impl Plan {
                 }
             })
             .collect();
-        Ok(Self { builds, namespaces })
+        Ok(Self {
+            builds,
+            namespaces,
+            lean,
+        })
+    }
+
+    pub fn pods_per_build(&self) -> usize {
+        if self.lean { 1 } else { 2 }
     }
 
     pub fn count(&self, state: State) -> usize {
@@ -195,18 +211,7 @@ pub struct Created {
 pub async fn create(client: &Client, plan: &Plan, concurrency: usize) -> Result<Created> {
     let started = Instant::now();
     for namespace in &plan.namespaces {
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(namespace.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    ..Namespace::default()
-                },
-            )
-            .await?;
+        crate::cluster::create_namespace(client, namespace).await?;
         // ServiceAccount admission rejects pods whose account does not exist yet.
         let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
         match accounts
@@ -234,7 +239,7 @@ pub async fn create(client: &Client, plan: &Plan, concurrency: usize) -> Result<
         let requests = requests.clone();
         let done = done.clone();
         async move {
-            let sent = create_build(client, build).await?;
+            let sent = create_build(client, build, plan.pods_per_build()).await?;
             requests.fetch_add(sent, Ordering::Relaxed);
             let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
             if finished.is_multiple_of(1000) || finished == total {
@@ -252,12 +257,12 @@ pub async fn create(client: &Client, plan: &Plan, concurrency: usize) -> Result<
     Ok(Created {
         elapsed: started.elapsed(),
         requests: requests.load(Ordering::Relaxed),
-        objects: plan.builds.len() * 5 + 2 * plan.namespaces.len(),
+        objects: plan.builds.len() * (3 + plan.pods_per_build()) + 2 * plan.namespaces.len(),
     })
 }
 
-/// Creates one build's objects; returns the number of requests sent.
-async fn create_build(client: &Client, build: &Build) -> Result<usize> {
+/// Creates one build's objects with `pods` pods (1 or 2); returns the number of requests sent.
+async fn create_build(client: &Client, build: &Build, pod_count: usize) -> Result<usize> {
     let ns = build.namespace.as_str();
     let job = build.job.as_str();
     let run_name = format!("{job}-build");
@@ -397,8 +402,9 @@ async fn create_build(client: &Client, build: &Build) -> Result<usize> {
     };
     retry("create claim", || claims.create(&pp, &claim)).await?;
 
-    // Two pods mounting the claim: a running build has its TaskRun pod and Tekton's
-    // affinity-assistant pod; a finished one its two TaskRun pods, Succeeded.
+    // Pods mounting the claim: a running build has its TaskRun pod and Tekton's
+    // affinity-assistant pod; a finished one its two TaskRun pods, Succeeded. A lean build has
+    // only its build pod.
     let (names, phase) = if build.state == State::Running {
         (
             [
@@ -410,19 +416,19 @@ async fn create_build(client: &Client, build: &Build) -> Result<usize> {
     } else {
         (
             [
-                (format!("{run_name}-fetch-pod"), "fetch"),
                 (format!("{run_name}-build-pod"), "build"),
+                (format!("{run_name}-fetch-pod"), "fetch"),
             ],
             "Succeeded",
         )
     };
-    for (pod_name, task) in names {
+    for (pod_name, task) in names.into_iter().take(pod_count) {
         let pod = pod(&pod_name, &run_name, task, &claim_name);
         retry("create pod", || pods.create(&pp, &pod)).await?;
         let patch = Patch::Merge(json!({ "status": { "phase": phase } }));
         retry("pod status", || pods.patch_status(&pod_name, &pa, &patch)).await?;
     }
-    Ok(9)
+    Ok(5 + 2 * pod_count)
 }
 
 fn condition(status: &str, reason: &str, at: DateTime<Utc>) -> Value {

@@ -60,6 +60,16 @@ pub struct Options {
     /// built elsewhere); without --with-baselines the baselines are then skipped.
     pub variants: Vec<DaemonSpec>,
     pub with_baselines: bool,
+    /// Sizes from this one on are built lean: one pod per build.
+    pub lean_from: Option<usize>,
+    /// Sizes above this one measure workspace-gc's burst alone: no baselines, churn or idle.
+    pub full_up_to: usize,
+    /// Claims coming due one at a time: (claims per second, seconds), per contender.
+    pub churn: Option<(f64, u64)>,
+    /// Minutes with nothing due, per contender (0: none).
+    pub idle_minutes: f64,
+    /// Other workspace-gc binaries measured in the churn alone (a build before a change).
+    pub churn_compare: Vec<DaemonSpec>,
 }
 
 impl Options {
@@ -76,6 +86,11 @@ impl Options {
             workdir: PathBuf::from("/dev/shm"),
             variants: Vec::new(),
             with_baselines: false,
+            lean_from: None,
+            full_up_to: 10_000,
+            churn: None,
+            idle_minutes: 0.0,
+            churn_compare: Vec::new(),
         };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -99,7 +114,7 @@ impl Options {
                 "--concurrency" => options.concurrency = value()?.parse()?,
                 "--out" => options.out = PathBuf::from(value()?),
                 "--workdir" => options.workdir = PathBuf::from(value()?),
-                "--variant" => {
+                "--variant" | "--churn-compare" => {
                     // LABEL,PATH[,KEY=VALUE...]
                     let text = value()?;
                     let mut parts = text.split(',');
@@ -116,15 +131,32 @@ impl Options {
                                 .ok_or_else(|| anyhow!("--variant: {kv} is not KEY=VALUE"))
                         })
                         .collect::<Result<_>>()?;
-                    options.variants.push(DaemonSpec { label, path, env });
+                    let spec = DaemonSpec { label, path, env };
+                    if arg == "--variant" {
+                        options.variants.push(spec);
+                    } else {
+                        options.churn_compare.push(spec);
+                    }
                 }
                 "--with-baselines" => options.with_baselines = true,
+                "--lean-from" => options.lean_from = Some(value()?.replace('_', "").parse()?),
+                "--full-up-to" => options.full_up_to = value()?.replace('_', "").parse()?,
+                "--churn" => {
+                    let text = value()?;
+                    let (rate, seconds) = text
+                        .split_once(',')
+                        .ok_or_else(|| anyhow!("--churn RATE,SECONDS"))?;
+                    options.churn = Some((rate.parse()?, seconds.parse()?));
+                }
+                "--idle-minutes" => options.idle_minutes = value()?.parse()?,
                 "-h" | "--help" => {
                     eprintln!(
                         "cargo bench --bench reclaim -- [--sizes 1000,10000] [--namespaces 20] \
                          [--events E] [--rate 8] [--ttl 30] [--sweep-interval 30] \
                          [--concurrency 48] [--out bench/RESULTS.md] [--workdir /dev/shm] \
-                         [--variant LABEL,PATH[,KEY=VALUE...]]... [--with-baselines]"
+                         [--variant LABEL,PATH[,KEY=VALUE...]]... [--with-baselines] \
+                         [--lean-from N] [--full-up-to 10000] [--churn RATE,SECONDS] \
+                         [--idle-minutes M] [--churn-compare LABEL,PATH[,KEY=VALUE...]]..."
                     );
                     std::process::exit(0);
                 }
@@ -134,11 +166,42 @@ impl Options {
         if options.namespaces == 0 || options.rate <= 0.0 || options.sizes.is_empty() {
             bail!("--namespaces, --rate and --sizes must be positive");
         }
+        if options
+            .churn
+            .is_some_and(|(rate, seconds)| rate <= 0.0 || seconds == 0)
+        {
+            bail!("--churn RATE,SECONDS must be positive");
+        }
         Ok(options)
     }
 
-    fn baselines(&self) -> bool {
-        self.variants.is_empty() || self.with_baselines
+    /// Whether the baselines run at size `n`.
+    fn baselines(&self, n: usize) -> bool {
+        (self.variants.is_empty() || self.with_baselines) && self.full(n)
+    }
+
+    /// Whether size `n` gets every phase (baselines, churn, idle) or workspace-gc's burst alone.
+    fn full(&self, n: usize) -> bool {
+        n <= self.full_up_to
+    }
+
+    /// Events per contender in a churn at size `n` (0: none).
+    fn churn_events(&self, n: usize) -> usize {
+        match self.churn {
+            Some((rate, seconds)) if self.full(n) => (rate * seconds as f64).round() as usize,
+            _ => 0,
+        }
+    }
+
+    /// The builds the churns at size `n` use: (owned, validating). The garbage collector's
+    /// churn is owner deletions only; the others' half owner deletions, half TTLs.
+    fn churn_builds(&self, n: usize) -> (usize, usize) {
+        let c = self.churn_events(n);
+        let (owner, ttl) = (c / 2, c - c / 2);
+        let mixed =
+            self.daemons().len() + self.churn_compare.len() + usize::from(self.baselines(n));
+        let gc = if self.baselines(n) { c } else { 0 };
+        (gc + mixed * owner, mixed * ttl)
     }
 
     /// The workspace-gc binaries measured, in order.
@@ -154,19 +217,21 @@ impl Options {
         }
     }
 
-    /// Phases that consume owner-deleted and TTL events.
-    fn owner_phases(&self) -> usize {
-        self.daemons().len() + if self.baselines() { 2 } else { 0 }
+    /// Burst phases at size `n` that consume owner-deleted and TTL events.
+    fn owner_phases(&self, n: usize) -> usize {
+        self.daemons().len() + if self.baselines(n) { 2 } else { 0 }
     }
 
-    fn ttl_phases(&self) -> usize {
-        self.daemons().len() + usize::from(self.baselines())
+    fn ttl_phases(&self, n: usize) -> usize {
+        self.daemons().len() + usize::from(self.baselines(n))
     }
 
     fn events_for(&self, n: usize) -> usize {
-        // As many as the builds that are not running or kept can supply to every phase.
-        let spare = n - n / 5 - n / 20;
-        let fits = spare / (self.owner_phases() + self.ttl_phases()).max(1);
+        // As many as the builds that are not running or kept can supply to every phase, after
+        // the churns.
+        let (owned, validating) = self.churn_builds(n);
+        let spare = (n - n / 5 - n / 20).saturating_sub(owned + validating);
+        let fits = spare / (self.owner_phases(n) + self.ttl_phases(n)).max(1);
         self.events.unwrap_or((n / 10).min(400).min(fits)).max(1)
     }
 }
@@ -201,6 +266,33 @@ pub struct Contender {
     pub notes: Vec<String>,
     /// The janitor's sweeps: (list seconds, whole sweep seconds).
     pub sweeps: Vec<(f64, f64)>,
+    /// Claims coming due one at a time, after the burst.
+    pub churn: Option<Steady>,
+    /// Nothing due, after the churn.
+    pub idle: Option<Steady>,
+    /// Measured in the churn alone, to compare another build of workspace-gc with this one.
+    pub churn_only: bool,
+}
+
+/// A contender's cost over a window of steady churn or idleness.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Steady {
+    pub window_s: f64,
+    /// (kind, lag in seconds or None if not reclaimed in the window).
+    pub lags: Vec<(EventKind, Option<f64>)>,
+    pub requests: Counts,
+    pub list_bytes: f64,
+    pub apiserver_cpu_s: f64,
+    pub etcd_cpu_s: f64,
+    /// The contender's own CPU seconds in the window.
+    pub cpu_s: Option<f64>,
+    pub at_end: Option<ProcSample>,
+}
+
+impl Steady {
+    pub fn reclaimed(&self) -> usize {
+        self.lags.iter().filter(|(_, lag)| lag.is_some()).count()
+    }
 }
 
 impl Contender {
@@ -215,6 +307,9 @@ pub struct SizeResult {
     pub namespaces: usize,
     pub events: usize,
     pub states: Vec<(String, usize)>,
+    pub pods_per_build: usize,
+    /// Whether the baselines, churn and idle phases ran at this size.
+    pub full: bool,
     pub control_plane_s: f64,
     pub create_s: f64,
     pub create_requests: usize,
@@ -280,11 +375,13 @@ struct Ctx {
 async fn run_size(n: usize, options: &Options) -> Result<SizeResult> {
     let size_started = std::time::Instant::now();
     let events = options.events_for(n);
+    let (churn_owned, churn_validating) = options.churn_builds(n);
     let plan = Plan::new(
         n,
         options.namespaces,
-        options.owner_phases() * events,
-        options.ttl_phases() * events,
+        options.owner_phases(n) * events + churn_owned,
+        options.ttl_phases(n) * events + churn_validating,
+        options.lean_from.is_some_and(|from| n >= from),
     )?;
     let base = options
         .workdir
@@ -332,6 +429,8 @@ async fn run_phases(
     let mut result = SizeResult {
         n,
         namespaces: options.namespaces,
+        pods_per_build: plan.pods_per_build(),
+        full: options.full(n),
         events,
         control_plane_s: cp.started_in.as_secs_f64(),
         versions: cp
@@ -354,7 +453,7 @@ async fn run_phases(
         cluster::grant(&admin).await?;
         eprintln!(
             "bench: creating {n} builds ({} objects) with {} requests in flight",
-            n * 5,
+            n * (3 + plan.pods_per_build()),
             options.concurrency
         );
         let created = population::create(&admin, plan, options.concurrency).await?;
@@ -418,14 +517,18 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
         .rate
         .min(events as f64 / ctx.options.sweep_interval_s.max(1) as f64);
     result.rate = rate;
+    // Per contender: the burst window (for the garbage collector's requests) and the window of
+    // all its phases (for deletions nobody asked for).
     let mut windows = Vec::new();
+    let mut spans = Vec::new();
     let mut asked: Vec<String> = Vec::new();
-    let baselines = ctx.options.baselines();
+    let baselines = ctx.options.baselines(result.n);
 
     if baselines {
         eprintln!("bench: phase: kube-controller-manager's garbage collector");
-        let (gc, window, targets) = gc_phase(ctx, plan, &mut used, events, rate).await?;
+        let (gc, window, span, targets) = gc_phase(ctx, plan, &mut used, events, rate).await?;
         windows.push(window);
+        spans.push(span);
         asked.extend(targets.iter().map(|t| t.claim.clone()));
         result.contenders.push(gc);
     }
@@ -434,17 +537,31 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
 
     for spec in ctx.options.daemons() {
         eprintln!("bench: phase: {}", spec.label);
-        let (daemon, window, targets) =
-            daemon_phase(ctx, plan, &mut used, events, rate, &spec).await?;
+        let (daemon, window, span, targets) =
+            daemon_phase(ctx, plan, &mut used, events, rate, &spec, false).await?;
         windows.push(window);
+        spans.push(span);
         asked.extend(targets.iter().map(|t| t.claim.clone()));
         result.contenders.push(daemon);
+    }
+    if ctx.options.churn_events(result.n) > 0 {
+        for spec in &ctx.options.churn_compare {
+            eprintln!("bench: phase: {} (churn only)", spec.label);
+            let (daemon, window, span, targets) =
+                daemon_phase(ctx, plan, &mut used, 0, rate, spec, true).await?;
+            windows.push(window);
+            spans.push(span);
+            asked.extend(targets.iter().map(|t| t.claim.clone()));
+            result.contenders.push(daemon);
+        }
     }
 
     if baselines {
         eprintln!("bench: phase: sweep janitor");
-        let (janitor, window, targets) = sweep_phase(ctx, plan, &mut used, events, rate).await?;
+        let (janitor, window, span, targets) =
+            sweep_phase(ctx, plan, &mut used, events, rate).await?;
         windows.push(window);
+        spans.push(span);
         asked.extend(targets.iter().map(|t| t.claim.clone()));
         result.contenders.push(janitor);
     }
@@ -456,9 +573,7 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
             continue;
         }
         let (from, to) = (*from, *to);
-        contender.steady = audit::count(&requests, from, to, |r| {
-            r.user == KCM_USER && r.agent == "generic-garbage-collector"
-        });
+        contender.steady = audit::count(&requests, from, to, GC);
         contender.other = Some((
             "PVC protection (kube-controller-manager, every contender's deletes in a real cluster)"
                 .into(),
@@ -481,7 +596,7 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
     // Deletions nobody asked for (there must be none: nothing else is due), by phase.
     let asked: std::collections::HashSet<String> = asked.into_iter().collect();
     let seen = ctx.observer.all();
-    for (contender, (from, to)) in result.contenders.iter_mut().zip(windows) {
+    for (contender, (from, to)) in result.contenders.iter_mut().zip(spans) {
         contender.unexpected_deletions = seen
             .iter()
             .filter(|(key, at)| **at >= from && **at <= to && !asked.contains(*key))
@@ -490,7 +605,10 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
     Ok(())
 }
 
-type Phase = (Contender, (DateTime<Utc>, DateTime<Utc>), Vec<Target>);
+/// A measured contender, its burst window, the window of all its phases (burst, churn, idle),
+/// and the claims it was asked to reclaim.
+type Phase = (Contender, Span, Span, Vec<Target>);
+type Span = (DateTime<Utc>, DateTime<Utc>);
 
 async fn gc_phase(
     ctx: &Ctx,
@@ -520,7 +638,11 @@ async fn gc_phase(
          collector, PVC protection, namespace, service accounts) since the control plane started"
             .into(),
     );
-    Ok((gc, span, targets))
+    let (end, mut targets) = (span.1, targets);
+    let end = steady_phases(ctx, plan, used, &mut gc, kcm, GC, &mut targets)
+        .await?
+        .unwrap_or(end);
+    Ok((gc, span, (span.0, end), targets))
 }
 
 async fn daemon_phase(
@@ -530,10 +652,12 @@ async fn daemon_phase(
     events: usize,
     rate: f64,
     spec: &DaemonSpec,
+    churn_only: bool,
 ) -> Result<Phase> {
     let mut daemon = Contender {
         name: spec.label.clone(),
         role: Role::Daemon,
+        churn_only,
         ..Contender::default()
     };
     let kubeconfig = ctx.cp.identity_kubeconfig(&ctx.aux, DAEMON_USER)?;
@@ -550,19 +674,21 @@ async fn daemon_phase(
     std::fs::copy(&spec.path, &binary).with_context(|| format!("copy {}", spec.path.display()))?;
     let mut command = tokio::process::Command::new(&binary);
     command
-        .args([
-            "run",
-            "--no-leader-election",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
+        .args(["run", "--listen", &format!("127.0.0.1:{port}")])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .kill_on_drop(true);
     clean_env(&mut command);
+    // Leader election as deployed (one replica): its Lease reads and renewals, and the write
+    // to the Lease that fences each delete, are part of what a deployment costs.
     command
         .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", cluster::DAEMON_NAMESPACE)
+        .env(
+            "POD_NAME",
+            format!("bench-{}", spec.label.replace(['/', ' '], "-")),
+        )
         .env(
             "WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED",
             format!("{}s", ctx.options.ttl_s),
@@ -627,11 +753,23 @@ async fn daemon_phase(
         }
     }
     let span = window.close(ctx, &mut daemon).await;
-    stop(&mut child, pid).await;
     daemon.lags = lags(&ctx.observer, &targets);
+    let mut targets = targets;
+    let end = steady_phases(
+        ctx,
+        plan,
+        used,
+        &mut daemon,
+        Some(pid),
+        DAEMON,
+        &mut targets,
+    )
+    .await?
+    .unwrap_or(span.1);
+    stop(&mut child, pid).await;
     daemon.sync = count_user(ctx, DAEMON_USER, spawned, ready)?;
     daemon.steady = count_user(ctx, DAEMON_USER, ready, span.1)?;
-    Ok((daemon, span, targets))
+    Ok((daemon, span, (span.0, end), targets))
 }
 
 async fn sweep_phase(
@@ -702,9 +840,21 @@ async fn sweep_phase(
     tokio::time::sleep(Duration::from_secs(2)).await;
     janitor.at_end = cluster::sample(pid);
     let span = window.close(ctx, &mut janitor).await;
+    janitor.lags = lags(&ctx.observer, &targets);
+    let mut targets = targets;
+    let end = steady_phases(
+        ctx,
+        plan,
+        used,
+        &mut janitor,
+        Some(pid),
+        SWEEP,
+        &mut targets,
+    )
+    .await?
+    .unwrap_or(span.1);
     stop(&mut child, pid).await;
     reader.abort();
-    janitor.lags = lags(&ctx.observer, &targets);
     janitor.sync = count_user(ctx, SWEEP_USER, spawned, ready)?;
     janitor.steady = count_user(ctx, SWEEP_USER, ready, span.1)?;
     let lines = lines.lock().unwrap_or_else(|e| e.into_inner());
@@ -719,7 +869,88 @@ async fn sweep_phase(
         })
         .collect();
     drop(lines);
-    Ok((janitor, span, targets))
+    Ok((janitor, span, (span.0, end), targets))
+}
+
+/// Which requests in the audit log are a contender's.
+type Who = fn(&audit::Request) -> bool;
+const DAEMON: Who = |r| r.user == DAEMON_USER;
+const SWEEP: Who = |r| r.user == SWEEP_USER;
+const GC: Who = |r| r.user == KCM_USER && r.agent == "generic-garbage-collector";
+
+/// After a contender's burst, as configured for the size: the churn (claims coming due one at
+/// a time; the garbage collector's are owner deletions only, the others' half owner deletions,
+/// half TTLs), then the idle window (nothing due; not for the garbage collector, which is
+/// stopped before the others run). Adds the churn's targets; returns when the last window
+/// closed, if any ran.
+async fn steady_phases(
+    ctx: &Ctx,
+    plan: &Plan,
+    used: &mut Used,
+    contender: &mut Contender,
+    pid: Option<u32>,
+    who: Who,
+    targets: &mut Vec<Target>,
+) -> Result<Option<DateTime<Utc>>> {
+    let n = plan.builds.len();
+    let mut end = None;
+    let count = ctx.options.churn_events(n);
+    if let Some((rate, _)) = ctx.options.churn.filter(|_| count > 0) {
+        let mut fired = Vec::new();
+        if contender.role == Role::Gc {
+            let owner = plan.take(State::Owned, &mut used.owned, count);
+            fired.extend(owner.into_iter().map(|b| (b, EventKind::OwnerDeleted)));
+        } else {
+            let owner = plan.take(State::Owned, &mut used.owned, count / 2);
+            let ttl = plan.take(State::Validating, &mut used.validating, count - count / 2);
+            interleave(&mut fired, owner, ttl);
+        }
+        eprintln!("bench:   churn: {count} claims coming due one at a time");
+        let grace = match contender.role {
+            Role::Sweep => 2 * ctx.options.sweep_interval_s + 60,
+            Role::Daemon | Role::Gc => 60,
+        };
+        let start = Meter::read(ctx, pid).await;
+        let churned = fire_and_wait(ctx, fired, rate, Duration::from_secs(grace)).await?;
+        // Let trailing requests (the Event after the last delete) land in the window.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stop = Meter::read(ctx, pid).await;
+        let mut churn = Steady::between(ctx, &start, &stop, who)?;
+        churn.lags = lags(&ctx.observer, &churned);
+        contender.churn = Some(churn);
+        targets.extend(churned);
+        end = Some(stop.at);
+    }
+    let minutes = ctx.options.idle_minutes;
+    if minutes > 0.0 && ctx.options.full(n) && contender.role != Role::Gc && !contender.churn_only {
+        eprintln!("bench:   idle for {minutes} min");
+        let start = Meter::read(ctx, pid).await;
+        tokio::time::sleep(Duration::from_secs_f64(minutes * 60.0)).await;
+        let stop = Meter::read(ctx, pid).await;
+        contender.idle = Some(Steady::between(ctx, &start, &stop, who)?);
+        end = Some(stop.at);
+    }
+    Ok(end)
+}
+
+impl Steady {
+    /// The cost between two readings; the requests from the audit log.
+    fn between(ctx: &Ctx, start: &Meter, stop: &Meter, who: Who) -> Result<Self> {
+        let requests = audit::read(&ctx.audit_log)?;
+        Ok(Self {
+            window_s: secs(stop.at - start.at),
+            lags: Vec::new(),
+            requests: audit::count(&requests, start.at, stop.at, who),
+            list_bytes: stop.list_bytes - start.list_bytes,
+            apiserver_cpu_s: stop.apiserver_cpu - start.apiserver_cpu,
+            etcd_cpu_s: stop.etcd_cpu - start.etcd_cpu,
+            cpu_s: start
+                .process
+                .zip(stop.process)
+                .map(|(a, b)| b.cpu_s - a.cpu_s),
+            at_end: stop.process,
+        })
+    }
 }
 
 fn interleave(out: &mut Vec<(Build, EventKind)>, owner: Vec<Build>, ttl: Vec<Build>) {
@@ -736,20 +967,40 @@ fn interleave(out: &mut Vec<(Build, EventKind)>, owner: Vec<Build>, ttl: Vec<Bui
     }
 }
 
-/// A phase's measuring window: API server and etcd CPU and LIST bytes between open and close.
-struct Window {
-    opened: DateTime<Utc>,
+/// What the control plane and a contender have spent up to an instant: API server and etcd
+/// CPU, LIST bytes served, and the contender's memory and CPU.
+struct Meter {
+    at: DateTime<Utc>,
     apiserver_cpu: f64,
     etcd_cpu: f64,
     list_bytes: f64,
+    process: Option<ProcSample>,
+}
+
+impl Meter {
+    async fn read(ctx: &Ctx, pid: Option<u32>) -> Self {
+        Self {
+            at: Utc::now(),
+            apiserver_cpu: cpu(ctx, "kube-apiserver"),
+            etcd_cpu: cpu(ctx, "etcd"),
+            list_bytes: list_bytes(&ctx.admin).await,
+            process: pid.and_then(cluster::sample),
+        }
+    }
+}
+
+/// A phase's measuring window: API server and etcd CPU and LIST bytes between open and close.
+struct Window {
+    opened: Meter,
     /// LIST bytes when the contender became ready.
     ready_list_bytes: Option<f64>,
 }
 
-const LISTED: [&str; 4] = [
+const LISTED: [&str; 5] = [
     "resource=\"pods\"",
     "resource=\"persistentvolumeclaims\"",
     "resource=\"pipelineruns\"",
+    "resource=\"taskruns\"",
     "resource=\"notebookvalidationjobs\"",
 ];
 
@@ -766,10 +1017,7 @@ async fn list_bytes(admin: &Client) -> f64 {
 impl Window {
     async fn open(ctx: &Ctx) -> Self {
         Self {
-            opened: Utc::now(),
-            apiserver_cpu: cpu(ctx, "kube-apiserver"),
-            etcd_cpu: cpu(ctx, "etcd"),
-            list_bytes: list_bytes(&ctx.admin).await,
+            opened: Meter::read(ctx, None).await,
             ready_list_bytes: None,
         }
     }
@@ -779,16 +1027,16 @@ impl Window {
         self.ready_list_bytes = Some(list_bytes(&ctx.admin).await);
     }
 
-    async fn close(self, ctx: &Ctx, into: &mut Contender) -> (DateTime<Utc>, DateTime<Utc>) {
-        let closed = Utc::now();
-        into.window_s = secs(closed - self.opened);
-        into.apiserver_cpu_s = cpu(ctx, "kube-apiserver") - self.apiserver_cpu;
-        into.etcd_cpu_s = cpu(ctx, "etcd") - self.etcd_cpu;
-        let now = list_bytes(&ctx.admin).await;
-        let ready = self.ready_list_bytes.unwrap_or(self.list_bytes);
-        into.sync_list_bytes = ready - self.list_bytes;
-        into.list_bytes = now - ready;
-        (self.opened, closed)
+    async fn close(self, ctx: &Ctx, into: &mut Contender) -> Span {
+        let closed = Meter::read(ctx, None).await;
+        let opened = &self.opened;
+        into.window_s = secs(closed.at - opened.at);
+        into.apiserver_cpu_s = closed.apiserver_cpu - opened.apiserver_cpu;
+        into.etcd_cpu_s = closed.etcd_cpu - opened.etcd_cpu;
+        let ready = self.ready_list_bytes.unwrap_or(opened.list_bytes);
+        into.sync_list_bytes = ready - opened.list_bytes;
+        into.list_bytes = closed.list_bytes - ready;
+        (opened.at, closed.at)
     }
 }
 

@@ -115,11 +115,11 @@ pub struct Index {
     /// and empty from the start.
     quotas: Table<QuotaEntry>,
     /// Claim → kinds and names of the runs in its namespace whose workspaces bind it.
-    runs_by_claim: HashMap<ObjectKey, BTreeSet<(OwnerKind, String)>>,
+    runs_by_claim: HashMap<ObjectKey, Row<(OwnerKind, String)>>,
     /// Claim → names of the pods in its namespace that mount it.
-    pods_by_claim: HashMap<ObjectKey, BTreeSet<String>>,
+    pods_by_claim: HashMap<ObjectKey, Row<String>>,
     /// Owner UID → the claims whose ownerReferences name it.
-    claims_by_owner: HashMap<String, BTreeSet<ObjectKey>>,
+    claims_by_owner: HashMap<String, Row<ObjectKey>>,
 }
 
 /// A cache entry kind: where it lives in the index and which claims it touches.
@@ -310,18 +310,34 @@ fn in_scope(scope: &Scope, key: &ObjectKey) -> bool {
         .is_none_or(|namespace| *namespace == key.namespace)
 }
 
-/// Adds or removes `value` under `key`, dropping empty sets so the maps do not grow forever.
-fn set_row<K, V>(map: &mut HashMap<K, BTreeSet<V>>, key: K, value: V, add: bool)
+/// One row of a secondary index: a sorted set with no spare capacity. A row holds one or two
+/// values (a claim's pods, the runs binding it), and there is a row per claim: a `BTreeSet`
+/// would allocate a whole node (eleven slots) for each, a `Vec` its growth headroom.
+type Row<V> = Box<[V]>;
+
+/// Adds or removes `value` under `key`, dropping empty rows so the maps do not grow forever.
+/// Rows change only when an object's links do, so re-allocating a row each time costs little.
+fn set_row<K, V>(map: &mut HashMap<K, Row<V>>, key: K, value: V, add: bool)
 where
     K: std::hash::Hash + Eq,
     V: Ord,
 {
     if add {
-        map.entry(key).or_default().insert(value);
-    } else if let Some(set) = map.get_mut(&key) {
-        set.remove(&value);
-        if set.is_empty() {
+        let row = map.entry(key).or_default();
+        if let Err(at) = row.binary_search(&value) {
+            let mut values = std::mem::take(row).into_vec();
+            values.insert(at, value);
+            *row = values.into_boxed_slice();
+        }
+    } else if let Some(row) = map.get_mut(&key)
+        && let Ok(at) = row.binary_search(&value)
+    {
+        let mut values = std::mem::take(row).into_vec();
+        values.remove(at);
+        if values.is_empty() {
             map.remove(&key);
+        } else {
+            *row = values.into_boxed_slice();
         }
     }
 }

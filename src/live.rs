@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList};
+use kube::api::{Api, ApiResource, ListParams, ObjectList};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
@@ -27,7 +27,7 @@ use crate::facts::{ClaimFacts, JobEntry, ObjectKey, OwnerKind, PodEntry, PodUse,
 use crate::linking::{self, Found, Lookup};
 use crate::metrics::{Metrics, Operation};
 use crate::quota::QuotaEntry;
-use crate::resources::{self, PodVolumes};
+use crate::resources::{self, OwnerObject, PodVolumes};
 
 /// What the API server said, for one claim, moments ago.
 #[derive(Debug)]
@@ -46,7 +46,7 @@ impl LiveView {
         metrics: &Metrics,
     ) -> Self {
         let namespace = &claim.key.namespace;
-        let jobs_api: Api<DynamicObject> =
+        let jobs_api: Api<OwnerObject> =
             Api::namespaced_with(client.clone(), namespace, &resources::job_resource());
         let names = linking::job_candidates(claim);
         let jobs =
@@ -72,12 +72,12 @@ struct Snapshot {
 
 impl Snapshot {
     async fn list(client: &Client, namespace: &str, metrics: &Metrics) -> Self {
-        let dynamic = |resource: ApiResource| -> Api<DynamicObject> {
+        let owners = |resource: ApiResource| -> Api<OwnerObject> {
             Api::namespaced_with(client.clone(), namespace, &resource)
         };
         let (runs_api, task_runs_api) = (
-            dynamic(resources::run_resource()),
-            dynamic(resources::task_run_resource()),
+            owners(resources::run_resource()),
+            owners(resources::task_run_resource()),
         );
         // Finished pods never hold a claim (`PodUse::is_active`): let the server leave them out.
         let active = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
@@ -235,7 +235,7 @@ pub async fn quotas(client: &Client, namespace: &str, metrics: &Metrics) -> Foun
     served(found, "ResourceQuotas")
 }
 
-async fn get(api: &Api<DynamicObject>, name: &str, metrics: &Metrics) -> Found<DynamicObject> {
+async fn get(api: &Api<OwnerObject>, name: &str, metrics: &Metrics) -> Found<OwnerObject> {
     match api.get_opt(name).await {
         Ok(Some(object)) => Found::Yes(object),
         Ok(None) => Found::No,

@@ -2,19 +2,23 @@
 //! conversion of claims, PipelineRuns, NotebookValidationJobs and pods into the small entries
 //! the cache keeps. Timestamps become `chrono` here, once.
 //!
-//! Owner objects are read as `DynamicObject`s so that an owner with odd or missing fields
-//! still converts (to a state that keeps the claim) instead of failing a whole list.
+//! Owner objects are read as [`OwnerObject`]s, which keep the few fields read as raw JSON, so
+//! that an owner with odd or missing fields still converts (to a state that keeps the claim)
+//! instead of failing a whole list.
 
 use chrono::{DateTime, Utc};
 use std::borrow::Cow;
+use std::fmt;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::{NamespaceResourceScope, Resource as _};
 use kube::Resource;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{ApiResource, GroupVersionKind};
+use kube::core::DynamicResourceScope;
 use serde::Deserialize;
-use serde_json::Value;
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 
 use crate::annotations;
 use crate::facts::{
@@ -173,12 +177,11 @@ pub fn quota_entry(quota: &ResourceQuota) -> QuotaEntry {
     }
 }
 
-pub fn job_entry(job: &DynamicObject) -> JobEntry {
-    let status = job.data.get("status");
-    let phase = status.and_then(|s| s.get("phase")).and_then(Value::as_str);
+pub fn job_entry(job: &OwnerObject) -> JobEntry {
+    let phase = job.status.get("phase").and_then(Value::as_str);
     let progress = match phase {
         Some("Succeeded" | "Failed") => Progress::Finished {
-            at: status.and_then(|s| timestamp(s.get("completionTime"))),
+            at: timestamp(job.status.get("completionTime")),
         },
         // Every other phase, a legacy one, an unknown one or none yet, is still running.
         _ => Progress::Running,
@@ -191,19 +194,19 @@ pub fn job_entry(job: &DynamicObject) -> JobEntry {
 }
 
 /// A PipelineRun's entry.
-pub fn run_entry(run: &DynamicObject) -> RunEntry {
+pub fn run_entry(run: &OwnerObject) -> RunEntry {
     tekton_run_entry(OwnerKind::Run, run)
 }
 
 /// A TaskRun's entry: its status and workspaces have the same shape as a PipelineRun's.
-pub fn task_run_entry(run: &DynamicObject) -> RunEntry {
+pub fn task_run_entry(run: &OwnerObject) -> RunEntry {
     tekton_run_entry(OwnerKind::TaskRun, run)
 }
 
-fn tekton_run_entry(kind: OwnerKind, run: &DynamicObject) -> RunEntry {
-    let status = run.data.get("status");
-    let succeeded = status
-        .and_then(|s| s.get("conditions"))
+fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
+    let succeeded = run
+        .status
+        .get("conditions")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -212,15 +215,14 @@ fn tekton_run_entry(kind: OwnerKind, run: &DynamicObject) -> RunEntry {
         .and_then(Value::as_str);
     let progress = match succeeded {
         Some("True" | "False") => Progress::Finished {
-            at: status.and_then(|s| timestamp(s.get("completionTime"))),
+            at: timestamp(run.status.get("completionTime")),
         },
         // `Unknown`, no condition yet (pending) or anything odd: running.
         _ => Progress::Running,
     };
     let claims = run
-        .data
-        .get("spec")
-        .and_then(|s| s.get("workspaces"))
+        .spec
+        .get("workspaces")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -233,6 +235,125 @@ fn tekton_run_entry(kind: OwnerKind, run: &DynamicObject) -> RunEntry {
         uid: run.metadata.uid.clone().unwrap_or_default(),
         claims,
         progress,
+    }
+}
+
+/// A NotebookValidationJob, PipelineRun or TaskRun as workspace-gc reads it: its identity and,
+/// of the rest, only `spec.workspaces` and `status.{phase, completionTime, conditions}`, kept
+/// as raw JSON. Owners are listed and watched by the thousand, and an owner's bulk (managed
+/// fields, labels, a PipelineRun's inlined pipeline spec and child references) is skipped by
+/// the parser rather than allocated and dropped, which bounds the memory a page of a list
+/// costs. Raw JSON because an owner of any shape must still decode: a `status` that is not an
+/// object, or odd fields in it, convert to a state that keeps the claim.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OwnerObject {
+    #[serde(deserialize_with = "identity_only")]
+    metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "spec_fields")]
+    spec: Map<String, Value>,
+    #[serde(default, deserialize_with = "status_fields")]
+    status: Map<String, Value>,
+}
+
+fn spec_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
+    d.deserialize_any(Pick(&["workspaces"]))
+}
+
+fn status_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
+    d.deserialize_any(Pick(&["phase", "completionTime", "conditions"]))
+}
+
+/// Keeps the named entries of a JSON object; any other value (null, a string, an array) has
+/// none. What is not kept is skipped without being allocated.
+struct Pick(&'static [&'static str]);
+
+impl<'de> Visitor<'de> for Pick {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if self.0.contains(&key.as_str()) {
+                kept.insert(key, map.next_value()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(kept)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Map::new())
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+}
+
+impl Resource for OwnerObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn kind(resource: &ApiResource) -> Cow<'_, str> {
+        resource.kind.as_str().into()
+    }
+
+    fn group(resource: &ApiResource) -> Cow<'_, str> {
+        resource.group.as_str().into()
+    }
+
+    fn version(resource: &ApiResource) -> Cow<'_, str> {
+        resource.version.as_str().into()
+    }
+
+    fn api_version(resource: &ApiResource) -> Cow<'_, str> {
+        resource.api_version.as_str().into()
+    }
+
+    fn plural(resource: &ApiResource) -> Cow<'_, str> {
+        resource.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
@@ -362,31 +483,23 @@ mod tests {
     use chrono::TimeZone;
     use serde_json::json;
 
-    fn dynamic(resource: &ApiResource, value: Value) -> DynamicObject {
-        let mut object: DynamicObject = serde_json::from_value(value).unwrap();
-        object.types = Some(kube::api::TypeMeta {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-        });
-        object
+    fn owner(value: Value) -> OwnerObject {
+        serde_json::from_value(value).unwrap()
     }
 
     #[test]
     fn runs_finish_on_the_succeeded_condition() {
-        let run = dynamic(
-            &run_resource(),
-            json!({
-                "metadata": {"name": "nb-build", "namespace": "ml", "uid": "r1"},
-                "spec": {"workspaces": [
-                    {"name": "shared-workspace", "persistentVolumeClaim": {"claimName": "nb-build-workspace"}},
-                    {"name": "cfg", "configMap": {"name": "x"}}
-                ]},
-                "status": {
-                    "conditions": [{"type": "Succeeded", "status": "False", "reason": "PipelineRunTimeout"}],
-                    "completionTime": "2026-11-01T12:00:00Z"
-                }
-            }),
-        );
+        let run = owner(json!({
+            "metadata": {"name": "nb-build", "namespace": "ml", "uid": "r1"},
+            "spec": {"workspaces": [
+                {"name": "shared-workspace", "persistentVolumeClaim": {"claimName": "nb-build-workspace"}},
+                {"name": "cfg", "configMap": {"name": "x"}}
+            ]},
+            "status": {
+                "conditions": [{"type": "Succeeded", "status": "False", "reason": "PipelineRunTimeout"}],
+                "completionTime": "2026-11-01T12:00:00Z"
+            }
+        }));
         let entry = run_entry(&run);
         assert_eq!(entry.claims, vec!["nb-build-workspace".to_owned()]);
         assert_eq!(
@@ -398,6 +511,27 @@ mod tests {
     }
 
     #[test]
+    fn owners_decode_to_the_fields_read_only() {
+        let run = owner(json!({
+            "apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+            "metadata": {"name": "r", "namespace": "ml", "uid": "u", "resourceVersion": "7",
+                         "managedFields": [{"manager": "tekton", "fieldsV1": {"f:status": {}}}]},
+            "spec": {"pipelineSpec": {"tasks": [{"name": "t"}]},
+                     "workspaces": [{"name": "w", "persistentVolumeClaim": {"claimName": "c"}}]},
+            "status": {"childReferences": [{"name": "r-t"}], "completionTime": null,
+                       "conditions": [{"type": "Succeeded", "status": "Unknown"}]}
+        }));
+        assert_eq!(run.meta().resource_version.as_deref(), Some("7"));
+        assert!(run.meta().managed_fields.is_none(), "only identity is kept");
+        assert_eq!(run.spec.keys().collect::<Vec<_>>(), ["workspaces"]);
+        assert_eq!(
+            run.status.keys().collect::<Vec<_>>(),
+            ["completionTime", "conditions"]
+        );
+        assert_eq!(run_entry(&run).claims, ["c"]);
+    }
+
+    #[test]
     fn odd_owner_objects_count_as_running() {
         for status in [
             json!(null),
@@ -406,8 +540,7 @@ mod tests {
             json!({"conditions": [{"type": "Succeeded", "status": "Unknown"}]}),
             json!({"conditions": [{"type": "Ready", "status": "True"}]}),
         ] {
-            let run = dynamic(
-                &run_resource(),
+            let run = owner(
                 json!({"metadata": {"name": "r", "namespace": "ml"}, "spec": {"workspaces": 7}, "status": status}),
             );
             assert_eq!(run_entry(&run).progress, Progress::Running, "{status}");
@@ -418,33 +551,25 @@ mod tests {
             json!({"phase": 42}),
             json!({"phase": "ValidationRunning"}),
         ] {
-            let job = dynamic(
-                &job_resource(),
-                json!({"metadata": {"name": "j", "namespace": "ml"}, "status": status}),
-            );
+            let job =
+                owner(json!({"metadata": {"name": "j", "namespace": "ml"}, "status": status}));
             assert_eq!(job_entry(&job).progress, Progress::Running, "{status}");
         }
     }
 
     #[test]
     fn a_finished_job_with_a_malformed_completion_time_has_none() {
-        let job = dynamic(
-            &job_resource(),
-            json!({"metadata": {"name": "j", "namespace": "ml"},
-                   "status": {"phase": "Succeeded", "completionTime": "yesterday"}}),
-        );
+        let job = owner(json!({"metadata": {"name": "j", "namespace": "ml"},
+                   "status": {"phase": "Succeeded", "completionTime": "yesterday"}}));
         assert_eq!(job_entry(&job).progress, Progress::Finished { at: None });
     }
 
     #[test]
     fn go_zero_time_is_no_completion_time() {
         for at in ["0001-01-01T00:00:00Z", "0001-01-01T00:00:00.000000Z"] {
-            let run = dynamic(
-                &task_run_resource(),
-                json!({"metadata": {"name": "t", "namespace": "ml"},
+            let run = owner(json!({"metadata": {"name": "t", "namespace": "ml"},
                        "status": {"completionTime": at,
-                                  "conditions": [{"type": "Succeeded", "status": "True"}]}}),
-            );
+                                  "conditions": [{"type": "Succeeded", "status": "True"}]}}));
             let entry = task_run_entry(&run);
             assert_eq!(entry.kind, OwnerKind::TaskRun);
             assert_eq!(entry.progress, Progress::Finished { at: None }, "{at}");

@@ -14,7 +14,7 @@ use std::fmt::Debug;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
@@ -24,7 +24,7 @@ use tracing::info;
 use crate::cache::{Change, Index, Kind, Scope, TaskRunEntry, Update};
 use crate::config::SelectorConfig;
 use crate::facts::ObjectKey;
-use crate::resources;
+use crate::resources::{self, OwnerObject};
 
 /// One item of the merged watch streams.
 pub type Item = Result<Update, (Kind, watcher::Error)>;
@@ -69,7 +69,7 @@ pub fn updates(
         ));
         streams.push(kind(
             Kind::Jobs,
-            dynamic(client, &scope, &resources::job_resource()),
+            owners(client, &scope, &resources::job_resource()),
             watcher::Config::default(),
             scope.clone(),
             resources::job_entry,
@@ -77,7 +77,7 @@ pub fn updates(
         ));
         streams.push(kind(
             Kind::Runs,
-            dynamic(client, &scope, &resources::run_resource()),
+            owners(client, &scope, &resources::run_resource()),
             watcher::Config::default(),
             scope.clone(),
             resources::run_entry,
@@ -85,7 +85,7 @@ pub fn updates(
         ));
         streams.push(optional_kind(
             Kind::TaskRuns,
-            dynamic(client, &scope, &resources::task_run_resource()),
+            owners(client, &scope, &resources::task_run_resource()),
             scope.clone(),
             |run| TaskRunEntry(resources::task_run_entry(run)),
             Update::TaskRun,
@@ -169,7 +169,7 @@ where
     }
 }
 
-fn dynamic(client: &Client, scope: &Scope, resource: &ApiResource) -> Api<DynamicObject> {
+fn owners(client: &Client, scope: &Scope, resource: &ApiResource) -> Api<OwnerObject> {
     match scope {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
         None => Api::all_with(client.clone(), resource),
@@ -189,7 +189,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     E: Send + 'static,
 {
-    watcher(api, config)
+    watch(name, api, config)
         .default_backoff()
         .map(move |event| match event {
             Ok(event) => Ok(wrap(change(event, &scope, convert))),
@@ -198,20 +198,24 @@ where
         .boxed()
 }
 
-/// A kind whose CRD may be missing: a list that answers 404 means no such object exists, so
-/// the scope is reported listed and empty (logged once each time the CRD goes or comes).
+/// A kind whose CRD may be missing: a list (streamed or paged) that answers 404 means no such
+/// object exists, so the scope is reported listed and empty (logged once each time the CRD
+/// goes or comes).
 fn optional_kind<E: Send + 'static>(
     name: Kind,
-    api: Api<DynamicObject>,
+    api: Api<OwnerObject>,
     scope: Scope,
-    convert: fn(&DynamicObject) -> E,
+    convert: fn(&OwnerObject) -> E,
     wrap: fn(Change<E>) -> Update,
 ) -> BoxStream<'static, Item> {
     let mut absent = false;
-    watcher(api, watcher::Config::default())
+    watch(name, api, watcher::Config::default())
         .backoff(PatientBackoff::default())
         .map(move |event| match event {
-            Err(watcher::Error::InitialListFailed(error)) if resources::is_not_found(&error) => {
+            // A streamed list starts as a watch, so its 404 comes as the watch's.
+            Err(
+                watcher::Error::InitialListFailed(error) | watcher::Error::WatchStartFailed(error),
+            ) if resources::is_not_found(&error) => {
                 if !absent {
                     absent = true;
                     info!(
@@ -222,8 +226,8 @@ fn optional_kind<E: Send + 'static>(
                 Ok(wrap(Change::InitDone(scope.clone())))
             }
             Ok(event) => {
-                // `Init` comes before every list attempt, so only what follows it shows the
-                // kind is served.
+                // A paged list reports `Init` before every attempt, so only what follows it
+                // shows the kind is served.
                 if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
                     info!(kind = name.as_str(), "the CRD is installed now");
                 }
@@ -232,6 +236,61 @@ fn optional_kind<E: Send + 'static>(
             Err(error) => Err((name, error)),
         })
         .boxed()
+}
+
+/// A kind's watcher. Its initial list, and every re-list, streams as watch events
+/// (`sendInitialEvents`, on by default from Kubernetes 1.34): objects arrive and are stripped
+/// one at a time, where a paged list holds a page of up to 500 full objects of every kind at
+/// once during the initial sync. An API server that refuses it (Kubernetes 1.33, or the
+/// `WatchList` feature gate off: 422 Invalid) is listed in pages instead, for the life of the
+/// watch.
+fn watch<K>(
+    name: Kind,
+    api: Api<K>,
+    config: watcher::Config,
+) -> BoxStream<'static, watcher::Result<Event<K>>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let streaming = watcher(api.clone(), config.clone().streaming_lists()).boxed();
+    stream::unfold(
+        Lists::Streaming(streaming, Box::new((api, config))),
+        move |lists| async move {
+            match lists {
+                Lists::Streaming(mut events, fallback) => match events.next().await? {
+                    Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)))
+                        if status.code == 422 =>
+                    {
+                        info!(
+                            kind = name.as_str(),
+                            message = status.message,
+                            "the API server does not stream lists; listing in pages"
+                        );
+                        let (api, config) = *fallback;
+                        let mut paged = watcher(api, config).boxed();
+                        let event = paged.next().await?;
+                        Some((event, Lists::Paged(paged)))
+                    }
+                    event => Some((event, Lists::Streaming(events, fallback))),
+                },
+                Lists::Paged(mut events) => {
+                    let event = events.next().await?;
+                    Some((event, Lists::Paged(events)))
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+/// How a watcher lists: streamed until the API server refuses, then paged (with what the paged
+/// watcher needs).
+enum Lists<K> {
+    Streaming(
+        BoxStream<'static, watcher::Result<Event<K>>>,
+        Box<(Api<K>, watcher::Config)>,
+    ),
+    Paged(BoxStream<'static, watcher::Result<Event<K>>>),
 }
 
 /// kube-runtime's exponential backoff (0.8 s doubling up to 30 s), reset by a success only
@@ -289,5 +348,102 @@ fn namespace_of(update: &Update) -> Option<&str> {
         Update::TaskRun(c) => of(c),
         Update::Pod(c) => of(c),
         Update::Quota(c) => of(c),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+    use std::sync::{Arc, Mutex};
+
+    /// The requests a mock API server saw, as `path?query`.
+    type Seen = Arc<Mutex<Vec<String>>>;
+
+    /// A mock API server for pods: a watch asking for initial events is answered by `streamed`
+    /// (a status code and body), a list by one page holding pod `p`.
+    fn server(streamed: (u16, String)) -> (Client, Seen) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let seen = Seen::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Some((request, reply)) = handle.next_request().await {
+                let query = request.uri().query().unwrap_or_default().to_owned();
+                log.lock()
+                    .unwrap()
+                    .push(format!("{}?{query}", request.uri().path()));
+                let (status, body) = if query.contains("sendInitialEvents=true") {
+                    streamed.clone()
+                } else if !query.contains("watch=true") {
+                    let list = json!({"apiVersion": "v1", "kind": "PodList",
+                                      "metadata": {"resourceVersion": "10"}, "items": [pod()]});
+                    (200, list.to_string())
+                } else {
+                    panic!("unexpected request {query}")
+                };
+                reply.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Client::new(service, "default"), seen)
+    }
+
+    fn pod() -> serde_json::Value {
+        json!({"metadata": {"name": "p", "namespace": "ml", "resourceVersion": "9"},
+               "spec": {"volumes": [{"name": "w", "persistentVolumeClaim": {"claimName": "c"}}]}})
+    }
+
+    /// The first three events: `Init`, the pod, `InitDone`.
+    async fn initial_list(client: Client) -> Vec<String> {
+        let api: Api<resources::PodVolumes> = Api::all(client);
+        watch(Kind::Pods, api, watcher::Config::default())
+            .take(3)
+            .map(|event| match event.expect("no error") {
+                Event::Init => "init".to_owned(),
+                Event::InitApply(pod) => format!("pod {}", pod.meta().name.clone().unwrap()),
+                Event::InitDone => "done".to_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn the_initial_list_streams_as_watch_events() {
+        let events = [
+            json!({"type": "ADDED", "object": pod()}),
+            json!({"type": "BOOKMARK", "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "resourceVersion": "10", "annotations": {"k8s.io/initial-events-end": "true"}}}}),
+        ];
+        let body = events.map(|e| format!("{e}\n")).concat();
+        let (client, seen) = server((200, body));
+        assert_eq!(initial_list(client).await, ["init", "pod p", "done"]);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "one watch, no list: {seen:?}");
+        assert!(
+            seen[0].contains("resourceVersionMatch=NotOlderThan"),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_that_refuses_streaming_is_listed_in_pages() {
+        // What kube-apiserver answers with the WatchList feature gate off (as on 1.33).
+        let refusal = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "Invalid", "code": 422,
+            "message": "The ListOptions \"\" is invalid: sendInitialEvents: Forbidden: \
+                        sendInitialEvents is forbidden for watch unless the WatchList feature \
+                        gate is enabled"});
+        let (client, seen) = server((422, refusal.to_string()));
+        assert_eq!(initial_list(client).await, ["init", "pod p", "done"]);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[1].contains("limit=500"), "a paged list: {seen:?}");
     }
 }

@@ -12,7 +12,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use kube::api::DynamicObject;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use workspace_gc::annotations;
@@ -464,7 +463,7 @@ fn status_json() -> impl Strategy<Value = Value> {
     })
 }
 
-fn owner(kind: &str, api_version: &str, status: &Value) -> DynamicObject {
+fn owner(kind: &str, api_version: &str, status: &Value) -> resources::OwnerObject {
     serde_json::from_value(json!({
         "apiVersion": api_version,
         "kind": kind,
