@@ -200,15 +200,16 @@ async fn every_request_names_workspace_gc_and_its_command_in_the_audit_log() {
     for (command, needed) in [
         (
             "run",
+            // Lists stream as watches (`sendInitialEvents`); the live re-check still lists.
             &[
-                ("list", "persistentvolumeclaims"),
                 ("watch", "persistentvolumeclaims"),
+                ("list", "pods"),
                 ("delete", "persistentvolumeclaims"),
                 ("create", "events"),
                 ("create", "leases"),
             ][..],
         ),
-        ("audit", &[("list", "persistentvolumeclaims")][..]),
+        ("audit", &[("watch", "persistentvolumeclaims")][..]),
         (
             "create",
             &[
