@@ -18,11 +18,12 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions, PropagationPolicy};
 use serde::de::DeserializeOwned;
-use workspace_gc::cache::{Change, Index, TaskRunEntry, Update};
-use workspace_gc::facts::ClaimFacts;
-use workspace_gc::policy::{self, Policy};
-use workspace_gc::resources::{OwnerObject, PodVolumes};
-use workspace_gc::{linking, resources};
+use workspace_gc::cluster::cache::{Change, Index, TaskRunEntry, Update};
+use workspace_gc::cluster::resources;
+use workspace_gc::cluster::resources::{OwnerObject, PodVolumes};
+use workspace_gc::decide::facts::ClaimFacts;
+use workspace_gc::decide::linking;
+use workspace_gc::decide::policy::{self, Policy};
 
 pub const SUBCOMMAND: &str = "sweep-janitor";
 const PAGE: u32 = 500;

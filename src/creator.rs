@@ -17,40 +17,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
-use serde::Serialize;
-use tracing::{error, info};
 
-use crate::cli::{CreateArgs, CreateOutput};
-use crate::commands::{self, exit};
-use crate::config::{Config, CreatorConfig};
-use crate::facts::{CLAIM_SUFFIX, JOB_KIND, ObjectKey};
-use crate::resources::{job_resource, to_chrono};
-
-/// `create` exit code: the claim was created.
-pub const CREATED: i32 = exit::OK;
-/// `create` exit code: the claim already existed, owned by this job, and was left as it was.
-pub const ALREADY_PRESENT: i32 = 5;
-/// `create` exit code: nothing was created and retrying as is will not help: the job is missing
-/// or being deleted, or a claim of that name exists that is not this job's (terminating, owned
-/// by another object, or unowned). The message says which and what to do.
-pub const REFUSED: i32 = 6;
-
-/// The labels the operator puts on every build-workspace claim (ADR-040); the collector selects
-/// on the last one.
-pub const OPERATOR_LABELS: [(&str, &str); 3] = [
-    (
-        "app.kubernetes.io/managed-by",
-        "jupyter-notebook-validator-operator",
-    ),
-    ("app.kubernetes.io/component", "tekton-build"),
-    ("mlops.redhat.com/build-workspace", "true"),
-];
-
-/// Names the job a created claim belongs to, for label selectors. Set only when the job's name
-/// fits a label value (at most 63 characters); a longer name is left out rather than truncated
-/// or hashed, since a mangled value would select nothing anyone asks for. The owner reference,
-/// not this label, is what ties the claim to its job.
-pub const JOB_LABEL: &str = "mlops.redhat.com/notebook-validation-job";
+use crate::cluster::resources::{job_resource, to_chrono};
+use crate::config::CreatorConfig;
+use crate::contract::{JOB_KIND, labels, naming};
+use crate::decide::facts::ObjectKey;
 
 /// The field manager recorded on created claims.
 const FIELD_MANAGER: &str = "workspace-gc";
@@ -105,7 +76,7 @@ impl JobRef {
 
     /// `{job}-build-workspace`, the name the operator mounts.
     pub fn claim_name(&self) -> String {
-        format!("{}{CLAIM_SUFFIX}", self.name)
+        naming::claim(&self.name)
     }
 
     fn claim_key(&self) -> ObjectKey {
@@ -223,19 +194,20 @@ pub enum CreateError {
 }
 
 impl CreateError {
-    /// The `create` exit code for this error: [`REFUSED`] when the cluster's state forbids the
-    /// claim, [`exit::FAILURE`] when the attempt failed and a retry may succeed.
-    pub fn exit_code(&self) -> i32 {
+    /// Whether the cluster's state forbids the claim, so that retrying as is cannot help (the job
+    /// is missing or being deleted, or a claim of that name exists that is not this job's); else
+    /// the attempt failed and a retry may succeed.
+    pub fn is_refusal(&self) -> bool {
         match self {
             CreateError::JobNotFound { .. }
             | CreateError::JobTerminating { .. }
             | CreateError::Terminating { .. }
             | CreateError::ForeignOwner { .. }
             | CreateError::StaleUnowned { .. }
-            | CreateError::Unowned { .. } => REFUSED,
+            | CreateError::Unowned { .. } => true,
             CreateError::JobIncomplete { .. }
             | CreateError::Contended { .. }
-            | CreateError::Api { .. } => exit::FAILURE,
+            | CreateError::Api { .. } => false,
         }
     }
 }
@@ -315,13 +287,13 @@ fn build_claim(job: &JobRef, settings: &CreatorConfig) -> PersistentVolumeClaim 
     // Configured labels first, so they can never replace the fixed ones the collector and the
     // operator rely on.
     let mut labels = settings.labels.clone();
-    for (key, value) in OPERATOR_LABELS {
+    for (key, value) in labels::OPERATOR {
         labels.insert(key.to_owned(), value.to_owned());
     }
     if job.name.len() <= MAX_LABEL_VALUE {
-        labels.insert(JOB_LABEL.to_owned(), job.name.clone());
+        labels.insert(labels::JOB.to_owned(), job.name.clone());
     } else {
-        labels.remove(JOB_LABEL);
+        labels.remove(labels::JOB);
     }
     PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -398,58 +370,10 @@ fn check_existing(existing: &PersistentVolumeClaim, job: &JobRef) -> Result<(), 
     }
 }
 
-/// `workspace-gc create`: reads the job, ensures its claim, prints the claim on stdout.
-/// Returns [`CREATED`], [`ALREADY_PRESENT`], [`REFUSED`], [`exit::CLUSTER`] or
-/// [`exit::FAILURE`].
-pub async fn command(config: &Config, args: &CreateArgs) -> i32 {
-    let client = match commands::connect_or_exit("create").await {
-        Ok(client) => client,
-        Err(code) => return code,
-    };
-    let ensured = match read_job(&client, &args.namespace, &args.job).await {
-        Ok(job) => ensure_build_claim(&client, &job, &config.creator).await,
-        Err(e) => Err(e),
-    };
-    let Ensured { mut claim, created } = match ensured {
-        Ok(ensured) => ensured,
-        Err(e) => {
-            error!("{e}");
-            return e.exit_code();
-        }
-    };
-    let key = ObjectKey::of(&claim.metadata);
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    if created {
-        info!(claim = %key, %uid, "created the workspace claim");
-    } else {
-        info!(claim = %key, %uid, "the workspace claim is already present, owned by this job");
-    }
-    // Bookkeeping of the API server's, not part of the claim a reader wants to see.
-    claim.metadata.managed_fields = None;
-    match render(&claim, args.output) {
-        Ok(text) => {
-            print!("{text}");
-            if created { CREATED } else { ALREADY_PRESENT }
-        }
-        Err(e) => {
-            error!("cannot print claim {key}: {e}");
-            exit::FAILURE
-        }
-    }
-}
-
-fn render(value: &impl Serialize, output: CreateOutput) -> Result<String, String> {
-    match output {
-        CreateOutput::Yaml => serde_saphyr::to_string(value).map_err(|e| e.to_string()),
-        CreateOutput::Json => serde_json::to_string_pretty(value)
-            .map(|text| text + "\n")
-            .map_err(|e| e.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use chrono::TimeZone;
     use http::{Method, Request, Response, StatusCode};
     use kube::client::Body;
@@ -619,13 +543,13 @@ mod tests {
         let mut settings = settings();
         settings
             .labels
-            .insert(JOB_LABEL.to_owned(), "other".to_owned());
+            .insert(labels::JOB.to_owned(), "other".to_owned());
         let long = "j".repeat(64);
         let labels = build_claim(&job(&long), &settings).metadata.labels.unwrap();
-        assert!(!labels.contains_key(JOB_LABEL), "{labels:?}");
+        assert!(!labels.contains_key(labels::JOB), "{labels:?}");
         let fits = "j".repeat(63);
         let labels = build_claim(&job(&fits), &settings).metadata.labels.unwrap();
-        assert_eq!(labels.get(JOB_LABEL), Some(&fits));
+        assert_eq!(labels.get(labels::JOB), Some(&fits));
     }
 
     fn existing(owner_uid: Option<&str>, created: i64) -> Value {
@@ -729,7 +653,7 @@ mod tests {
             ),
             "{error}"
         );
-        assert_eq!(error.exit_code(), exit::FAILURE);
+        assert!(!error.is_refusal(), "{error}");
         server.await.unwrap();
     }
 
@@ -749,7 +673,7 @@ mod tests {
             error.to_string().contains("ml/nb-build-workspace"),
             "{error}"
         );
-        assert_eq!(error.exit_code(), exit::FAILURE);
+        assert!(!error.is_refusal(), "{error}");
         server.await.unwrap();
     }
 
@@ -763,7 +687,7 @@ mod tests {
         )]);
         let error = read_job(&client, "ml", "nb").await.unwrap_err();
         assert!(matches!(error, CreateError::JobNotFound { .. }), "{error}");
-        assert_eq!(error.exit_code(), REFUSED);
+        assert!(error.is_refusal(), "{error}");
         server.await.unwrap();
     }
 
@@ -798,7 +722,7 @@ mod tests {
             matches!(error, CreateError::JobTerminating { .. }),
             "{error}"
         );
-        assert_eq!(error.exit_code(), REFUSED);
+        assert!(error.is_refusal(), "{error}");
 
         for field in ["uid", "creationTimestamp", "namespace", "name"] {
             let mut partial = complete.clone();
@@ -808,7 +732,7 @@ mod tests {
                 matches!(error, CreateError::JobIncomplete { field: f, .. } if f.ends_with(field)),
                 "{field}: {error}"
             );
-            assert_eq!(error.exit_code(), exit::FAILURE);
+            assert!(!error.is_refusal(), "{error}");
         }
     }
 
@@ -862,35 +786,6 @@ mod tests {
             "{error}"
         );
         assert!(error.to_string().contains("an unknown time"), "{error}");
-        assert_eq!(error.exit_code(), REFUSED);
-    }
-
-    #[test]
-    fn the_claim_renders_as_yaml_and_json() {
-        let claim = build_claim(&job("nb"), &settings());
-        let yaml = render(&claim, CreateOutput::Yaml).unwrap();
-        let back: PersistentVolumeClaim = serde_saphyr::from_str(&yaml).unwrap();
-        assert_eq!(back, claim);
-        let json = render(&claim, CreateOutput::Json).unwrap();
-        let back: PersistentVolumeClaim = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, claim);
-        assert!(yaml.contains("kind: PersistentVolumeClaim"), "{yaml}");
-    }
-
-    #[test]
-    fn exit_codes_are_distinct() {
-        let codes = [
-            CREATED,
-            ALREADY_PRESENT,
-            REFUSED,
-            exit::FAILURE,
-            exit::CONFIG,
-            exit::CLUSTER,
-            exit::WOULD_DELETE,
-        ];
-        let mut unique = codes.to_vec();
-        unique.sort_unstable();
-        unique.dedup();
-        assert_eq!(unique.len(), codes.len());
+        assert!(error.is_refusal(), "{error}");
     }
 }

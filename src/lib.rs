@@ -1,31 +1,29 @@
 //! workspace-gc: garbage-collects the per-build workspace PersistentVolumeClaims that the
 //! jupyter-notebook-validator-operator creates for every Tekton build and never deletes.
 //!
-//! One module per concern; the policy decides from facts without I/O, the writer is the only
-//! module that mutates the cluster.
+//! The folders are the layers of the design, and imports point only downwards:
+//!
+//! ```text
+//! surface  → daemon → cluster → observe → config → decide → contract
+//! creator  ─────────→ cluster, config, contract
+//! ```
+//!
+//! - [`contract`]: what the operator and Tekton promise (labels, names, kinds, annotation keys).
+//! - [`decide`]: the pure core. Facts in, verdicts out; no I/O, no clock.
+//! - [`config`]: the validated configuration, and the label and quantity syntax it checks.
+//! - [`observe`]: metrics, the HTTP endpoint for them and the probes, and logging.
+//! - [`cluster`]: the edge. API objects become facts here, and [`cluster::writer`] is the only
+//!   module that mutates the cluster.
+//! - [`daemon`]: the wiring. Watches feed the cache, the scheduler runs reconciles, the limiter
+//!   paces them.
+//! - [`surface`]: the command line, its commands and the audit report.
+//! - [`creator`]: the library an operator calls to create a build's claim correctly.
 
-pub mod annotations;
-pub mod audit;
-pub mod cache;
-pub mod cap_ledger;
-pub mod cli;
-pub mod commands;
+pub mod cluster;
 pub mod config;
-pub mod controller;
+pub mod contract;
 pub mod creator;
-pub mod facts;
-pub mod http;
-pub mod labels;
-pub mod leader;
-pub mod limiter;
-pub mod linking;
-pub mod live;
-pub mod metrics;
-pub mod policy;
-pub mod quantity;
-pub mod quota;
-pub mod resources;
-pub mod scheduler;
-pub mod telemetry;
-pub mod watches;
-pub mod writer;
+pub mod daemon;
+pub mod decide;
+pub mod observe;
+pub mod surface;

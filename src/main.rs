@@ -1,9 +1,9 @@
 //! `workspace-gc`: parse, load the configuration, start logging, dispatch.
 
 use clap::Parser;
-use workspace_gc::cli::{Cli, Command};
-use workspace_gc::commands::{self, exit};
-use workspace_gc::{creator, telemetry};
+use workspace_gc::observe::telemetry;
+use workspace_gc::surface::cli::{Cli, Command};
+use workspace_gc::surface::commands::{self, exit};
 
 #[tokio::main]
 async fn main() {
@@ -21,7 +21,7 @@ async fn main() {
         // run's flags are all configuration overrides, already in `config`.
         Command::Run(_) => commands::run(config).await,
         Command::Audit(args) => commands::audit(config, args).await,
-        Command::Create(args) => creator::command(&config, args).await,
+        Command::Create(args) => commands::create(&config, args).await,
         Command::CheckConfig(_) => commands::check_config(&config),
     };
     std::process::exit(code);

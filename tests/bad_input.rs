@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use workspace_gc::annotations;
-use workspace_gc::commands::exit;
-use workspace_gc::facts::{ClaimFacts, Facts, ObjectKey, Progress, Users};
-use workspace_gc::policy::{self, Policy, Reason, Verdict};
-use workspace_gc::resources;
+use workspace_gc::cluster::resources;
+use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
+use workspace_gc::decide::annotations;
+use workspace_gc::decide::facts::{ClaimFacts, Facts, ObjectKey, Progress, Users};
+use workspace_gc::decide::policy::{self, Policy, Reason, Verdict};
+use workspace_gc::surface::commands::exit;
 
 /// The subcommands that load the configuration, with the arguments they require.
 const COMMANDS: &[&[&str]] = &[
@@ -480,7 +481,7 @@ proptest! {
     #[test]
     fn annotations_delete_only_when_they_parse_and_do_not_keep(
         values in prop::collection::vec(
-            (prop::sample::select(vec![annotations::KEEP, annotations::TTL, annotations::EXPIRES]),
+            (prop::sample::select(vec![KEEP, TTL, EXPIRES]),
              annotation_value()),
             0..4,
         ),

@@ -18,13 +18,13 @@ use support::{
     claim_exists, free_port, http_get, metric, policy_rule, wait_until,
 };
 use tokio_util::sync::CancellationToken;
-use workspace_gc::annotations;
-use workspace_gc::cap_ledger::Ledger;
-use workspace_gc::controller::{self, RunOptions};
-use workspace_gc::leader::Fence;
-use workspace_gc::metrics::Metrics;
-use workspace_gc::resources;
-use workspace_gc::writer::{Mode, Writer};
+use workspace_gc::cluster::cap_ledger::Ledger;
+use workspace_gc::cluster::leader::Fence;
+use workspace_gc::cluster::resources;
+use workspace_gc::cluster::writer::{Mode, Writer};
+use workspace_gc::contract::annotations;
+use workspace_gc::daemon::controller::{self, RunOptions};
+use workspace_gc::observe::metrics::Metrics;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -326,7 +326,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     let result = writer.delete(&decided_about, &ledger, &metrics).await;
     assert_eq!(
         result.ok(),
-        Some(workspace_gc::metrics::DeleteResult::Conflict)
+        Some(workspace_gc::observe::metrics::DeleteResult::Conflict)
     );
     let survivor = api.get("re-build-workspace").await.expect("the new claim");
     assert_eq!(survivor.metadata.uid, new.metadata.uid);
@@ -343,7 +343,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     let result = writer.delete(&decided_about, &ledger, &metrics).await;
     assert_eq!(
         result.ok(),
-        Some(workspace_gc::metrics::DeleteResult::Conflict)
+        Some(workspace_gc::observe::metrics::DeleteResult::Conflict)
     );
     assert!(claim_exists(&ns, "re-build-workspace").await);
 }

@@ -17,14 +17,14 @@ use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, JobBuilder, TestNamespace,
     notebook_validation_job_resource, wait_until,
 };
-use workspace_gc::audit;
+use workspace_gc::cluster::watches;
 use workspace_gc::config::{Config, CreatorConfig};
-use workspace_gc::creator::{
-    ALREADY_PRESENT, CREATED, CreateError, Ensured, JOB_LABEL, REFUSED, ensure_build_claim,
-    read_job,
-};
-use workspace_gc::facts::{LinkRule, OwnerKind, OwnerState};
-use workspace_gc::watches;
+use workspace_gc::contract::OwnerKind;
+use workspace_gc::contract::labels::JOB as JOB_LABEL;
+use workspace_gc::creator::{CreateError, Ensured, ensure_build_claim, read_job};
+use workspace_gc::decide::facts::{LinkRule, OwnerState};
+use workspace_gc::surface::audit;
+use workspace_gc::surface::commands::exit::{self, ALREADY_PRESENT, CREATED, REFUSED};
 
 /// A finalizer of the test's own, to hold a deleted claim in Terminating.
 const HOLD: &str = "example.com/hold";
@@ -219,7 +219,7 @@ async fn refuses_a_terminating_claim() {
         "{message}"
     );
     assert!(message.contains(HOLD), "{message}");
-    assert_eq!(error.exit_code(), REFUSED);
+    assert_eq!(exit::of_create(&error), REFUSED);
 
     let remaining: Vec<String> = get_claim(&ns, "nb-build-workspace")
         .await
@@ -264,7 +264,7 @@ async fn refuses_a_claim_owned_by_another_object() {
         }
         other => panic!("expected ForeignOwner, got {other}"),
     }
-    assert_eq!(error.exit_code(), REFUSED);
+    assert_eq!(exit::of_create(&error), REFUSED);
 }
 
 #[tokio::test]
@@ -295,7 +295,7 @@ async fn refuses_the_claim_an_earlier_job_of_the_same_name_left_behind() {
 
     let error = ensure(&ns, "nb").await.expect_err("a stale claim");
     assert!(matches!(error, CreateError::StaleUnowned { .. }), "{error}");
-    assert_eq!(error.exit_code(), REFUSED);
+    assert_eq!(exit::of_create(&error), REFUSED);
 }
 
 #[tokio::test]
@@ -309,7 +309,7 @@ async fn refuses_a_stale_unowned_claim() {
 
     let error = ensure(&ns, "nb").await.expect_err("a stale claim");
     assert!(matches!(error, CreateError::StaleUnowned { .. }), "{error}");
-    assert_eq!(error.exit_code(), REFUSED);
+    assert_eq!(exit::of_create(&error), REFUSED);
 }
 
 #[tokio::test]
@@ -321,7 +321,7 @@ async fn refuses_to_adopt_an_unowned_claim_newer_than_the_job() {
 
     let error = ensure(&ns, "nb").await.expect_err("an unowned claim");
     assert!(matches!(error, CreateError::Unowned { .. }), "{error}");
-    assert_eq!(error.exit_code(), REFUSED);
+    assert_eq!(exit::of_create(&error), REFUSED);
     let claim = get_claim(&ns, "nb-build-workspace").await;
     assert_eq!(claim.metadata.owner_references, None, "adopted");
 }
@@ -331,7 +331,7 @@ async fn refuses_a_job_that_does_not_exist() {
     let ns = TestNamespace::new(ControlPlane::shared(), "no-job").await;
     let error = ensure(&ns, "nb").await.expect_err("no job");
     assert!(matches!(error, CreateError::JobNotFound { .. }), "{error}");
-    assert_eq!(error.exit_code(), REFUSED);
+    assert_eq!(exit::of_create(&error), REFUSED);
 }
 
 #[tokio::test]
@@ -436,7 +436,7 @@ async fn the_creator_needs_update_on_the_jobs_finalizers() {
                 if s.code == 403 && s.message.contains("blockOwnerDeletion"))),
         "{error}"
     );
-    assert_eq!(error.exit_code(), workspace_gc::commands::exit::FAILURE);
+    assert_eq!(exit::of_create(&error), exit::FAILURE);
 
     roles
         .patch(
@@ -592,7 +592,7 @@ async fn the_create_command_prints_the_claim_and_exits_by_outcome() {
     .await;
     assert_eq!(
         output.status.code(),
-        Some(workspace_gc::commands::exit::CLUSTER),
+        Some(workspace_gc::surface::commands::exit::CLUSTER),
         "{}",
         describe(&output)
     );

@@ -2064,7 +2064,7 @@ fn encode(text: &str) -> String {
 /// shipped rules: `promtool check metrics` passes on its `/metrics` as plain clients get it;
 /// Prometheus parses what it negotiates (OpenMetrics); every alert evaluates without error and
 /// none fires on this healthy daemon; every panel shows data. (That every name they read is
-/// exported, including counters nothing here increments, is a unit test in src/metrics.rs.)
+/// exported, including counters nothing here increments, is a unit test in src/observe/metrics.rs.)
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
     let control_plane = ControlPlane::shared();

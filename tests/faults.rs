@@ -28,8 +28,8 @@ use support::{
     PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
     notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, wait_until,
 };
-use workspace_gc::annotations;
 use workspace_gc::config::Config;
+use workspace_gc::contract::annotations;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -90,7 +90,7 @@ async fn fate(ns: &TestNamespace, name: &str) -> Fate {
     match claim {
         None => Fate::Gone,
         Some(claim) => match claim.metadata.deletion_timestamp {
-            Some(at) => Fate::Terminating(workspace_gc::resources::to_chrono(&at)),
+            Some(at) => Fate::Terminating(workspace_gc::cluster::resources::to_chrono(&at)),
             None => Fate::Live,
         },
     }

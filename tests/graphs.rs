@@ -17,7 +17,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Value, json};
 use support::graph::{self, Profile, Seen, check, verdict_problem};
 use support::oracle::{self, World};
-use workspace_gc::policy::{Decision, Policy, Reason, Verdict};
+use workspace_gc::decide::policy::{Decision, Policy, Reason, Verdict};
 
 /// How many graphs the normal test run checks (each has up to two namespaces of ~15 objects).
 const CASES: u32 = 4000;

@@ -22,8 +22,8 @@ use serde_json::Value;
 use support::graph::{self, Graph, Profile, SERVER_POLICIES, Seen};
 use support::oracle::World;
 use support::{ControlPlane, TestNamespace, binary};
-use workspace_gc::facts::ObjectKey;
-use workspace_gc::resources::{job_resource, run_resource, task_run_resource};
+use workspace_gc::cluster::resources::{job_resource, run_resource, task_run_resource};
+use workspace_gc::decide::facts::ObjectKey;
 
 /// How many graphs are applied; each holds one or two namespaces.
 const GRAPHS: usize = 40;

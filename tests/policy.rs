@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
-use workspace_gc::annotations;
-use workspace_gc::facts::{
-    ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerKind, OwnerRef, OwnerState, PodUse,
-    Progress, Users,
+use workspace_gc::contract::OwnerKind;
+use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
+use workspace_gc::decide::annotations;
+use workspace_gc::decide::facts::{
+    ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerRef, OwnerState, PodUse, Progress, Users,
 };
-use workspace_gc::policy::{Policy, Reason, Verdict, decide};
+use workspace_gc::decide::policy::{Policy, Reason, Verdict, decide};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
@@ -131,7 +132,7 @@ fn every_verdict_and_reason() {
         ),
         (
             "ttl annotation replaces the policy TTL",
-            annotated(done_at_1h(), annotations::TTL, "10m"),
+            annotated(done_at_1h(), TTL, "10m"),
             at(1) + Duration::minutes(10),
             Verdict::Delete {
                 reason: Reason::TtlExpired,
@@ -185,11 +186,7 @@ fn every_verdict_and_reason() {
         ),
         (
             "expires annotation passed, owner still running",
-            annotated(
-                facts(vec![job(running())]),
-                annotations::EXPIRES,
-                "2026-11-01T13:00:00Z",
-            ),
+            annotated(facts(vec![job(running())]), EXPIRES, "2026-11-01T13:00:00Z"),
             at(1),
             Verdict::Delete {
                 reason: Reason::Expired,
@@ -198,11 +195,7 @@ fn every_verdict_and_reason() {
         ),
         (
             "expires annotation ahead is the recheck instant",
-            annotated(
-                facts(vec![job(running())]),
-                annotations::EXPIRES,
-                "2026-11-01T13:00:00Z",
-            ),
+            annotated(facts(vec![job(running())]), EXPIRES, "2026-11-01T13:00:00Z"),
             at(0),
             Verdict::Keep {
                 reason: Reason::OwnerRunning,
@@ -236,7 +229,7 @@ fn every_verdict_and_reason() {
         ),
         (
             "keep annotation",
-            annotated(facts(vec![]), annotations::KEEP, "true"),
+            annotated(facts(vec![]), KEEP, "true"),
             t0() + Duration::days(365),
             Verdict::Protected {
                 reason: Reason::KeepAnnotation,
@@ -244,7 +237,7 @@ fn every_verdict_and_reason() {
         ),
         (
             "invalid annotation",
-            annotated(done_at_1h(), annotations::TTL, "a while"),
+            annotated(done_at_1h(), TTL, "a while"),
             t0() + Duration::days(365),
             Verdict::Keep {
                 reason: Reason::InvalidAnnotation,
@@ -347,9 +340,9 @@ fn every_verdict_and_reason() {
 #[test]
 fn details_name_what_is_wrong() {
     let policy = Policy::default();
-    let bad = annotated(facts(vec![]), annotations::EXPIRES, "next tuesday");
+    let bad = annotated(facts(vec![]), EXPIRES, "next tuesday");
     let detail = decide(&bad, &policy, t0()).detail.unwrap();
-    assert!(detail.contains(annotations::EXPIRES), "{detail}");
+    assert!(detail.contains(EXPIRES), "{detail}");
     assert!(detail.contains("next tuesday"), "{detail}");
 
     let in_use = with_pod(facts(vec![]), Some("Running"));
@@ -396,13 +389,13 @@ fn any_owner() -> impl Strategy<Value = Owner> {
 fn any_annotation() -> impl Strategy<Value = Option<(&'static str, String)>> {
     prop_oneof![
         3 => Just(None),
-        1 => Just(Some((annotations::KEEP, "true".to_owned()))),
-        1 => Just(Some((annotations::KEEP, "false".to_owned()))),
-        1 => Just(Some((annotations::KEEP, "maybe".to_owned()))),
-        1 => (0u64..100_000).prop_map(|s| Some((annotations::TTL, format!("{s}s")))),
-        1 => Just(Some((annotations::TTL, "later".to_owned()))),
-        1 => any_instant().prop_map(|t| Some((annotations::EXPIRES, t.to_rfc3339()))),
-        1 => Just(Some((annotations::EXPIRES, "2026-13-01T00:00:00Z".to_owned()))),
+        1 => Just(Some((KEEP, "true".to_owned()))),
+        1 => Just(Some((KEEP, "false".to_owned()))),
+        1 => Just(Some((KEEP, "maybe".to_owned()))),
+        1 => (0u64..100_000).prop_map(|s| Some((TTL, format!("{s}s")))),
+        1 => Just(Some((TTL, "later".to_owned()))),
+        1 => any_instant().prop_map(|t| Some((EXPIRES, t.to_rfc3339()))),
+        1 => Just(Some((EXPIRES, "2026-13-01T00:00:00Z".to_owned()))),
     ]
 }
 
@@ -457,7 +450,7 @@ fn any_policy() -> impl Strategy<Value = Policy> {
     )
 }
 
-fn verdict_key(verdict: &Verdict) -> (workspace_gc::policy::VerdictState, Reason) {
+fn verdict_key(verdict: &Verdict) -> (workspace_gc::decide::policy::VerdictState, Reason) {
     (verdict.state(), verdict.reason())
 }
 

@@ -19,7 +19,7 @@ use support::{
     ClaimBuilder, ControlPlane, Daemon, PipelineRunBuilder, TestNamespace, claim_exists, metric,
     wait_until,
 };
-use workspace_gc::annotations;
+use workspace_gc::contract::annotations;
 
 /// `{job}-build-workspace`, bound by PipelineRun `{job}-build` that finished `minutes_ago`:
 /// within the 1h TTL.
@@ -95,7 +95,7 @@ async fn full_quota(ns: &TestNamespace, name: &str, hard: &[(&str, &str)]) {
 
 /// `1Gi` and `1073741824` are the same amount.
 fn same_amount(a: &str, b: &str) -> bool {
-    workspace_gc::quantity::amount(a) == workspace_gc::quantity::amount(b)
+    workspace_gc::config::quantity::amount(a) == workspace_gc::config::quantity::amount(b)
 }
 
 /// Waits until exactly `deleted` are gone, then checks for a few seconds that `kept` stay.

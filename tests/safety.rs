@@ -17,11 +17,11 @@ use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, Proxy, TestNamespace,
     claim_exists, metric, metric_sum, task_run_resource, wait_until,
 };
-use workspace_gc::annotations;
-use workspace_gc::audit::{self, Row};
+use workspace_gc::cluster::watches;
 use workspace_gc::config::{Config, Overrides};
-use workspace_gc::policy::{Reason, VerdictState};
-use workspace_gc::watches;
+use workspace_gc::contract::annotations;
+use workspace_gc::decide::policy::{Reason, VerdictState};
+use workspace_gc::surface::audit::{self, Row};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -490,7 +490,7 @@ async fn the_audit_reports_the_earliest_change() {
         .annotation(annotations::TTL, "30d")
         .create(&ns)
         .await;
-    let created = workspace_gc::resources::to_chrono(
+    let created = workspace_gc::cluster::resources::to_chrono(
         claim.metadata.creation_timestamp.as_ref().expect("created"),
     );
     let rows = audit(ns.client(), &config).await;

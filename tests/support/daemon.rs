@@ -11,7 +11,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use workspace_gc::config::Config;
-use workspace_gc::controller::{self, RunOptions};
+use workspace_gc::daemon::controller::{self, RunOptions};
 
 use super::wait_until;
 
@@ -176,25 +176,9 @@ impl Process {
     }
 }
 
-/// The `workspace-gc` binary: Cargo names it to integration tests; an example (the soak run)
-/// finds it next to its own directory, where `cargo build --bin workspace-gc` puts it.
+/// The `workspace-gc` binary, which Cargo builds for integration tests and names to them.
 pub fn binary() -> PathBuf {
-    if let Some(path) = option_env!("CARGO_BIN_EXE_workspace-gc") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("the path of this executable");
-    // target/<profile>/examples/soak -> target/<profile>/workspace-gc
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("workspace-gc"))
-        .expect("an executable inside target/<profile>/examples");
-    assert!(
-        path.exists(),
-        "{} is missing; build it first: cargo build --release --bin workspace-gc",
-        path.display()
-    );
-    path
+    PathBuf::from(env!("CARGO_BIN_EXE_workspace-gc"))
 }
 
 /// A loopback port nothing listens on right now.

@@ -11,12 +11,12 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use serde_json::{Value, json};
-use workspace_gc::audit;
-use workspace_gc::cache::{Change, Index, TaskRunEntry, Update};
-use workspace_gc::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, RunEntry};
-use workspace_gc::linking;
-use workspace_gc::policy::{self, Decision, Policy, Reason, Verdict};
-use workspace_gc::resources::{self, PodVolumes};
+use workspace_gc::cluster::cache::{Change, Index, TaskRunEntry, Update};
+use workspace_gc::cluster::resources::{self, PodVolumes};
+use workspace_gc::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, RunEntry};
+use workspace_gc::decide::linking;
+use workspace_gc::decide::policy::{self, Decision, Policy, Reason, Verdict};
+use workspace_gc::surface::audit;
 
 use super::BUILD_WORKSPACE_LABEL;
 use super::oracle::{self, World};

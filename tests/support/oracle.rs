@@ -22,7 +22,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::Value;
-use workspace_gc::policy::Policy;
+use workspace_gc::decide::policy::Policy;
 
 const PREFIX: &str = "workspace-gc.mlops.dev/";
 

@@ -23,11 +23,12 @@ use kube::api::{Api, ApiResource, ListParams, ObjectList};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::facts::{ClaimFacts, JobEntry, ObjectKey, OwnerKind, PodEntry, PodUse, RunEntry};
-use crate::linking::{self, Found, Lookup};
-use crate::metrics::{Metrics, Operation};
-use crate::quota::QuotaEntry;
-use crate::resources::{self, OwnerObject, PodVolumes};
+use crate::cluster::resources::{self, OwnerObject, PodVolumes};
+use crate::contract::OwnerKind;
+use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry};
+use crate::decide::linking::{self, Found, Lookup};
+use crate::decide::quota::QuotaEntry;
+use crate::observe::metrics::{Metrics, Operation};
 
 /// What the API server said, for one claim, moments ago.
 #[derive(Debug)]

@@ -12,12 +12,12 @@ use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{debug, warn};
 
-use crate::cap_ledger::Ledger;
-use crate::facts::{ClaimFacts, ObjectKey};
-use crate::leader::{Fence, FenceError};
-use crate::metrics::{DeleteResult, Metrics, Operation};
-use crate::policy::Reason;
-use crate::quota::Pressure;
+use crate::cluster::cap_ledger::Ledger;
+use crate::cluster::leader::{Fence, FenceError};
+use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::policy::Reason;
+use crate::decide::quota::Pressure;
+use crate::observe::metrics::{DeleteResult, Metrics, Operation};
 
 /// How deletes are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,21 +10,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
-/// The API group of the jupyter-notebook-validator-operator's `NotebookValidationJob`.
-pub const JOB_GROUP: &str = "mlops.mlops.dev";
-/// The kind of the operator's custom resource.
-pub const JOB_KIND: &str = "NotebookValidationJob";
-/// Tekton's API group.
-pub const RUN_GROUP: &str = "tekton.dev";
-/// Tekton's PipelineRun kind.
-pub const RUN_KIND: &str = "PipelineRun";
-/// Tekton's TaskRun kind: it binds a claim the same way a PipelineRun does.
-pub const TASK_RUN_KIND: &str = "TaskRun";
-
-/// The suffix the operator appends to a job's name to name its workspace claim.
-pub const CLAIM_SUFFIX: &str = "-build-workspace";
-/// The suffix the operator appends to a job's name to name its PipelineRun.
-pub const RUN_SUFFIX: &str = "-build";
+use crate::contract::{OwnerKind, naming};
 
 /// Identifies one namespaced object (a claim, a run, a job, a pod).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -64,36 +50,10 @@ pub struct OwnerRef {
     pub uid: String,
 }
 
-/// Which owner kind an owner reference names, if it is one workspace-gc knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum OwnerKind {
-    Job,
-    /// A Tekton PipelineRun.
-    Run,
-    /// A Tekton TaskRun.
-    TaskRun,
-}
-
-impl OwnerKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OwnerKind::Job => JOB_KIND,
-            OwnerKind::Run => RUN_KIND,
-            OwnerKind::TaskRun => TASK_RUN_KIND,
-        }
-    }
-}
-
 impl OwnerRef {
     /// The owner kind, matched on group and kind (any version names the same object).
     pub fn owner_kind(&self) -> Option<OwnerKind> {
-        let group = self.api_version.split_once('/').map_or("", |(g, _)| g);
-        match (group, self.kind.as_str()) {
-            (JOB_GROUP, JOB_KIND) => Some(OwnerKind::Job),
-            (RUN_GROUP, RUN_KIND) => Some(OwnerKind::Run),
-            (RUN_GROUP, TASK_RUN_KIND) => Some(OwnerKind::TaskRun),
-            _ => None,
-        }
+        OwnerKind::of(&self.api_version, &self.kind)
     }
 }
 
@@ -119,10 +79,7 @@ pub struct ClaimFacts {
 impl ClaimFacts {
     /// The job name the operator's naming convention implies (`{job}-build-workspace`).
     pub fn conventional_job_name(&self) -> Option<&str> {
-        self.key
-            .name
-            .strip_suffix(CLAIM_SUFFIX)
-            .filter(|job| !job.is_empty())
+        naming::job_of_claim(&self.key.name)
     }
 }
 

@@ -6,14 +6,17 @@ use std::time::Duration;
 use http::HeaderValue;
 use http::header::USER_AGENT;
 use kube::Client;
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::audit;
-use crate::cli::{AuditArgs, AuditOutput};
+use crate::cluster::watches;
 use crate::config::{self, Config};
-use crate::controller::{self, RunOptions};
-use crate::watches;
+use crate::creator::{self, Ensured};
+use crate::daemon::controller::{self, RunOptions};
+use crate::decide::facts::ObjectKey;
+use crate::surface::audit;
+use crate::surface::cli::{AuditArgs, AuditOutput, CreateArgs, CreateOutput};
 
 /// Exit codes, documented in the README.
 pub mod exit {
@@ -26,6 +29,20 @@ pub mod exit {
     pub const CLUSTER: i32 = 3;
     /// `audit --fail-on-delete` found claims that would be deleted.
     pub const WOULD_DELETE: i32 = 4;
+    /// `create`: the claim was created.
+    pub const CREATED: i32 = OK;
+    /// `create`: the claim already existed, owned by this job, and was left as it was.
+    pub const ALREADY_PRESENT: i32 = 5;
+    /// `create`: nothing was created and retrying as is will not help: the job is missing or
+    /// being deleted, or a claim of that name exists that is not this job's (terminating, owned
+    /// by another object, or unowned). The message says which and what to do.
+    pub const REFUSED: i32 = 6;
+
+    /// The `create` exit code for `error`: [`REFUSED`] when the cluster's state forbids the
+    /// claim, [`FAILURE`] when the attempt failed and a retry may succeed.
+    pub fn of_create(error: &crate::creator::CreateError) -> i32 {
+        if error.is_refusal() { REFUSED } else { FAILURE }
+    }
 }
 
 /// How long start-up waits for the API server before giving up.
@@ -132,6 +149,59 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
     }
 }
 
+/// `workspace-gc create`: reads the job, ensures its claim, prints the claim on stdout.
+/// Returns [`exit::CREATED`], [`exit::ALREADY_PRESENT`], [`exit::REFUSED`], [`exit::CLUSTER`]
+/// or [`exit::FAILURE`].
+pub async fn create(config: &Config, args: &CreateArgs) -> i32 {
+    let client = match connect_or_exit("create").await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let ensured = match creator::read_job(&client, &args.namespace, &args.job).await {
+        Ok(job) => creator::ensure_build_claim(&client, &job, &config.creator).await,
+        Err(e) => Err(e),
+    };
+    let Ensured { mut claim, created } = match ensured {
+        Ok(ensured) => ensured,
+        Err(e) => {
+            error!("{e}");
+            return exit::of_create(&e);
+        }
+    };
+    let key = ObjectKey::of(&claim.metadata);
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    if created {
+        info!(claim = %key, %uid, "created the workspace claim");
+    } else {
+        info!(claim = %key, %uid, "the workspace claim is already present, owned by this job");
+    }
+    // Bookkeeping of the API server's, not part of the claim a reader wants to see.
+    claim.metadata.managed_fields = None;
+    match render(&claim, args.output) {
+        Ok(text) => {
+            print!("{text}");
+            if created {
+                exit::CREATED
+            } else {
+                exit::ALREADY_PRESENT
+            }
+        }
+        Err(e) => {
+            error!("cannot print claim {key}: {e}");
+            exit::FAILURE
+        }
+    }
+}
+
+fn render(value: &impl Serialize, output: CreateOutput) -> Result<String, String> {
+    match output {
+        CreateOutput::Yaml => serde_saphyr::to_string(value).map_err(|e| e.to_string()),
+        CreateOutput::Json => serde_json::to_string_pretty(value)
+            .map(|text| text + "\n")
+            .map_err(|e| e.to_string()),
+    }
+}
+
 /// `workspace-gc check-config`: the effective configuration as TOML.
 pub fn check_config(config: &Config) -> i32 {
     match toml::to_string(config) {
@@ -175,7 +245,7 @@ async fn stop_on_signal(stop: CancellationToken) {
 }
 
 /// Loads the configuration for a parsed command line, or says why not.
-pub fn load_config(cli: &crate::cli::Cli) -> Result<Config, config::ConfigError> {
+pub fn load_config(cli: &crate::surface::cli::Cli) -> Result<Config, config::ConfigError> {
     // `vars_os`: a variable that is not UTF-8 must not panic; lossy text still fails
     // validation with a message if it is one of ours.
     let env = std::env::vars_os().map(|(k, v)| {
@@ -188,11 +258,55 @@ pub fn load_config(cli: &crate::cli::Cli) -> Result<Config, config::ConfigError>
 }
 
 /// Warns about every way the environment and flags widen what the file alone would delete.
-pub fn warn_widenings(cli: &crate::cli::Cli, config: &Config) {
+pub fn warn_widenings(cli: &crate::surface::cli::Cli, config: &Config) {
     let base = Config::load(cli.config_file(), [], &config::Overrides::default());
     // A file that is invalid alone (made valid by an override) has nothing to compare with.
     let Ok(base) = base else { return };
     for widening in config.widenings(&base) {
         warn!("{widening}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn the_claim_renders_as_yaml_and_json() {
+        let claim = PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("nb-build-workspace".into()),
+                namespace: Some("ml".into()),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolumeClaim::default()
+        };
+        let yaml = render(&claim, CreateOutput::Yaml).unwrap();
+        let back: PersistentVolumeClaim = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(back, claim);
+        let json = render(&claim, CreateOutput::Json).unwrap();
+        let back: PersistentVolumeClaim = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, claim);
+        assert!(yaml.contains("kind: PersistentVolumeClaim"), "{yaml}");
+    }
+
+    #[test]
+    fn exit_codes_are_distinct() {
+        let codes = [
+            exit::CREATED,
+            exit::ALREADY_PRESENT,
+            exit::REFUSED,
+            exit::FAILURE,
+            exit::CONFIG,
+            exit::CLUSTER,
+            exit::WOULD_DELETE,
+        ];
+        let mut unique = codes.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), codes.len());
     }
 }

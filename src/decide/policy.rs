@@ -5,8 +5,8 @@ use std::fmt;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::annotations::{self, ClaimAnnotations};
-use crate::facts::{Facts, OwnerState, Progress, Users};
+use crate::decide::annotations::{self, ClaimAnnotations};
+use crate::decide::facts::{Facts, OwnerState, Progress, Users};
 
 /// Cluster-wide policy; per-claim annotations refine it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,19 +18,19 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cache::{Change, Index, Update};
+use crate::cluster::cache::{Change, Index, Update};
+use crate::cluster::leader::{Fence, FenceError, Leadership};
+use crate::cluster::live::{self, LiveView, Snapshots};
+use crate::cluster::watches;
+use crate::cluster::writer::{Mode, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
-use crate::facts::{ClaimFacts, ObjectKey};
-use crate::http::{self, Health};
-use crate::leader::{Fence, FenceError, Leadership};
-use crate::limiter::{Admission, Limiter, Reservation};
-use crate::linking::{self, Found};
-use crate::live::{self, LiveView, Snapshots};
-use crate::metrics::{DeleteResult, ErrorCategory, Metrics};
-use crate::policy::{self, Decision, Policy, Reason, Verdict};
-use crate::quota::{self, Plan, Rounds, Sent, Waters};
-use crate::watches;
-use crate::writer::{Mode, Notice, Writer};
+use crate::daemon::limiter::{Admission, Limiter, Reservation};
+use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::linking::{self, Found};
+use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
+use crate::decide::quota::{self, Plan, Rounds, Sent, Waters};
+use crate::observe::http::{self, Health};
+use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
 
 /// How many claims are reconciled at once (each may wait on the limiter and live reads).
 const CONCURRENCY: usize = 16;
@@ -69,7 +69,7 @@ struct Controller {
     writer: Writer,
     limiter: Mutex<Limiter>,
     cap: (u32, String),
-    schedule: crate::scheduler::Schedule,
+    schedule: crate::daemon::scheduler::Schedule,
     leading: watch::Receiver<bool>,
     fence: Fence,
     snapshots: Snapshots,
@@ -126,7 +126,7 @@ pub async fn run(
         Mode::Delete
     };
     info!(?mode, "starting");
-    let (schedule, scheduler) = crate::scheduler::Scheduler::new();
+    let (schedule, scheduler) = crate::daemon::scheduler::Scheduler::new();
     let controller = Arc::new(Controller {
         policy: config.policy(),
         index: RwLock::new(watches::index(&config.selector, config.quota.enabled)),
@@ -244,7 +244,7 @@ async fn feed(
                 }
             }
             Err((kind, error)) => {
-                controller.metrics.watch_restart(kind.as_str());
+                controller.metrics.watch_restart(kind);
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
                 if cannot_connect(&error) {
                     reachable(&controller, &health, false);
@@ -553,7 +553,12 @@ impl Controller {
         if !waters.under_pressure(&quotas) {
             return None;
         }
-        let claims = quota::Claim::all_in(&index, namespace, &self.policy, Utc::now());
+        let claims = quota::Claim::all_of(
+            index.claims_in(namespace),
+            &*index,
+            &self.policy,
+            Utc::now(),
+        );
         Some(quota::plan(
             &quotas,
             &claims,
@@ -601,7 +606,7 @@ impl Controller {
     /// The live re-check of a pressure delete: the claim must still be within its TTL, live
     /// (every linked owner finished with a completion time, nothing protecting it), and the
     /// plan over the quotas listed live must still take it. Never anything wider.
-    async fn still_taken(&self, facts: &crate::facts::Facts, verdict: Verdict) -> bool {
+    async fn still_taken(&self, facts: &crate::decide::facts::Facts, verdict: Verdict) -> bool {
         let within_ttl = matches!(
             verdict,
             Verdict::Keep {
@@ -618,7 +623,12 @@ impl Controller {
         };
         let plan = {
             let index = self.read_index();
-            let mut claims = quota::Claim::all_in(&index, namespace, &self.policy, Utc::now());
+            let mut claims = quota::Claim::all_of(
+                index.claims_in(namespace),
+                &*index,
+                &self.policy,
+                Utc::now(),
+            );
             claims.retain(|claim| claim.key != facts.claim.key);
             claims.push(quota::Claim::of(facts, verdict));
             quota::plan(&quotas, &claims, self.rounds().sent(namespace), waters)

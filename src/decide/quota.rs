@@ -15,10 +15,9 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::cache::Index;
-use crate::facts::{ClaimFacts, Facts, ObjectKey};
-use crate::linking;
-use crate::policy::{self, Policy, Reason, Verdict};
+use crate::decide::facts::{ClaimFacts, Facts, ObjectKey};
+use crate::decide::linking::{self, Lookup};
+use crate::decide::policy::{self, Policy, Reason, Verdict};
 
 /// The suffix of a class-scoped quota resource: `<class>.storageclass.storage.k8s.io/…`.
 const CLASS_SUFFIX: &str = ".storageclass.storage.k8s.io/";
@@ -181,17 +180,17 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// Every tracked claim of `namespace`, decided from the cache at `now`.
-    pub fn all_in(
-        index: &Index,
-        namespace: &str,
+    /// Each of `claims` (a namespace's), linked through `lookup` and decided at `now`.
+    pub fn all_of<'a>(
+        claims: impl IntoIterator<Item = &'a ClaimFacts>,
+        lookup: &impl Lookup,
         policy: &Policy,
         now: DateTime<Utc>,
     ) -> Vec<Self> {
-        index
-            .claims_in(namespace)
+        claims
+            .into_iter()
             .map(|claim| {
-                let facts = linking::facts(claim, index);
+                let facts = linking::facts(claim, lookup);
                 Claim::of(&facts, policy::decide(&facts, policy, now).verdict)
             })
             .collect()

@@ -12,9 +12,10 @@
 //! 3. **Naming convention.** `{job}-build-workspace` ↔ job `{job}` and PipelineRun `{job}-build`,
 //!    when they exist.
 
-use crate::facts::{
-    ClaimFacts, Facts, JobEntry, LinkRule, ObjectKey, Owner, OwnerKind, OwnerState, PodUse,
-    Progress, RUN_SUFFIX, RunEntry, Users,
+use crate::contract::{OwnerKind, naming};
+use crate::decide::facts::{
+    ClaimFacts, Facts, JobEntry, LinkRule, ObjectKey, Owner, OwnerState, PodUse, Progress,
+    RunEntry, Users,
 };
 
 /// The answer to a look-up that may not be possible yet.
@@ -128,7 +129,7 @@ fn owners(claim: &ClaimFacts, lookup: &impl Lookup) -> Vec<Owner> {
     if let Some(job) = claim.conventional_job_name() {
         let found = lookup.job(namespace, job).map(JobEntry::into_state);
         owners.add_named(OwnerKind::Job, job.to_owned(), found);
-        let run = format!("{job}{RUN_SUFFIX}");
+        let run = naming::run(job);
         let found = lookup
             .run(OwnerKind::Run, namespace, &run)
             .map(RunEntry::into_state);

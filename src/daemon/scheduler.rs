@@ -1,6 +1,15 @@
 //! The work queue: claims to reconcile now or at an exact instant, each claim at most once at a
 //! time, at most `concurrency` at once. No periodic sweep: a claim is reconciled when something
 //! it depends on changes, or when its verdict's recheck instant arrives.
+//!
+//! Why not kube-runtime's `Controller`: it reconciles one main kind's objects, handed over as
+//! `Arc<K>` from a reflector store of whole objects, and maps other kinds onto them one object at
+//! a time. workspace-gc's claims are driven by six kinds through its own compact index (the
+//! cache, which keeps a few fields per object to stay small at 50,000 builds), and the index,
+//! not a mapper, knows which claims a change of a run or a pod affects. What this module keeps of
+//! the Controller's runner is small: `kube::runtime::scheduler`'s earliest-instant-wins timers,
+//! plus one reconcile per claim at a time (a claim asked for while running runs again after) and
+//! a concurrency cap, in one type whose invariants its tests check together.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -13,7 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use crate::facts::ObjectKey;
+use crate::decide::facts::ObjectKey;
 
 /// The longest a timer is set for.
 const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);

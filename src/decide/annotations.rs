@@ -7,14 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use thiserror::Error;
 
-/// The prefix of every workspace-gc annotation.
-pub const PREFIX: &str = "workspace-gc.mlops.dev/";
-/// Time to keep the workspace after the build finished, in humantime form (`30m`, `2d`).
-pub const TTL: &str = "workspace-gc.mlops.dev/ttl";
-/// Absolute RFC 3339 instant after which the claim is deleted, unless in use.
-pub const EXPIRES: &str = "workspace-gc.mlops.dev/expires";
-/// `"true"` keeps the claim forever (to debug a build); `"false"` is the same as absent.
-pub const KEEP: &str = "workspace-gc.mlops.dev/keep";
+use crate::contract::annotations::{EXPIRES, KEEP, PREFIX, TTL};
 
 /// Longest part of an offending value quoted back in an error, so a huge annotation cannot
 /// bloat logs and events.

@@ -1,7 +1,7 @@
 //! The blast-radius cap's record of deletions: how many fell in each slice of time, so that the
 //! count of any rolling window can be told after a restart or by the next leader.
 //!
-//! It is kept on the leader-election Lease (`src/leader.rs`), not in the daemon's memory nor in
+//! It is kept on the leader-election Lease (`src/cluster/leader.rs`), not in the daemon's memory nor in
 //! its `Deleted` events: the Lease is read and written by exactly one replica at a time, every
 //! write is compare-and-swap on its resourceVersion (so a write also proves the writer still
 //! holds it), and the daemon already has `get`, `create` and `update` on that one object, so no
@@ -24,9 +24,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// The annotation on the Lease that holds the ledger.
-pub const ANNOTATION: &str = "workspace-gc.mlops.dev/deletions";
+use crate::contract::annotations::DELETIONS;
 
+/// The blast-radius count, kept in the Lease's [`DELETIONS`] annotation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ledger {
     window_ms: i64,
@@ -45,9 +45,9 @@ struct Stored {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    #[error("the annotation {ANNOTATION} is not a deletion ledger: {0}")]
+    #[error("the annotation {DELETIONS} is not a deletion ledger: {0}")]
     Malformed(#[from] serde_json::Error),
-    #[error("the annotation {ANNOTATION} has a bucket of {0} ms; expected at least 1")]
+    #[error("the annotation {DELETIONS} has a bucket of {0} ms; expected at least 1")]
     Bucket(i64),
 }
 

@@ -17,7 +17,7 @@
 //!   its last successful write: [`Fence::check`]. A standby waits a whole lease from when it
 //!   *saw* that write, so the old leader has stopped at least a third of the lease before the
 //!   new one can start.
-//! - The blast-radius cap's [`Ledger`] lives on the same Lease (see `src/cap_ledger.rs`):
+//! - The blast-radius cap's [`Ledger`] lives on the same Lease (see `src/cluster/cap_ledger.rs`):
 //!   written before each delete ([`Fence::record`]), which also renews the lease and, being
 //!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
 //!   and read back by whoever wins the lease next ([`Fence::found`]).
@@ -37,9 +37,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cap_ledger::{ANNOTATION, Ledger};
+use crate::cluster::cap_ledger::Ledger;
 use crate::config::LeaderElectionConfig;
-use crate::metrics::{Metrics, Operation};
+use crate::contract::annotations::DELETIONS;
+use crate::observe::metrics::{Metrics, Operation};
 
 /// Why this replica may not write to the cluster now.
 #[derive(Debug, thiserror::Error)]
@@ -362,7 +363,7 @@ impl Elector {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(ANNOTATION))
+            .and_then(|a| a.get(DELETIONS))
             .cloned();
         let sent = Instant::now();
         let written = if lease.metadata.resource_version.is_some() {
@@ -405,7 +406,7 @@ impl Elector {
             "spec": spec,
         });
         if let Some(ledger) = ledger {
-            patch["metadata"]["annotations"] = json!({ ANNOTATION: ledger.to_annotation() });
+            patch["metadata"]["annotations"] = json!({ DELETIONS: ledger.to_annotation() });
         }
         self.api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))

@@ -3,7 +3,7 @@
 //! Pure: the caller passes the instant.
 //!
 //! The cap counts through a [`Ledger`] that outlives this process (kept on the Lease by
-//! `src/leader.rs`). Until the ledger of the current window is known — at start, and from the
+//! `src/cluster/leader.rs`). Until the ledger of the current window is known — at start, and from the
 //! moment leadership is lost until it is won again and the ledger read back — nothing is
 //! admitted: the cap fails closed.
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::cap_ledger::{Ledger, LedgerError};
+use crate::cluster::cap_ledger::{Ledger, LedgerError};
 
 /// The answer to a request for a deletion slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,9 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::facts::ObjectKey;
-use crate::policy::{Reason, Verdict};
-use crate::quota::QuotaEntry;
+use crate::decide::facts::ObjectKey;
+use crate::decide::policy::{Reason, Verdict};
+use crate::decide::quota::QuotaEntry;
 
 /// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
 /// namespace fills up.
@@ -50,6 +50,30 @@ struct QuotaLabels {
     namespace: String,
     quota: String,
     resource: &'static str,
+}
+
+/// The kinds the watches feed and the cache holds: the `kind` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Claims,
+    Jobs,
+    Runs,
+    TaskRuns,
+    Pods,
+    Quotas,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Claims => "claims",
+            Kind::Jobs => "jobs",
+            Kind::Runs => "runs",
+            Kind::TaskRuns => "taskruns",
+            Kind::Pods => "pods",
+            Kind::Quotas => "quotas",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -393,13 +417,15 @@ impl Metrics {
             .inc();
     }
 
-    pub fn watch_restart(&self, kind: &'static str) {
+    pub fn watch_restart(&self, kind: Kind) {
         self.watch_restarts
-            .get_or_create(&KindLabels { kind })
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
             .inc();
     }
 
-    pub fn cached(&self, sizes: impl IntoIterator<Item = (crate::cache::Kind, usize)>) {
+    pub fn cached(&self, sizes: impl IntoIterator<Item = (Kind, usize)>) {
         for (kind, size) in sizes {
             let size = i64::try_from(size).unwrap_or(i64::MAX);
             self.cached_objects
@@ -532,19 +558,19 @@ mod tests {
         metrics.reclaimed(1024, Some(1.0));
         metrics.reconciled(0.001);
         metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
-        metrics.watch_restart("claims");
-        metrics.cached([(crate::cache::Kind::Claims, 1)]);
+        metrics.watch_restart(Kind::Claims);
+        metrics.cached([(Kind::Claims, 1)]);
         metrics.set_leader(true);
         metrics.set_ready(true);
         metrics.set_capped(true);
         metrics.quota_ratios(
             "team-a",
-            &[quota("storage", crate::quota::Resource::Storage)],
+            &[quota("storage", crate::decide::quota::Resource::Storage)],
         );
         let text = classic_text(&exposition(&registry));
         let shipped = concat!(
-            include_str!("../manifests/components/prometheus/prometheusrule.yaml"),
-            include_str!("../manifests/components/prometheus/dashboard.json"),
+            include_str!("../../manifests/components/prometheus/prometheusrule.yaml"),
+            include_str!("../../manifests/components/prometheus/dashboard.json"),
         );
         let mut read = 0;
         for (at, _) in shipped.match_indices("workspace_gc_") {
@@ -566,11 +592,11 @@ mod tests {
         assert!(read > 10, "the shipped rules and dashboard read metrics");
     }
 
-    fn quota(name: &str, resource: crate::quota::Resource) -> QuotaEntry {
+    fn quota(name: &str, resource: crate::decide::quota::Resource) -> QuotaEntry {
         QuotaEntry {
             key: ObjectKey::new("team-a", name),
             uid: name.into(),
-            limits: vec![crate::quota::Limit {
+            limits: vec![crate::decide::quota::Limit {
                 resource,
                 hard: 4,
                 used: 3,
@@ -580,11 +606,11 @@ mod tests {
 
     #[test]
     fn quota_ratios_take_the_highest_class_and_drop_what_is_gone() {
-        use crate::quota::Resource;
+        use crate::decide::quota::Resource;
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         let mut classes = quota("classes", Resource::ClassClaims("fast".into()));
-        classes.limits.push(crate::quota::Limit {
+        classes.limits.push(crate::decide::quota::Limit {
             resource: Resource::ClassClaims("slow".into()),
             hard: 4,
             used: 4,

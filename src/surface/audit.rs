@@ -8,11 +8,11 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::cache::Index;
-use crate::facts::{Facts, Owner, OwnerState, Progress};
-use crate::linking::{self, Found};
-use crate::policy::{self, Decision, Policy, Reason, Verdict, VerdictState};
-use crate::quota::{self, Waters};
+use crate::cluster::cache::Index;
+use crate::decide::facts::{Facts, Owner, OwnerState, Progress};
+use crate::decide::linking::{self, Found};
+use crate::decide::policy::{self, Decision, Policy, Reason, Verdict, VerdictState};
+use crate::decide::quota::{self, Waters};
 
 /// One claim's line in the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -69,7 +69,7 @@ pub fn quotas(
         let Found::Yes(quotas) = index.quotas_in(&namespace) else {
             continue;
         };
-        let claims = quota::Claim::all_in(index, &namespace, policy, now);
+        let claims = quota::Claim::all_of(index.claims_in(&namespace), index, policy, now);
         let plan = quota::plan(&quotas, &claims, &[], waters);
         for row in rows.iter_mut().filter(|r| r.namespace == namespace) {
             let taken = plan.victims.iter().any(|key| key.name == row.name);
@@ -288,11 +288,11 @@ fn owners(owners: &[Owner]) -> String {
         .join(",")
 }
 
-fn short_kind(kind: crate::facts::OwnerKind) -> &'static str {
+fn short_kind(kind: crate::contract::OwnerKind) -> &'static str {
     match kind {
-        crate::facts::OwnerKind::Job => "nvj",
-        crate::facts::OwnerKind::Run => "pr",
-        crate::facts::OwnerKind::TaskRun => "tr",
+        crate::contract::OwnerKind::Job => "nvj",
+        crate::contract::OwnerKind::Run => "pr",
+        crate::contract::OwnerKind::TaskRun => "tr",
     }
 }
 
@@ -334,8 +334,9 @@ fn size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{Change, Update};
-    use crate::facts::{ClaimFacts, JobEntry, ObjectKey, OwnerKind, RunEntry};
+    use crate::cluster::cache::{Change, Update};
+    use crate::contract::OwnerKind;
+    use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, RunEntry};
     use chrono::TimeZone;
     use std::collections::BTreeMap;
 
@@ -464,7 +465,7 @@ mod tests {
 
     #[test]
     fn quotas_show_and_pressure_takes_what_it_would_delete() {
-        use crate::quota::{Limit, QuotaEntry, Resource};
+        use crate::decide::quota::{Limit, QuotaEntry, Resource};
         let mut index = index();
         index.update(Update::Quota(Change::Apply(QuotaEntry {
             key: ObjectKey::new("ml", "claims"),

@@ -20,18 +20,20 @@ use serde::Deserialize;
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::annotations;
-use crate::facts::{
-    ClaimFacts, JOB_GROUP, JOB_KIND, JobEntry, ObjectKey, OwnerKind, OwnerRef, PodEntry, Progress,
-    RUN_GROUP, RUN_KIND, RunEntry, TASK_RUN_KIND,
+use crate::config::quantity::{self, Quantity};
+use crate::contract::{
+    JOB_GROUP, JOB_KIND, JOB_VERSION, OwnerKind, RUN_GROUP, RUN_KIND, RUN_VERSION, TASK_RUN_KIND,
+    annotations,
 };
-use crate::quantity::{self, Quantity};
-use crate::quota::{Limit, QuotaEntry, Resource as QuotaResource};
+use crate::decide::facts::{
+    ClaimFacts, JobEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
+};
+use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 
 /// `mlops.mlops.dev/v1alpha1` NotebookValidationJob.
 pub fn job_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(JOB_GROUP, "v1alpha1", JOB_KIND),
+        &GroupVersionKind::gvk(JOB_GROUP, JOB_VERSION, JOB_KIND),
         "notebookvalidationjobs",
     )
 }
@@ -39,7 +41,7 @@ pub fn job_resource() -> ApiResource {
 /// `tekton.dev/v1` PipelineRun.
 pub fn run_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(RUN_GROUP, "v1", RUN_KIND),
+        &GroupVersionKind::gvk(RUN_GROUP, RUN_VERSION, RUN_KIND),
         "pipelineruns",
     )
 }
@@ -47,7 +49,7 @@ pub fn run_resource() -> ApiResource {
 /// `tekton.dev/v1` TaskRun.
 pub fn task_run_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(RUN_GROUP, "v1", TASK_RUN_KIND),
+        &GroupVersionKind::gvk(RUN_GROUP, RUN_VERSION, TASK_RUN_KIND),
         "taskruns",
     )
 }

@@ -21,10 +21,11 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tracing::info;
 
-use crate::cache::{Change, Index, Kind, Scope, TaskRunEntry, Update};
+use crate::cluster::cache::{Change, Index, Scope, TaskRunEntry, Update};
+use crate::cluster::resources::{self, OwnerObject};
 use crate::config::SelectorConfig;
-use crate::facts::ObjectKey;
-use crate::resources::{self, OwnerObject};
+use crate::decide::facts::ObjectKey;
+use crate::observe::metrics::Kind;
 
 /// One item of the merged watch streams.
 pub type Item = Result<Update, (Kind, watcher::Error)>;
@@ -334,7 +335,7 @@ fn change<K: Resource, E>(event: Event<K>, scope: &Scope, convert: fn(&K) -> E) 
 }
 
 fn namespace_of(update: &Update) -> Option<&str> {
-    fn of<E: crate::cache::Cached>(change: &Change<E>) -> Option<&str> {
+    fn of<E: crate::cluster::cache::Cached>(change: &Change<E>) -> Option<&str> {
         match change {
             Change::Apply(entry) | Change::InitApply(_, entry) => Some(&entry.key().namespace),
             Change::Delete(key) => Some(&key.namespace),

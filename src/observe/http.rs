@@ -99,7 +99,7 @@ async fn metrics(headers: HeaderMap, State(shared): State<Arc<Shared>>) -> impl 
     } else {
         (
             "text/plain; version=0.0.4; charset=utf-8",
-            crate::metrics::classic_text(&body),
+            crate::observe::metrics::classic_text(&body),
         )
     };
     (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()

@@ -5,12 +5,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::facts::{
-    CLAIM_SUFFIX, ClaimFacts, JobEntry, ObjectKey, OwnerKind, PodEntry, PodUse, RUN_SUFFIX,
-    RunEntry,
-};
-use crate::linking::{Found, Lookup};
-use crate::quota::QuotaEntry;
+use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
+use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry};
+use crate::decide::linking::{Found, Lookup};
+use crate::decide::quota::QuotaEntry;
+use crate::observe::metrics::Kind;
 
 /// The namespace one watch covers; `None` for a cluster-wide watch.
 pub type Scope = Option<String>;
@@ -41,30 +40,6 @@ pub enum Update {
     TaskRun(Change<TaskRunEntry>),
     Pod(Change<PodEntry>),
     Quota(Change<QuotaEntry>),
-}
-
-/// The kinds the watches feed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Claims,
-    Jobs,
-    Runs,
-    TaskRuns,
-    Pods,
-    Quotas,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Claims => "claims",
-            Kind::Jobs => "jobs",
-            Kind::Runs => "runs",
-            Kind::TaskRuns => "taskruns",
-            Kind::Pods => "pods",
-            Kind::Quotas => "quotas",
-        }
-    }
 }
 
 /// One kind's entries.
@@ -378,7 +353,7 @@ impl Cached for ClaimFacts {
 }
 
 impl Cached for JobEntry {
-    const WHAT: &'static str = "NotebookValidationJob";
+    const WHAT: &'static str = JOB_KIND;
 
     fn key(&self) -> &ObjectKey {
         &self.key
@@ -391,14 +366,13 @@ impl Cached for JobEntry {
     fn index(&self, _: &mut Index, _: bool) {}
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        let claim = format!("{}{CLAIM_SUFFIX}", self.key.name);
-        index.tracked(sibling(&self.key, claim), out);
+        index.tracked(sibling(&self.key, naming::claim(&self.key.name)), out);
         index.owned_by(&self.uid, out);
     }
 }
 
 impl Cached for RunEntry {
-    const WHAT: &'static str = "PipelineRun";
+    const WHAT: &'static str = RUN_KIND;
 
     fn key(&self) -> &ObjectKey {
         &self.key
@@ -414,14 +388,14 @@ impl Cached for RunEntry {
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         bound_claims(self, index, out);
-        if let Some(job) = self.key.name.strip_suffix(RUN_SUFFIX) {
-            index.tracked(sibling(&self.key, format!("{job}{CLAIM_SUFFIX}")), out);
+        if let Some(job) = naming::job_of_run(&self.key.name) {
+            index.tracked(sibling(&self.key, naming::claim(job)), out);
         }
     }
 }
 
 impl Cached for TaskRunEntry {
-    const WHAT: &'static str = "TaskRun";
+    const WHAT: &'static str = TASK_RUN_KIND;
 
     fn key(&self) -> &ObjectKey {
         &self.0.key
@@ -563,8 +537,9 @@ impl Lookup for Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::facts::{LinkRule, OwnerKind, OwnerRef, OwnerState, Progress, Users};
-    use crate::linking;
+    use crate::contract::OwnerKind;
+    use crate::decide::facts::{LinkRule, OwnerRef, OwnerState, Progress, Users};
+    use crate::decide::linking;
 
     fn claim(name: &str) -> ClaimFacts {
         ClaimFacts::example(name)
@@ -753,7 +728,7 @@ mod tests {
 
     #[test]
     fn a_quota_change_affects_every_claim_of_its_namespace_only() {
-        use crate::quota::{Limit, QuotaEntry, Resource};
+        use crate::decide::quota::{Limit, QuotaEntry, Resource};
         let mut index = synced();
         let mut elsewhere = claim("b");
         elsewhere.key.namespace = "other".into();

@@ -1,7 +1,7 @@
 //! The randomized safety run: minutes of random workload against a dedicated control plane
 //! with faults injected, then a check of every delete the daemon sent against the ground truth
-//! this driver kept. Run it with `scripts/soak` (see RELIABILITY.md); it is not a test that CI
-//! runs.
+//! this driver kept. Run it with `scripts/soak` (see RELIABILITY.md): an ignored test, so
+//! `cargo test` builds it and CI skips it (it takes minutes).
 //!
 //! - **The cluster**: etcd, kube-apiserver (watch cache off, so that compacting etcd expires
 //!   the resourceVersions watches resume from; an audit log of every claim delete) and
@@ -28,7 +28,6 @@
 //!   for [`BOUND`] must be gone (missed deletions: zero), and no rolling [`WINDOW`] may hold
 //!   more than [`CAP`] of them (cap exceeded: never). Exit status 1 otherwise.
 
-#[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -501,7 +500,7 @@ impl Driver {
             .metadata
             .creation_timestamp
             .as_ref()
-            .map(workspace_gc::resources::to_chrono)
+            .map(workspace_gc::cluster::resources::to_chrono)
             .unwrap_or_else(now);
         let mut world = self.world.lock().await;
         world.incarnations.push(Incarnation {
@@ -631,7 +630,10 @@ impl Driver {
             let name = format!("s{}-build-workspace", self.serial().await);
             let before = now();
             let claim = ClaimBuilder::build_workspace(&name)
-                .annotation(workspace_gc::annotations::EXPIRES, &rfc3339(expired))
+                .annotation(
+                    workspace_gc::contract::annotations::EXPIRES,
+                    &rfc3339(expired),
+                )
                 .create(&self.namespace(ns))
                 .await;
             let annotations = Annotations {
@@ -906,7 +908,7 @@ impl Driver {
         let value = if keep { json!("true") } else { Value::Null };
         self.annotate(
             index,
-            json!({ workspace_gc::annotations::KEEP: value }),
+            json!({ workspace_gc::contract::annotations::KEEP: value }),
             |a| a.keep = keep,
             if keep { "keep" } else { "unkeep" },
         )
@@ -931,7 +933,7 @@ impl Driver {
         };
         self.annotate(
             index,
-            json!({ workspace_gc::annotations::TTL: format!("{ttl}s") }),
+            json!({ workspace_gc::contract::annotations::TTL: format!("{ttl}s") }),
             |a| {
                 a.ttl = Some(ttl);
                 a.invalid = false;
@@ -949,7 +951,7 @@ impl Driver {
         };
         self.annotate(
             index,
-            json!({ workspace_gc::annotations::EXPIRES: rfc3339(at) }),
+            json!({ workspace_gc::contract::annotations::EXPIRES: rfc3339(at) }),
             |a| a.expires = Some(at),
             "expires",
         )
@@ -973,7 +975,7 @@ impl Driver {
         };
         self.annotate(
             index,
-            json!({ workspace_gc::annotations::TTL: value }),
+            json!({ workspace_gc::contract::annotations::TTL: value }),
             |a| {
                 a.invalid = invalid;
                 a.ttl = None;
@@ -1098,8 +1100,8 @@ impl Driver {
             let kept = self.world.lock().await.live(|_, s| s.keep || s.invalid);
             let Some(&index) = kept.first() else { break };
             let patch = json!({
-                workspace_gc::annotations::KEEP: Value::Null,
-                workspace_gc::annotations::TTL: Value::Null,
+                workspace_gc::contract::annotations::KEEP: Value::Null,
+                workspace_gc::contract::annotations::TTL: Value::Null,
             });
             let clear = |a: &mut Annotations| {
                 a.keep = false;
@@ -1432,9 +1434,22 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-#[tokio::main]
-async fn main() {
-    let args = Args::parse();
+/// The soak's options come from `SOAK_ARGS` (the flags of [`Args`]), which `scripts/soak` sets
+/// from its own command line.
+#[test]
+#[ignore = "minutes long; run by scripts/soak"]
+fn randomized_safety_run() {
+    let flags = std::env::var("SOAK_ARGS").unwrap_or_default();
+    let args = Args::parse_from(std::iter::once("soak").chain(flags.split_whitespace()));
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    assert!(
+        !runtime.block_on(soak(args)),
+        "wrong, repeated or missed deletions, an exceeded cap or a crash: see the report above"
+    );
+}
+
+/// Runs the soak and prints its report; true when it failed.
+async fn soak(args: Args) -> bool {
     let seed = args
         .seed
         .unwrap_or_else(|| now().timestamp_nanos_opt().unwrap_or(0) as u64);
@@ -1780,5 +1795,5 @@ async fn main() {
         }
     }
     println!("soak: {}", if failed { "FAILED" } else { "passed" });
-    std::process::exit(i32::from(failed));
+    failed
 }

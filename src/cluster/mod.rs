@@ -1,0 +1,12 @@
+//! The cluster edge: everything that talks to the API server. API objects are converted into
+//! the core's facts ([`resources`]), watched into the cache ([`watches`], [`cache`]) and read
+//! live before a delete ([`live`]). [`writer`] is the only module that changes the cluster, and
+//! only while [`leader`] holds the Lease; [`cap_ledger`] keeps the blast-radius count on it.
+
+pub mod cache;
+pub mod cap_ledger;
+pub mod leader;
+pub mod live;
+pub mod resources;
+pub mod watches;
+pub mod writer;

@@ -1,0 +1,118 @@
+//! The contract workspace-gc rests on: what the jupyter-notebook-validator-operator and Tekton
+//! put on the objects it reads (ADR-040), and the annotation keys workspace-gc itself reads and
+//! writes. Linking, the creator, the configuration and the audit all take these from here, so a
+//! change on the operator's side is one change here.
+
+use serde::Serialize;
+
+/// The API group of the operator's `NotebookValidationJob`.
+pub const JOB_GROUP: &str = "mlops.mlops.dev";
+/// The version of `NotebookValidationJob` workspace-gc reads.
+pub const JOB_VERSION: &str = "v1alpha1";
+/// The kind of the operator's custom resource.
+pub const JOB_KIND: &str = "NotebookValidationJob";
+/// Tekton's API group.
+pub const RUN_GROUP: &str = "tekton.dev";
+/// The version of PipelineRun and TaskRun workspace-gc reads.
+pub const RUN_VERSION: &str = "v1";
+/// Tekton's PipelineRun kind.
+pub const RUN_KIND: &str = "PipelineRun";
+/// Tekton's TaskRun kind: it binds a claim the same way a PipelineRun does.
+pub const TASK_RUN_KIND: &str = "TaskRun";
+
+/// The kinds that can own a build's claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum OwnerKind {
+    Job,
+    /// A Tekton PipelineRun.
+    Run,
+    /// A Tekton TaskRun.
+    TaskRun,
+}
+
+impl OwnerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnerKind::Job => JOB_KIND,
+            OwnerKind::Run => RUN_KIND,
+            OwnerKind::TaskRun => TASK_RUN_KIND,
+        }
+    }
+
+    /// The owner kind of an `apiVersion` and `kind`, matched on group and kind: any version
+    /// names the same object.
+    pub fn of(api_version: &str, kind: &str) -> Option<OwnerKind> {
+        let group = api_version.split_once('/').map_or("", |(group, _)| group);
+        match (group, kind) {
+            (JOB_GROUP, JOB_KIND) => Some(OwnerKind::Job),
+            (RUN_GROUP, RUN_KIND) => Some(OwnerKind::Run),
+            (RUN_GROUP, TASK_RUN_KIND) => Some(OwnerKind::TaskRun),
+            _ => None,
+        }
+    }
+}
+
+/// The operator's names: job `{job}` builds in PipelineRun `{job}-build` on the claim
+/// `{job}-build-workspace`.
+pub mod naming {
+    /// The suffix the operator appends to a job's name to name its workspace claim.
+    const CLAIM_SUFFIX: &str = "-build-workspace";
+    /// The suffix the operator appends to a job's name to name its PipelineRun.
+    const RUN_SUFFIX: &str = "-build";
+
+    /// The workspace claim of job `job`.
+    pub fn claim(job: &str) -> String {
+        format!("{job}{CLAIM_SUFFIX}")
+    }
+
+    /// The PipelineRun of job `job`.
+    pub fn run(job: &str) -> String {
+        format!("{job}{RUN_SUFFIX}")
+    }
+
+    /// The job whose workspace claim is named `claim`, if the name follows the convention.
+    pub fn job_of_claim(claim: &str) -> Option<&str> {
+        claim
+            .strip_suffix(CLAIM_SUFFIX)
+            .filter(|job| !job.is_empty())
+    }
+
+    /// The job whose PipelineRun is named `run`, if the name follows the convention.
+    pub fn job_of_run(run: &str) -> Option<&str> {
+        run.strip_suffix(RUN_SUFFIX).filter(|job| !job.is_empty())
+    }
+}
+
+/// The labels on a build's workspace claim.
+pub mod labels {
+    /// The label the operator puts on every build-workspace claim, and its value: what
+    /// workspace-gc selects on by default.
+    pub const BUILD_WORKSPACE: (&str, &str) = ("mlops.redhat.com/build-workspace", "true");
+
+    /// Every label the operator puts on a build-workspace claim (ADR-040).
+    pub const OPERATOR: [(&str, &str); 3] = [
+        (
+            "app.kubernetes.io/managed-by",
+            "jupyter-notebook-validator-operator",
+        ),
+        ("app.kubernetes.io/component", "tekton-build"),
+        BUILD_WORKSPACE,
+    ];
+
+    /// Names the job a created claim belongs to, for label selectors (set by `create`).
+    pub const JOB: &str = "mlops.redhat.com/notebook-validation-job";
+}
+
+/// The annotation keys workspace-gc reads on claims, and the one it writes on its Lease.
+pub mod annotations {
+    /// The prefix of every workspace-gc annotation.
+    pub const PREFIX: &str = "workspace-gc.mlops.dev/";
+    /// Time to keep the workspace after the build finished, in humantime form (`30m`, `2d`).
+    pub const TTL: &str = "workspace-gc.mlops.dev/ttl";
+    /// Absolute RFC 3339 instant after which the claim is deleted, unless in use.
+    pub const EXPIRES: &str = "workspace-gc.mlops.dev/expires";
+    /// `"true"` keeps the claim forever (to debug a build); `"false"` is the same as absent.
+    pub const KEEP: &str = "workspace-gc.mlops.dev/keep";
+    /// On the leader-election Lease: the blast-radius cap's count of recent deletions.
+    pub const DELETIONS: &str = "workspace-gc.mlops.dev/deletions";
+}

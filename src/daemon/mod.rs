@@ -1,0 +1,7 @@
+//! The daemon's wiring: the [`controller`] feeds watch events into the cache and reconciles the
+//! claims they affect, the [`scheduler`] runs each claim's reconcile now or at its recheck
+//! instant, and the [`limiter`] paces deletes and holds the blast-radius cap.
+
+pub mod controller;
+pub mod limiter;
+pub mod scheduler;

@@ -1,0 +1,6 @@
+//! What a user runs: the command line ([`cli`]), one function per subcommand ([`commands`]),
+//! and the [`audit`] report.
+
+pub mod audit;
+pub mod cli;
+pub mod commands;
