@@ -132,7 +132,7 @@ pub(super) struct QuotaLayer {
 
 /// The file's sections, for splitting `WORKSPACE_GC_LEADER_ELECTION_LEASE_NAME` and the like
 /// where underscores separate words as well as section from key.
-pub(super) const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 8] = [
     "selector",
     "policy",
     "deletion",
@@ -170,7 +170,7 @@ impl Problem {
 }
 
 /// The 1-based line of byte `offset`.
-pub(super) fn line_of(text: &str, offset: usize) -> usize {
+fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
     text.as_bytes()[..end]
         .iter()
@@ -180,7 +180,7 @@ pub(super) fn line_of(text: &str, offset: usize) -> usize {
 }
 
 /// The dotted key path of the innermost key or value whose span holds `offset`.
-pub(super) fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
+fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
     let holds = |span: Range<usize>| span.contains(&offset);
     table.iter().find_map(|(key, value)| {
         let inner = match value.get_ref() {
@@ -198,7 +198,7 @@ pub(super) fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
 
 /// Exclusions only ever add up: a later layer (environment, flags) adds its namespaces to
 /// those the earlier ones excluded, so no override can make an excluded namespace collectable.
-pub(super) fn exclude(slot: &mut Slot<Vec<String>>, list: Vec<String>, at: At) {
+fn exclude(slot: &mut Slot<Vec<String>>, list: Vec<String>, at: At) {
     let mut value = slot.take().map(|earlier| earlier.value).unwrap_or_default();
     for namespace in list {
         if !value.contains(&namespace) {
@@ -271,7 +271,7 @@ impl Layer {
     }
 
     /// Sets `key` from an environment value; `None` if there is no such key.
-    pub(super) fn set(&mut self, key: &str, raw: &str, at: At) -> Option<Result<(), String>> {
+    fn set(&mut self, key: &str, raw: &str, at: At) -> Option<Result<(), String>> {
         fn put<T: FromEnv>(slot: &mut Slot<T>, raw: &str, at: At) -> Result<(), String> {
             *slot = Some(Val {
                 value: T::from_env(raw)?,
@@ -378,7 +378,7 @@ impl Layer {
 }
 
 /// Conversion of an environment variable's text into a raw value.
-pub(super) trait FromEnv: Sized {
+trait FromEnv: Sized {
     fn from_env(raw: &str) -> Result<Self, String>;
 }
 

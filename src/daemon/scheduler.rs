@@ -6,10 +6,10 @@
 //! `Arc<K>` from a reflector store of whole objects, and maps other kinds onto them one object at
 //! a time. workspace-gc's claims are driven by six kinds through its own compact index (the
 //! cache, which keeps a few fields per object to stay small at 50,000 builds), and the index,
-//! not a mapper, knows which claims a change of a run or a pod affects. What this module keeps of
-//! the Controller's runner is small: `kube::runtime::scheduler`'s earliest-instant-wins timers,
-//! plus one reconcile per claim at a time (a claim asked for while running runs again after) and
-//! a concurrency cap, in one type whose invariants its tests check together.
+//! not a mapper, knows which claims a change of a run or a pod affects. What this module does in
+//! the Controller's place is small: earliest-instant-wins timers (as `kube::runtime::scheduler`
+//! has them), one reconcile per claim at a time (a claim asked for while running runs again
+//! after) and a concurrency cap, in one type whose invariants its tests check together.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
