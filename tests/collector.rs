@@ -301,6 +301,11 @@ async fn max_age_deletes_a_claim_whose_run_never_finishes() {
     daemon.stop().await;
 }
 
+/// A deadline the delete easily meets.
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + secs(30)
+}
+
 /// The decision was made about one claim; before the delete lands, the claim is deleted and
 /// re-created under the same name. The `{uid, resourceVersion}` preconditions protect the new one.
 #[tokio::test(flavor = "multi_thread")]
@@ -323,7 +328,9 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     let metrics = Metrics::register(&mut Default::default());
     let writer = Writer::new(ns.client().clone(), Mode::Delete, None, Fence::unfenced());
     let ledger = Ledger::new(secs(60));
-    let result = writer.delete(&decided_about, &ledger, &metrics).await;
+    let result = writer
+        .delete(&decided_about, &ledger, deadline(), &metrics)
+        .await;
     assert_eq!(
         result.ok(),
         Some(workspace_gc::observe::metrics::DeleteResult::Conflict)
@@ -340,7 +347,9 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     )
     .await
     .expect("annotate");
-    let result = writer.delete(&decided_about, &ledger, &metrics).await;
+    let result = writer
+        .delete(&decided_about, &ledger, deadline(), &metrics)
+        .await;
     assert_eq!(
         result.ok(),
         Some(workspace_gc::observe::metrics::DeleteResult::Conflict)

@@ -200,6 +200,14 @@ impl Fence {
         }
     }
 
+    /// Until when this replica may write: its last successful Lease write's sending plus the
+    /// renew deadline (now, when it does not lead). `None` without leader election.
+    pub fn until(&self) -> Option<Instant> {
+        let elector = self.elector.as_ref()?;
+        let renewed = *elector.renewed.lock().unwrap_or_else(|e| e.into_inner());
+        Some(renewed.map_or_else(Instant::now, |sent| sent + elector.timing.renew_deadline))
+    }
+
     /// How long after this replica's last successful Lease write it may still send a DELETE:
     /// the renew deadline ([`Fence::check`]). Zero without leader election (no Lease).
     pub fn reach(&self) -> Duration {
@@ -426,7 +434,11 @@ impl Elector {
 
     fn step_down(&self, why: &str) {
         *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if self.leading.send_replace(false) {
+        // Wakes the followers only on a change: a standby steps down every round.
+        let was_leading = self
+            .leading
+            .send_if_modified(|leading| std::mem::replace(leading, false));
+        if was_leading {
             warn!(
                 reason = why,
                 "no longer leading: this replica stops deleting"

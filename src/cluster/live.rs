@@ -35,6 +35,8 @@ use crate::observe::metrics::{Metrics, Operation};
 pub struct LiveView {
     jobs: HashMap<String, Found<JobEntry>>,
     namespace: Arc<Snapshot>,
+    /// When the first of its reads was sent: nothing in it is older.
+    read_at: Instant,
 }
 
 impl LiveView {
@@ -46,6 +48,7 @@ impl LiveView {
         snapshots: &Snapshots,
         metrics: &Metrics,
     ) -> Self {
+        let read_at = Instant::now();
         let namespace = &claim.key.namespace;
         let jobs_api: Api<OwnerObject> =
             Api::namespaced_with(client.clone(), namespace, &resources::job_resource());
@@ -58,7 +61,16 @@ impl LiveView {
             .zip(jobs)
             .map(|(name, found)| (name, found.map(|job| resources::job_entry(&job))))
             .collect();
-        LiveView { jobs, namespace }
+        LiveView {
+            jobs,
+            namespace,
+            read_at,
+        }
+    }
+
+    /// When the first of its reads was sent: what it says is no older than this.
+    pub fn read_at(&self) -> Instant {
+        self.read_at
     }
 }
 

@@ -4,12 +4,19 @@
 //! name, or changed since the decision, is never deleted; finalizers are never touched.
 //!
 //! Only the leader writes, events included: every write passes the [`Fence`] first, and a
-//! delete is recorded in the blast-radius ledger on the Lease before it is sent.
+//! delete is recorded in the blast-radius ledger on the Lease before it is sent (a dry run
+//! records nothing: it must not spend the real cap).
+//!
+//! Every request here is sent at most once (the client does not retry, see
+//! `surface::commands::connect`), and a DELETE only before its deadline: the earlier of the
+//! fence's reach and the bound on the age of the live re-check it rests on. A refusal goes back
+//! to the controller, which decides again from the start.
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::cluster::cap_ledger::Ledger;
@@ -39,6 +46,15 @@ pub enum Notice {
     CapReached { max: u32, window: String },
 }
 
+/// Why a delete was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum NotSent {
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    #[error("the deadline passed before the delete could go out (the live re-check is too old)")]
+    TooLate,
+}
+
 pub struct Writer {
     client: Client,
     recorder: Recorder,
@@ -65,22 +81,38 @@ impl Writer {
     }
 
     /// Deletes the claim as it was when decided, once `ledger` (which counts this delete) is on
-    /// the Lease and this replica still leads; `Err` when it may not, and nothing was sent. In
-    /// client-side dry-run no delete is sent and the result is `Deleted` as if it had been.
+    /// the Lease and this replica still leads, and only before `deadline` (the bound on the age
+    /// of the live re-check); `Err` when it may not, and nothing was sent. In client-side
+    /// dry-run no delete is sent and the result is `Deleted` as if it had been.
     pub async fn delete(
         &self,
         claim: &ClaimFacts,
         ledger: &Ledger,
+        deadline: Instant,
         metrics: &Metrics,
-    ) -> Result<DeleteResult, FenceError> {
-        self.fence.record(ledger).await?;
+    ) -> Result<DeleteResult, NotSent> {
         let server_dry_run = match self.mode {
-            Mode::Delete => false,
-            Mode::DryRun { server_side: false } => return Ok(DeleteResult::Deleted),
-            Mode::DryRun { server_side: true } => true,
+            Mode::Delete => {
+                self.fence.record(ledger).await?;
+                false
+            }
+            Mode::DryRun { server_side } => {
+                self.fence.check()?;
+                if !server_side {
+                    return Ok(DeleteResult::Deleted);
+                }
+                true
+            }
         };
         // Checked again immediately before sending: the write above may have waited.
         self.fence.check()?;
+        let deadline = self
+            .fence
+            .until()
+            .map_or(deadline, |fenced| fenced.min(deadline));
+        if Instant::now() >= deadline {
+            return Err(NotSent::TooLate);
+        }
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.key.namespace);
         let params = DeleteParams {
@@ -92,14 +124,27 @@ impl Writer {
             }),
             ..DeleteParams::default()
         };
-        Ok(match api.delete(&claim.key.name, &params).await {
-            Ok(_) => DeleteResult::Deleted,
-            Err(kube::Error::Api(status)) if status.is_not_found() => DeleteResult::NotFound,
-            Err(kube::Error::Api(status)) if status.is_conflict() => DeleteResult::Conflict,
-            Err(error) => {
+        // Past the deadline the request is abandoned: it may still reach the server, but no
+        // later than the moment it was already on its way.
+        let sent = tokio::time::timeout_at(deadline, api.delete(&claim.key.name, &params));
+        Ok(match sent.await {
+            Ok(Ok(_)) => DeleteResult::Deleted,
+            Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
+            Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
+            Ok(Err(error @ kube::Error::Api(_))) => {
                 metrics.api_error(Operation::Delete, &error);
-                warn!(claim = %claim.key, %error, "delete failed");
+                warn!(claim = %claim.key, %error, "delete refused");
                 DeleteResult::Failed
+            }
+            Ok(Err(error)) => {
+                metrics.api_error(Operation::Delete, &error);
+                warn!(claim = %claim.key, %error, "delete got no answer; it may have been carried out");
+                DeleteResult::Unanswered
+            }
+            Err(_) => {
+                metrics.api_timeout(Operation::Delete);
+                warn!(claim = %claim.key, "delete got no answer before its deadline; it may have been carried out");
+                DeleteResult::Unanswered
             }
         })
     }
@@ -132,10 +177,17 @@ impl Writer {
             Notice::CapReached { max, window } => (
                 EventType::Warning,
                 "BlastRadiusCapReached",
-                format!(
-                    "not deleted yet: {max} claims were deleted within {window}, the configured \
-                     maximum; deletions resume when the window allows"
-                ),
+                if matches!(self.mode, Mode::Delete) {
+                    format!(
+                        "not deleted yet: {max} claims were deleted within {window}, the \
+                         configured maximum; deletions resume when the window allows"
+                    )
+                } else {
+                    format!(
+                        "dry-run: not even a would-delete yet: {max} claims would have been \
+                         deleted within {window}, the configured maximum; nothing was deleted"
+                    )
+                },
             ),
         };
         self.publish(type_, reason, note, &reference(claim), &claim.key, metrics)
@@ -237,6 +289,11 @@ mod tests {
         Ledger::new(std::time::Duration::from_secs(60))
     }
 
+    /// A deadline the test's mock server easily meets.
+    fn soon() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(30)
+    }
+
     /// Sends one delete through a mock API server; returns the request's query and body and
     /// the writer's result for the given response status.
     async fn delete_against(mode: Mode, status: u16) -> Option<(String, Value, DeleteResult)> {
@@ -262,7 +319,13 @@ mod tests {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200})
             } else {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status,
-                       "reason": if status == 409 { "Conflict" } else { "NotFound" }, "message": "m"})
+                       "reason": match status {
+                           409 => "Conflict",
+                           404 => "NotFound",
+                           429 => "TooManyRequests",
+                           503 => "ServiceUnavailable",
+                           _ => "Timeout",
+                       }, "message": "m"})
             };
             reply.send_response(
                 Response::builder()
@@ -273,7 +336,7 @@ mod tests {
             Some((query, body))
         });
         let result = writer
-            .delete(&claim(), &ledger(), &metrics)
+            .delete(&claim(), &ledger(), soon(), &metrics)
             .await
             .expect("unfenced");
         let (query, body) = server.await.ok()??;
@@ -333,7 +396,10 @@ mod tests {
         );
         let metrics = Metrics::register(&mut Registry::default());
         assert_eq!(
-            writer.delete(&claim(), &ledger(), &metrics).await.ok(),
+            writer
+                .delete(&claim(), &ledger(), soon(), &metrics)
+                .await
+                .ok(),
             Some(DeleteResult::Deleted)
         );
         handle.allow(0);
@@ -343,5 +409,61 @@ mod tests {
                 .is_err(),
             "no request reached the server"
         );
+    }
+
+    #[tokio::test]
+    async fn throttling_and_server_errors_are_refusals_sent_once() {
+        for status in [429, 503, 504] {
+            let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
+            assert_eq!(result, DeleteResult::Failed, "{status}");
+        }
+    }
+
+    /// A writer whose mock server takes every request and never answers; the handle counts them.
+    fn unanswering() -> (
+        Writer,
+        tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    ) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writer = Writer::new(
+            kube::Client::new(service, "default"),
+            Mode::Delete,
+            None,
+            Fence::unfenced(),
+        );
+        (writer, handle)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_past_its_deadline_is_not_sent() {
+        let (writer, mut handle) = unanswering();
+        let metrics = Metrics::register(&mut Registry::default());
+        let result = writer
+            .delete(&claim(), &ledger(), Instant::now(), &metrics)
+            .await;
+        assert!(matches!(result, Err(NotSent::TooLate)), "{result:?}");
+        handle.allow(1);
+        let request =
+            tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request());
+        assert!(request.await.is_err(), "nothing reached the server");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_delete_is_abandoned_at_its_deadline_as_unanswered() {
+        let (writer, mut handle) = unanswering();
+        let metrics = Metrics::register(&mut Registry::default());
+        let started = Instant::now();
+        let deadline = started + std::time::Duration::from_secs(3);
+        let server = tokio::spawn(async move {
+            // Takes the request and holds it unanswered past the deadline.
+            let (_request, reply) = handle.next_request().await?;
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            drop(reply);
+            Some(())
+        });
+        let result = writer.delete(&claim(), &ledger(), deadline, &metrics).await;
+        assert_eq!(result.ok(), Some(DeleteResult::Unanswered));
+        assert_eq!(started.elapsed(), std::time::Duration::from_secs(3));
+        server.abort();
     }
 }

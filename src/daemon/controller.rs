@@ -22,24 +22,29 @@ use crate::cluster::cache::{Change, Index, Update};
 use crate::cluster::leader::{Fence, FenceError, Leadership};
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::watches;
-use crate::cluster::writer::{Mode, Notice, Writer};
+use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::limiter::{Admission, Limiter, Reservation};
+use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self, Found};
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
-use crate::decide::quota::{self, Plan, Rounds, Sent, Waters};
+use crate::decide::quota::{self, Plan, Rounds, Waters};
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
 
 /// How many claims are reconciled at once (each may wait on the limiter and live reads).
 const CONCURRENCY: usize = 16;
-/// When a live re-check or a delete could not conclude, look again after this long.
-const RETRY_AFTER: Duration = Duration::from_secs(10);
-/// After a delete conflict, the watch brings the new version within moments.
-const RETRY_AFTER_CONFLICT: Duration = Duration::from_secs(1);
 /// While the API server cannot be reached, how often to check whether it answers again.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// The oldest a live re-check may be when its DELETE goes out, counted from its first read: a
+/// re-check that took longer, or a DELETE held up longer (by the Lease write before it), is
+/// not live any more, and the claim is decided again from the start. It bounds how long a pod
+/// or a run started after the re-check can go unseen by the delete.
+pub const LIVE_BOUND: Duration = Duration::from_secs(5);
+/// Shutdown must finish within the pod's grace period (30 s) whatever the API server does:
+/// the lease release and the HTTP server each get this long.
+const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
 
 /// What `run` needs besides the configuration.
 pub struct RunOptions {
@@ -58,6 +63,10 @@ pub enum RunError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// A task the daemon cannot work without ended: exit, so that the pod restarts, rather
+    /// than run half alive.
+    #[error("the {0} stopped unexpectedly; exiting so that the pod restarts")]
+    TaskEnded(&'static str),
 }
 
 /// Everything a reconcile reads, built once.
@@ -76,6 +85,20 @@ struct Controller {
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
     rounds: Mutex<Rounds>,
+    /// Claims told about the cap in the current episode of it: told once, not at every retry.
+    capped: Mutex<BTreeSet<ObjectKey>>,
+}
+
+/// What the DELETE stage did: its result, or why nothing was sent.
+type SendResult = Result<DeleteResult, NotSent>;
+
+/// What the live re-check confirmed, and until when the DELETE may rest on it.
+#[derive(Debug, Clone, Copy)]
+struct Confirmed {
+    reason: Reason,
+    /// The verdict's due instant, for the reclaim lag.
+    due_at: Option<DateTime<Utc>>,
+    live_until: Instant,
 }
 
 /// Why a claim is deleted: the live re-check confirms that same cause, and no other.
@@ -154,33 +177,61 @@ pub async fn run(
         client: client.clone(),
         quota: config.quota.waters(),
         rounds: Mutex::default(),
+        capped: Mutex::default(),
     });
 
-    let feeder = tokio::spawn(feed(
+    let mut feeder = tokio::spawn(feed(
         controller.clone(),
         watches::updates(&client, &config.selector, config.quota.enabled),
         health.clone(),
     ));
-    let follower = tokio::spawn(follow_leadership(controller.clone(), health));
+    let mut follower = tokio::spawn(follow_leadership(controller.clone(), health));
+    let mut server = server;
 
     let reconciler = controller.clone();
-    scheduler
-        .run(
-            CONCURRENCY,
-            move |key| reconciler.clone().reconcile(key),
-            stop.clone(),
-        )
-        .await;
+    let scheduling = scheduler.run(
+        CONCURRENCY,
+        move |key| reconciler.clone().reconcile(key),
+        stop.clone(),
+    );
+    tokio::pin!(scheduling);
+    // The watches, the election (whose end closes the leadership channel the follower reads)
+    // and the HTTP server run until stop; one that ends before is fatal.
+    let ended = tokio::select! {
+        () = &mut scheduling => None,
+        _ = &mut feeder => Some("watch stream"),
+        _ = &mut follower => Some("leader election"),
+        _ = &mut server => Some("HTTP server"),
+    };
+    if ended.is_some() {
+        stop.cancel();
+        scheduling.await;
+    }
 
     feeder.abort();
     follower.abort();
     let _ = feeder.await;
     let _ = follower.await;
     drop(controller);
-    leadership.release().await;
-    let _ = server.await;
-    info!("stopped");
-    Ok(())
+    if tokio::time::timeout(SHUTDOWN_STEP, leadership.release())
+        .await
+        .is_err()
+    {
+        warn!("releasing the lease took too long; a standby takes over when it expires");
+    }
+    if tokio::time::timeout(SHUTDOWN_STEP, &mut server)
+        .await
+        .is_err()
+    {
+        server.abort();
+    }
+    match ended {
+        Some(task) => Err(RunError::TaskEnded(task)),
+        None => {
+            info!("stopped");
+            Ok(())
+        }
+    }
 }
 
 /// Applies watch updates to the cache and schedules the claims each one affects. Nothing is
@@ -345,15 +396,24 @@ impl Controller {
         Some((facts.claim, decision))
     }
 
-    async fn reconcile(self: Arc<Self>, key: ObjectKey) {
+    async fn reconcile(self: Arc<Self>, key: ObjectKey) -> Outcome {
         let started = std::time::Instant::now();
-        let Some((claim, decision)) = self.decide_cached(&key) else {
-            self.metrics.track(&key, None);
-            return;
+        let outcome = self.decide_and_act(&key).await;
+        if let Outcome::Retry(failure) = outcome {
+            self.metrics.reconcile_retry(failure.category());
+        }
+        self.metrics.reconciled(started.elapsed().as_secs_f64());
+        outcome
+    }
+
+    async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
+        let Some((claim, decision)) = self.decide_cached(key) else {
+            self.metrics.track(key, None);
+            return Outcome::Done;
         };
         let bytes = claim.requested_bytes.unwrap_or(0);
-        self.metrics.track(&key, Some((&decision.verdict, bytes)));
-        let taken = self.relieve(&key).await;
+        self.metrics.track(key, Some((&decision.verdict, bytes)));
+        let taken = self.relieve(key).await;
         let reason = decision.verdict.reason();
         match decision.verdict {
             Verdict::Keep { recheck_at, .. } => {
@@ -365,66 +425,99 @@ impl Controller {
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
+                let recheck = recheck_at.map_or(Outcome::Done, |at| Outcome::At(instant_at(at)));
                 if taken {
-                    self.act(claim, Cause::Pressure).await;
-                }
-                if let Some(at) = recheck_at {
-                    self.schedule.at(key, instant_at(at));
+                    self.act(claim, Cause::Pressure).await.and(recheck)
+                } else {
+                    recheck
                 }
             }
-            Verdict::Protected { .. } => debug!(claim = %key, %reason, "protected"),
+            Verdict::Protected { .. } => {
+                debug!(claim = %key, %reason, "protected");
+                Outcome::Done
+            }
             Verdict::Delete { due_at, .. } => {
                 if self.is_leader() {
-                    self.act(claim, Cause::Due(due_at)).await;
+                    self.act(claim, Cause::Due(due_at)).await
                 } else {
+                    // Winning the lease re-evaluates every claim.
                     debug!(claim = %key, %reason, "due; the leader deletes");
+                    Outcome::Done
                 }
             }
         }
-        self.metrics.reconciled(started.elapsed().as_secs_f64());
     }
 
-    /// Deletes a claim for `cause`: within the limits, after a live re-check.
-    async fn act(&self, claim: ClaimFacts, cause: Cause) {
-        let key = claim.key.clone();
+    /// Deletes a claim for `cause`, in four stages, each taking what the one before returns:
+    /// admit (pace and cap), confirm (the live re-check), send (the one DELETE), report.
+    async fn act(&self, claim: ClaimFacts, cause: Cause) -> Outcome {
+        let reservation = match self.admit(&claim).await {
+            Ok(reservation) => reservation,
+            Err(outcome) => return outcome,
+        };
+        tokio::time::sleep_until(reservation.slot).await;
+        let confirmed = match self.confirm(&claim, cause).await {
+            Ok(confirmed) => confirmed,
+            Err(failure) => {
+                self.release(reservation);
+                return Outcome::Retry(failure);
+            }
+        };
+        let sent = self
+            .send(&claim, cause, reservation, confirmed.live_until)
+            .await;
+        self.report(&claim, confirmed, sent).await
+    }
+
+    /// A deletion slot from the limiter, or the outcome that defers the claim: the cap is
+    /// reached (told once per claim per episode of it) or the count is not known.
+    async fn admit(&self, claim: &ClaimFacts) -> Result<Reservation, Outcome> {
+        let key = &claim.key;
         let admission = self.lock_limiter().reserve(Instant::now(), Utc::now());
-        let reservation = match admission {
+        match admission {
             Admission::At(reservation) => {
                 self.metrics.set_capped(false);
                 self.metrics.set_cap_unknown(false);
-                reservation
+                self.lock_capped().clear();
+                Ok(reservation)
             }
             Admission::Unknown => {
-                warn!(claim = %key, "the count of deletions in the current window is not known; deletion deferred");
+                debug!(claim = %key, "the count of deletions in the current window is not known; deletion deferred");
                 self.metrics.set_cap_unknown(true);
-                self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
-                return;
+                Err(Outcome::Retry(Failure::CapUnknown))
             }
             Admission::Capped { until } => {
-                let (max, window) = &self.cap;
-                warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
                 self.metrics.set_capped(true);
-                self.writer
-                    .notify(
-                        &claim,
-                        Notice::CapReached {
-                            max: *max,
-                            window: window.clone(),
-                        },
-                        &self.metrics,
-                    )
-                    .await;
-                self.schedule.at(key, until);
-                return;
+                let first = self.lock_capped().insert(key.clone());
+                if first {
+                    let (max, window) = &self.cap;
+                    warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
+                    let notice = Notice::CapReached {
+                        max: *max,
+                        window: window.clone(),
+                    };
+                    self.writer.notify(claim, notice, &self.metrics).await;
+                }
+                Err(Outcome::At(until))
             }
-        };
-        tokio::time::sleep_until(reservation.slot).await;
+        }
+    }
 
+    /// The live re-check: the claim is read live and decided again through the same linking
+    /// and policy, and must be deleted for the same cause, by a re-check no older than
+    /// [`LIVE_BOUND`].
+    async fn confirm(&self, claim: &ClaimFacts, cause: Cause) -> Result<Confirmed, Failure> {
+        let key = &claim.key;
         // Whatever may protect the claim is read live: a watch can go silent without an error
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
         // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
-        let live = LiveView::read(&self.client, &claim, &self.snapshots, &self.metrics).await;
-        let facts = linking::facts(&claim, &live);
+        let read = LiveView::read(&self.client, claim, &self.snapshots, &self.metrics);
+        let Ok(live) = tokio::time::timeout(LIVE_BOUND, read).await else {
+            info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
+            return Err(Failure::LiveTooSlow);
+        };
+        let live_until = live.read_at() + LIVE_BOUND;
+        let facts = linking::facts(claim, &live);
         let decision = policy::decide(&facts, &self.policy, Utc::now());
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
@@ -437,21 +530,44 @@ impl Controller {
                 .then_some((Reason::QuotaPressure, None)),
         };
         let Some((reason, due_at)) = confirmed else {
-            self.release(reservation);
+            let unread = matches!(
+                decision.verdict.reason(),
+                Reason::OwnerUnknown | Reason::UsersUnknown
+            );
             info!(
                 claim = %key,
                 reason = %decision.verdict.reason(),
                 detail = decision.detail.as_deref().unwrap_or(""),
                 "live re-check kept the claim"
             );
-            self.schedule.at(key, Instant::now() + RETRY_AFTER);
-            return;
+            return Err(if unread {
+                Failure::LiveUnread
+            } else {
+                Failure::LiveDisagrees
+            });
         };
+        if Instant::now() >= live_until {
+            info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
+            return Err(Failure::LiveTooSlow);
+        }
+        Ok(Confirmed {
+            reason,
+            due_at,
+            live_until,
+        })
+    }
 
-        let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+    /// Sends the one DELETE, with the ledger that counts it written to the Lease first.
+    async fn send(
+        &self,
+        claim: &ClaimFacts,
+        cause: Cause,
+        reservation: Reservation,
+        live_until: Instant,
+    ) -> SendResult {
         let pressure = matches!(cause, Cause::Pressure);
         if pressure {
-            self.rounds().record(Sent::of(&claim));
+            self.rounds().record(quota::Sent::of(claim));
         }
         // The ledger written to the Lease before the DELETE counts it from the latest instant
         // the DELETE can go out: the fence lets it go at most `reach` after this write. So a
@@ -462,62 +578,82 @@ impl Controller {
             .count_from(reservation, Utc::now() + self.fence.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
         let sent = match &ledger {
-            Some(ledger) => self.writer.delete(&claim, ledger, &self.metrics).await,
-            None => Err(FenceError::NotLeading),
-        };
-        // A delete that did not happen frees nothing (a claim already gone does).
-        let freed = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::NotFound));
-        if pressure && !freed {
-            self.rounds().withdraw(&key, &claim.uid);
-        }
-        let result = match sent {
-            Ok(DeleteResult::Deleted) => {
-                // Received by the time it was answered, at the latest.
-                self.lock_limiter().count_from(reservation, Utc::now());
-                DeleteResult::Deleted
+            Some(ledger) => {
+                (self.writer)
+                    .delete(claim, ledger, live_until, &self.metrics)
+                    .await
             }
+            None => Err(NotSent::Fence(FenceError::NotLeading)),
+        };
+        // A delete that was refused frees nothing; one already gone, or unanswered (it may
+        // have been carried out), may have: pressure then deletes fewer, never more.
+        let not_freed = matches!(
+            sent,
+            Err(_) | Ok(DeleteResult::Conflict | DeleteResult::Failed)
+        );
+        if pressure && not_freed {
+            self.rounds().withdraw(&claim.key, &claim.uid);
+        }
+        match &sent {
+            // Received by the time it was answered, at the latest.
+            Ok(DeleteResult::Deleted) => {
+                self.lock_limiter().count_from(reservation, Utc::now());
+            }
+            // It may have been carried out: it stays counted.
+            Ok(DeleteResult::Unanswered) => {}
+            Ok(_) | Err(_) => self.release(reservation),
+        }
+        sent
+    }
+
+    /// Metrics, logs and events for what the DELETE did, and what comes next for the claim.
+    async fn report(&self, claim: &ClaimFacts, confirmed: Confirmed, sent: SendResult) -> Outcome {
+        let key = &claim.key;
+        let Confirmed { reason, due_at, .. } = confirmed;
+        let result = match sent {
             Ok(result) => result,
             Err(error) => {
-                self.release(reservation);
-                info!(claim = %key, %error, "not deleted: this replica may not act");
-                self.schedule.at(key, Instant::now() + RETRY_AFTER);
-                return;
+                info!(claim = %key, %error, "not deleted: deciding again");
+                return Outcome::Retry(match error {
+                    NotSent::Fence(_) => Failure::Fenced,
+                    NotSent::TooLate => Failure::TooLate,
+                });
             }
         };
-        match (result, dry_run) {
-            (DeleteResult::Deleted, true) => {
+        let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+        if dry_run {
+            if result == DeleteResult::Deleted {
                 info!(claim = %key, %reason, "dry-run: would delete");
                 self.metrics.would_delete(&key.namespace, reason);
-                self.writer
-                    .notify(&claim, Notice::WouldDelete(reason), &self.metrics)
+                (self.writer)
+                    .notify(claim, Notice::WouldDelete(reason), &self.metrics)
                     .await;
             }
-            (DeleteResult::Deleted, false) => {
-                let lag = due_at.map(|due| (Utc::now() - due).as_seconds_f64());
-                info!(claim = %key, %reason, lag_seconds = lag, "deleted");
-                self.metrics.deletion(&key.namespace, reason, result);
-                self.metrics
-                    .reclaimed(claim.requested_bytes.unwrap_or(0), lag);
-                self.writer
-                    .notify(&claim, Notice::Deleted(reason), &self.metrics)
-                    .await;
+        } else {
+            self.metrics.deletion(&key.namespace, reason, result);
+        }
+        match result {
+            DeleteResult::Deleted => {
+                if !dry_run {
+                    let lag = due_at.map(|due| (Utc::now() - due).as_seconds_f64());
+                    info!(claim = %key, %reason, lag_seconds = lag, "deleted");
+                    (self.metrics).reclaimed(claim.requested_bytes.unwrap_or(0), lag);
+                    (self.writer)
+                        .notify(claim, Notice::Deleted(reason), &self.metrics)
+                        .await;
+                }
+                Outcome::Done
             }
-            (DeleteResult::NotFound, _) => {
-                self.release(reservation);
-                self.count(dry_run, &key, reason, result);
+            DeleteResult::NotFound => {
                 debug!(claim = %key, "already gone");
+                Outcome::Done
             }
-            (DeleteResult::Conflict, _) => {
-                self.release(reservation);
-                self.count(dry_run, &key, reason, result);
+            DeleteResult::Conflict => {
                 info!(claim = %key, "the claim changed or was re-created since the decision; re-evaluating");
-                self.schedule.at(key, Instant::now() + RETRY_AFTER_CONFLICT);
+                Outcome::Retry(Failure::Conflict)
             }
-            (DeleteResult::Failed, _) => {
-                self.release(reservation);
-                self.count(dry_run, &key, reason, result);
-                self.schedule.at(key, Instant::now() + RETRY_AFTER);
-            }
+            DeleteResult::Failed => Outcome::Retry(Failure::Refused),
+            DeleteResult::Unanswered => Outcome::Retry(Failure::Unanswered),
         }
     }
 
@@ -636,14 +772,12 @@ impl Controller {
         plan.victims.contains(&facts.claim.key)
     }
 
-    fn count(&self, dry_run: bool, key: &ObjectKey, reason: Reason, result: DeleteResult) {
-        if !dry_run {
-            self.metrics.deletion(&key.namespace, reason, result);
-        }
-    }
-
     fn release(&self, reservation: Reservation) {
         self.lock_limiter().release(reservation);
+    }
+
+    fn lock_capped(&self) -> std::sync::MutexGuard<'_, BTreeSet<ObjectKey>> {
+        self.capped.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {

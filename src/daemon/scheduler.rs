@@ -2,6 +2,11 @@
 //! time, at most `concurrency` at once. No periodic sweep: a claim is reconciled when something
 //! it depends on changes, or when its verdict's recheck instant arrives.
 //!
+//! A reconcile returns its [`Outcome`] and the scheduler applies it: done, again at an instant,
+//! or again after a per-claim exponential backoff when it failed (as client-go's rate-limited
+//! work queue does), reset by the next outcome that is not a failure. A reconcile that panics
+//! counts as a failure: its claim is retried, never lost.
+//!
 //! Why not kube-runtime's `Controller`: it reconciles one main kind's objects, handed over as
 //! `Arc<K>` from a reflector store of whole objects, and maps other kinds onto them one object at
 //! a time. workspace-gc's claims are driven by six kinds through its own compact index (the
@@ -17,15 +22,96 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
+use tracing::{error, warn};
 
 use crate::decide::facts::ObjectKey;
 
 /// The longest a timer is set for.
 const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+/// The first retry after a failure; each further failure in a row doubles it.
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// The longest backoff: a claim that keeps failing is still retried this often, so it is
+/// collected within this long once the fault is over.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// After stop, how long reconciles in flight may take to finish before they are abandoned:
+/// the process must end within the pod's termination grace period whatever the API server
+/// does (every request is bounded too; this bounds what is left).
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// What a reconcile asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing until something the claim depends on changes.
+    Done,
+    /// Reconcile again at this instant (a deadline, the end of the cap's window).
+    At(Instant),
+    /// It could not conclude: retry after the claim's backoff.
+    Retry(Failure),
+}
+
+impl Outcome {
+    /// The outcome of doing both: a failure wins; otherwise the earlier instant.
+    pub fn and(self, other: Outcome) -> Outcome {
+        match (self, other) {
+            (Outcome::Retry(failure), _) | (_, Outcome::Retry(failure)) => Outcome::Retry(failure),
+            (Outcome::At(a), Outcome::At(b)) => Outcome::At(a.min(b)),
+            (Outcome::At(at), Outcome::Done) | (Outcome::Done, Outcome::At(at)) => Outcome::At(at),
+            (Outcome::Done, Outcome::Done) => Outcome::Done,
+        }
+    }
+}
+
+/// Why a reconcile could not conclude: a bounded category, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// The live re-check could not read what the decision rests on.
+    LiveUnread,
+    /// The live re-check took longer than its bound: what it read is not live any more.
+    LiveTooSlow,
+    /// The live re-check did not confirm the cache's verdict: the cache is behind.
+    LiveDisagrees,
+    /// The count of deletions in the current window is not known.
+    CapUnknown,
+    /// This replica may not write: not leading, or the fence's reach has passed.
+    Fenced,
+    /// The delete could not go out before the live re-check or the fence lapsed.
+    TooLate,
+    /// The claim changed or was re-created since the decision.
+    Conflict,
+    /// The API server answered the delete with an error (429 included).
+    Refused,
+    /// The delete got no answer: it may or may not have been carried out.
+    Unanswered,
+    /// The reconcile panicked.
+    Panicked,
+}
+
+impl Failure {
+    pub fn category(self) -> &'static str {
+        match self {
+            Failure::LiveUnread => "live-unread",
+            Failure::LiveTooSlow => "live-too-slow",
+            Failure::LiveDisagrees => "live-disagrees",
+            Failure::CapUnknown => "cap-unknown",
+            Failure::Fenced => "fenced",
+            Failure::TooLate => "too-late",
+            Failure::Conflict => "conflict",
+            Failure::Refused => "refused",
+            Failure::Unanswered => "unanswered",
+            Failure::Panicked => "panicked",
+        }
+    }
+}
+
+/// The backoff after `failures` failures in a row (at least one).
+fn backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    BACKOFF_BASE.saturating_mul(1 << doublings).min(BACKOFF_MAX)
+}
 
 /// Asks for a claim to be reconciled now or at an instant. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -55,6 +141,8 @@ pub struct Scheduler {
     running: HashSet<ObjectKey>,
     /// Claims asked for while running: reconciled again once the current run ends.
     dirty: HashSet<ObjectKey>,
+    /// Failures in a row, per claim that is backing off.
+    failures: HashMap<ObjectKey, u32>,
 }
 
 impl Scheduler {
@@ -68,17 +156,21 @@ impl Scheduler {
             queued: HashSet::new(),
             running: HashSet::new(),
             dirty: HashSet::new(),
+            failures: HashMap::new(),
         };
         (Schedule { requests }, scheduler)
     }
 
-    /// Runs until `stop` is cancelled, then waits for the reconciles in flight to finish.
+    /// Runs until `stop` is cancelled, then gives the reconciles in flight [`DRAIN`] to finish
+    /// and abandons the rest.
     pub async fn run<F, Fut>(mut self, concurrency: usize, reconcile: F, stop: CancellationToken)
     where
         F: Fn(ObjectKey) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future<Output = Outcome> + Send + 'static,
     {
-        let mut in_flight: JoinSet<ObjectKey> = JoinSet::new();
+        let mut in_flight: JoinSet<(ObjectKey, Outcome)> = JoinSet::new();
+        // Which claim each task reconciles, so a panicking one's claim is not lost.
+        let mut tasks: HashMap<Id, ObjectKey> = HashMap::new();
         loop {
             // Take every request already waiting first, so a burst for one claim coalesces.
             while let Ok((key, at)) = self.requests.try_recv() {
@@ -91,10 +183,9 @@ impl Scheduler {
                 self.queued.remove(&key);
                 self.running.insert(key.clone());
                 let run = reconcile(key.clone());
-                in_flight.spawn(async move {
-                    run.await;
-                    key
-                });
+                let task = key.clone();
+                let handle = in_flight.spawn(async move { (task, run.await) });
+                tasks.insert(handle.id(), key);
             }
             tokio::select! {
                 () = stop.cancelled() => break,
@@ -104,18 +195,55 @@ impl Scheduler {
                     self.timers.remove(&key);
                     self.enqueue(key);
                 }
-                Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    // A panicking reconcile loses its key; its next change or recheck restores it.
-                    if let Ok(key) = done {
-                        self.running.remove(&key);
-                        if self.dirty.remove(&key) {
-                            self.enqueue(key);
+                Some(done) = in_flight.join_next_with_id(), if !in_flight.is_empty() => {
+                    let (key, outcome) = match done {
+                        Ok((id, (key, outcome))) => {
+                            tasks.remove(&id);
+                            (key, outcome)
                         }
-                    }
+                        Err(join) => {
+                            let Some(key) = tasks.remove(&join.id()) else { continue };
+                            error!(claim = %key, error = %join, "a reconcile panicked; retrying it");
+                            (key, Outcome::Retry(Failure::Panicked))
+                        }
+                    };
+                    self.finished(key, outcome);
                 }
             }
         }
-        while in_flight.join_next().await.is_some() {}
+        let drained = tokio::time::timeout(DRAIN, async {
+            while in_flight.join_next().await.is_some() {}
+        });
+        if drained.await.is_err() {
+            warn!(
+                abandoned = in_flight.len(),
+                "reconciles still in flight after the drain period; abandoning them"
+            );
+            in_flight.abort_all();
+        }
+    }
+
+    /// Applies a finished reconcile's outcome.
+    fn finished(&mut self, key: ObjectKey, outcome: Outcome) {
+        self.running.remove(&key);
+        match outcome {
+            Outcome::Done => {
+                self.failures.remove(&key);
+            }
+            Outcome::At(at) => {
+                self.failures.remove(&key);
+                self.request(key.clone(), Some(at));
+            }
+            Outcome::Retry(_) => {
+                let failures = self.failures.entry(key.clone()).or_default();
+                *failures = failures.saturating_add(1);
+                let at = Instant::now() + backoff(*failures);
+                self.request(key.clone(), Some(at));
+            }
+        }
+        if self.dirty.remove(&key) {
+            self.enqueue(key);
+        }
     }
 
     fn request(&mut self, key: ObjectKey, at: Option<Instant>) {
@@ -172,7 +300,10 @@ mod tests {
             2,
             move |k: ObjectKey| {
                 let log = log.clone();
-                async move { log.lock().unwrap().push((k.name, start.elapsed())) }
+                async move {
+                    log.lock().unwrap().push((k.name, start.elapsed()));
+                    Outcome::Done
+                }
             },
             stop.clone(),
         ));
@@ -211,6 +342,7 @@ mod tests {
                         again.now(k);
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
+                    Outcome::Done
                 }
             },
             stop.clone(),
@@ -220,5 +352,107 @@ mod tests {
         stop.cancel();
         task.await.unwrap();
         assert_eq!(*runs.lock().unwrap(), 2);
+    }
+
+    /// Runs `scheduler` with `reconcile` for `for_`, with one request for `x` at the start, and
+    /// returns when each reconcile of `x` started.
+    async fn starts_of<Fut>(
+        reconcile: impl Fn(u32) -> Fut + Send + Sync + 'static,
+        for_: Duration,
+    ) -> Vec<Duration>
+    where
+        Fut: Future<Output = Outcome> + Send + 'static,
+    {
+        let (schedule, scheduler) = Scheduler::new();
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let log = starts.clone();
+        let reconcile = Arc::new(reconcile);
+        let start = Instant::now();
+        let task = tokio::spawn(scheduler.run(
+            4,
+            move |_: ObjectKey| {
+                let log = log.clone();
+                let reconcile = reconcile.clone();
+                let n = {
+                    let mut log = log.lock().unwrap();
+                    log.push(start.elapsed());
+                    u32::try_from(log.len()).unwrap()
+                };
+                async move { reconcile(n).await }
+            },
+            stop.clone(),
+        ));
+        schedule.now(key("x"));
+        tokio::time::sleep(for_).await;
+        stop.cancel();
+        task.await.unwrap();
+        starts.lock().unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_up_to_the_maximum_and_reset_on_success() {
+        // Fails five times, succeeds once asking to come back in 3 s, then fails again.
+        let starts = starts_of(
+            |n| async move {
+                match n {
+                    6 => Outcome::At(Instant::now() + Duration::from_secs(3)),
+                    _ => Outcome::Retry(Failure::Refused),
+                }
+            },
+            Duration::from_secs(40),
+        )
+        .await;
+        let secs: Vec<u64> = starts.iter().map(Duration::as_secs).collect();
+        // 1, 2, 4, 8, then capped at 10; the success's instant; then the backoff starts over.
+        assert_eq!(&secs[..9], &[0, 1, 3, 7, 15, 25, 28, 29, 31], "{secs:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_reconcile_is_retried_not_lost() {
+        let starts = starts_of(
+            |n| async move {
+                if n == 1 {
+                    panic!("a bug in a reconcile");
+                }
+                Outcome::Done
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(starts, vec![Duration::ZERO, BACKOFF_BASE]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_abandons_a_reconcile_that_never_ends_after_the_drain_period() {
+        let (schedule, scheduler) = Scheduler::new();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(scheduler.run(
+            1,
+            |_: ObjectKey| async {
+                std::future::pending::<()>().await;
+                Outcome::Done
+            },
+            stop.clone(),
+        ));
+        schedule.now(key("stuck"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stopped = Instant::now();
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(stopped.elapsed().as_secs(), DRAIN.as_secs());
+    }
+
+    #[test]
+    fn outcomes_combine_to_the_more_urgent() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        assert_eq!(Outcome::At(later).and(Outcome::At(now)), Outcome::At(now));
+        assert_eq!(Outcome::Done.and(Outcome::At(later)), Outcome::At(later));
+        assert_eq!(
+            Outcome::At(now).and(Outcome::Retry(Failure::Fenced)),
+            Outcome::Retry(Failure::Fenced)
+        );
+        assert_eq!(Outcome::Done.and(Outcome::Done), Outcome::Done);
     }
 }

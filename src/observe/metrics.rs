@@ -46,6 +46,11 @@ struct ApiErrorLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CategoryLabels {
+    category: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuotaLabels {
     namespace: String,
     quota: String,
@@ -89,7 +94,10 @@ pub enum DeleteResult {
     NotFound,
     /// The claim changed or was re-created since the decision: re-evaluated.
     Conflict,
+    /// The server answered with an error: not carried out.
     Failed,
+    /// No answer (a broken connection, the deadline): it may or may not have been carried out.
+    Unanswered,
 }
 
 impl DeleteResult {
@@ -99,6 +107,7 @@ impl DeleteResult {
             DeleteResult::NotFound => "not-found",
             DeleteResult::Conflict => "conflict",
             DeleteResult::Failed => "failed",
+            DeleteResult::Unanswered => "unanswered",
         }
     }
 }
@@ -113,6 +122,8 @@ pub enum ErrorCategory {
     Throttled,
     ServerError,
     Connection,
+    /// No answer within the request's deadline.
+    Timeout,
     Other,
 }
 
@@ -142,6 +153,7 @@ impl ErrorCategory {
             ErrorCategory::Throttled => "throttled",
             ErrorCategory::ServerError => "server-error",
             ErrorCategory::Connection => "connection",
+            ErrorCategory::Timeout => "timeout",
             ErrorCategory::Other => "other",
         }
     }
@@ -188,6 +200,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     reclaim_lag: Histogram,
     api_errors: Family<ApiErrorLabels, Counter>,
+    reconcile_retries: Family<CategoryLabels, Counter>,
     watch_restarts: Family<KindLabels, Counter>,
     cached_objects: Family<KindLabels, Gauge>,
     leader: Gauge,
@@ -213,6 +226,7 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             reclaim_lag: Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
             api_errors: Family::default(),
+            reconcile_retries: Family::default(),
             watch_restarts: Family::default(),
             cached_objects: Family::default(),
             leader: Gauge::default(),
@@ -264,6 +278,12 @@ impl Metrics {
             "api_errors",
             "Kubernetes API errors by operation and category",
             metrics.api_errors.clone(),
+        );
+        r.register(
+            "reconcile_retries",
+            "Reconciles that could not conclude and are retried after a per-claim backoff, by \
+             category",
+            metrics.reconcile_retries.clone(),
         );
         r.register(
             "watch_restarts",
@@ -414,6 +434,23 @@ impl Metrics {
                 operation: operation.as_str(),
                 category: ErrorCategory::of(error).as_str(),
             })
+            .inc();
+    }
+
+    /// A request abandoned at its deadline, unanswered.
+    pub fn api_timeout(&self, operation: Operation) {
+        self.api_errors
+            .get_or_create(&ApiErrorLabels {
+                operation: operation.as_str(),
+                category: ErrorCategory::Timeout.as_str(),
+            })
+            .inc();
+    }
+
+    /// A reconcile that could not conclude and is retried after its backoff.
+    pub fn reconcile_retry(&self, category: &'static str) {
+        self.reconcile_retries
+            .get_or_create(&CategoryLabels { category })
             .inc();
     }
 

@@ -73,6 +73,10 @@ async fn connect(command: &str) -> Result<Client, String> {
     let agent = HeaderValue::from_str(&user_agent(command))
         .map_err(|e| format!("invalid User-Agent for {command}: {e}"))?;
     config.headers.push((USER_AGENT, agent));
+    // kube retries 429, 503 and 504 by itself, for minutes and invisibly: a DELETE that passed
+    // the live re-check and the fence would go out again after both had lapsed. Every request
+    // is sent once; the daemon decides again after a refusal (see `daemon::controller`).
+    config.default_retry = false;
     let url = config.cluster_url.clone();
     let client =
         Client::try_from(config).map_err(|e| format!("cannot build a client for {url}: {e}"))?;
