@@ -1501,3 +1501,75 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         assert!(deleted(&ns, name).await, "{name} is deleted");
     }
 }
+
+/// The README's install path: the audit overlay (dry-run) first, then the real daemon on the same
+/// Lease. A dry run must neither spend the real cap nor say that anything was deleted: its
+/// would-deletes once filled the Lease's ledger, so the real daemon then deleted nothing for a
+/// window, and its `BlastRadiusCapReached` events said claims "were deleted".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dry_run_spends_none_of_the_real_cap() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "dry-cap").await;
+    let mut vars = elected_vars(&ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        "3",
+    );
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
+    let names: Vec<String> = (0..6).map(|i| format!("dry{i}-build-workspace")).collect();
+    for name in &names {
+        expiring(name, in_secs(-60)).create(&ns).await;
+    }
+    let logs = log_dir();
+    let kubeconfig = cp.kubeconfig_path();
+
+    let mut dry_vars = vars.clone();
+    set_var(&mut dry_vars, "WORKSPACE_GC_DELETION_DRY_RUN", "true");
+    let audit = Process::spawn(
+        kubeconfig,
+        &dry_vars,
+        "audit",
+        &logs.path().join("audit.log"),
+    );
+    assert!(
+        wait_until(secs(30), || async {
+            let text = audit.metrics().await;
+            metric_sum(&text, "workspace_gc_dry_run_would_delete_total") == 3.0
+                && capped(&audit).await
+        })
+        .await,
+        "the dry run would delete 3 and then reaches the cap:\n{}",
+        audit.logs()
+    );
+    let status = audit.terminate().await;
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        deleted_count(&ns, &names).await,
+        0,
+        "a dry run deletes nothing"
+    );
+    let events = ns.events().await;
+    let notes: Vec<&str> = events.iter().filter_map(|e| e.note.as_deref()).collect();
+    assert!(
+        notes.iter().any(|note| note.starts_with("dry-run:")),
+        "the dry run explains itself: {notes:?}"
+    );
+    assert!(
+        !notes.iter().any(|note| note.contains("were deleted")),
+        "no event of the dry run says claims were deleted: {notes:?}"
+    );
+
+    let real = Process::spawn(kubeconfig, &vars, "real", &logs.path().join("real.log"));
+    assert!(
+        wait_until(secs(30), || async {
+            deleted_count(&ns, &names).await == 3 && capped(&real).await
+        })
+        .await,
+        "the real daemon deletes its full cap of 3 (deleted: {}):\n{}",
+        deleted_count(&ns, &names).await,
+        real.logs()
+    );
+    let status = real.terminate().await;
+    assert!(status.success(), "{status}");
+}
