@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use futures::future::FusedFuture;
+use futures::{FutureExt, StreamExt};
 use kube::Client;
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
@@ -180,13 +181,15 @@ pub async fn run(
         capped: Mutex::default(),
     });
 
-    let mut feeder = tokio::spawn(feed(
+    // Fused, so that a task already seen to end is not polled again below.
+    let feeder = tokio::spawn(feed(
         controller.clone(),
         watches::updates(&client, &config.selector, config.quota.enabled),
         health.clone(),
     ));
-    let mut follower = tokio::spawn(follow_leadership(controller.clone(), health));
-    let mut server = server;
+    let follower = tokio::spawn(follow_leadership(controller.clone(), health));
+    let aborts = [feeder.abort_handle(), follower.abort_handle()];
+    let (mut feeder, mut follower, mut server) = (feeder.fuse(), follower.fuse(), server.fuse());
 
     let reconciler = controller.clone();
     let scheduling = scheduler.run(
@@ -197,21 +200,31 @@ pub async fn run(
     tokio::pin!(scheduling);
     // The watches, the election (whose end closes the leadership channel the follower reads)
     // and the HTTP server run until stop; one that ends before is fatal.
+    let mut scheduled = false;
     let ended = tokio::select! {
-        () = &mut scheduling => None,
+        () = &mut scheduling => {
+            scheduled = true;
+            None
+        }
         _ = &mut feeder => Some("watch stream"),
         _ = &mut follower => Some("leader election"),
         _ = &mut server => Some("HTTP server"),
     };
-    if ended.is_some() {
+    // The HTTP server ends on stop too, while the scheduler drains.
+    let ended = ended.filter(|_| !stop.is_cancelled());
+    if !scheduled {
         stop.cancel();
         scheduling.await;
     }
 
-    feeder.abort();
-    follower.abort();
-    let _ = feeder.await;
-    let _ = follower.await;
+    for abort in aborts {
+        abort.abort();
+    }
+    for task in [&mut feeder, &mut follower] {
+        if !task.is_terminated() {
+            let _ = task.await;
+        }
+    }
     drop(controller);
     if tokio::time::timeout(SHUTDOWN_STEP, leadership.release())
         .await
@@ -219,11 +232,12 @@ pub async fn run(
     {
         warn!("releasing the lease took too long; a standby takes over when it expires");
     }
-    if tokio::time::timeout(SHUTDOWN_STEP, &mut server)
-        .await
-        .is_err()
+    if !server.is_terminated()
+        && tokio::time::timeout(SHUTDOWN_STEP, &mut server)
+            .await
+            .is_err()
     {
-        server.abort();
+        warn!("the HTTP server did not stop in time; leaving it");
     }
     match ended {
         Some(task) => Err(RunError::TaskEnded(task)),
