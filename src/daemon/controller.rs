@@ -487,12 +487,20 @@ impl Controller {
     /// reached (told once per claim per episode of it) or the count is not known.
     async fn admit(&self, claim: &ClaimFacts) -> Result<Reservation, Outcome> {
         let key = &claim.key;
-        let admission = self.lock_limiter().reserve(Instant::now(), Utc::now());
+        let (admission, full) = {
+            let mut limiter = self.lock_limiter();
+            let admission = limiter.reserve(Instant::now(), Utc::now());
+            (admission, limiter.full(Utc::now()))
+        };
         match admission {
             Admission::At(reservation) => {
-                self.metrics.set_capped(false);
                 self.metrics.set_cap_unknown(false);
-                self.lock_capped().clear();
+                // A saturated cap admits one as one expires: the episode lasts until it admits
+                // with room to spare.
+                if !full {
+                    self.metrics.set_capped(false);
+                    self.lock_capped().clear();
+                }
                 Ok(reservation)
             }
             Admission::Unknown => {

@@ -86,6 +86,14 @@ impl Limiter {
         })
     }
 
+    /// Whether the window ending at `wall` holds the maximum: the next request is capped, unless
+    /// a deletion stops counting first. Unknown counts as full.
+    pub fn full(&self, wall: DateTime<Utc>) -> bool {
+        self.ledger
+            .as_ref()
+            .is_none_or(|ledger| ledger.count(wall) >= u64::from(self.max_per_window))
+    }
+
     /// Returns a slot that was not used (the live re-check kept the claim, or the delete was
     /// refused), so it does not count against the cap.
     pub fn release(&mut self, reservation: Reservation) {
