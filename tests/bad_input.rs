@@ -504,27 +504,40 @@ proptest! {
         }
     }
 
-    /// An owner's status of any shape converts without panicking, and counts as finished only
-    /// when it says so in the one way it can: a job's terminal phase, a run's `Succeeded`
-    /// condition being True or False.
+    /// An owner's status of any shape converts without panicking, and counts as finished
+    /// exactly when it says so in the one way it can: a job's terminal phase, a run's (or task
+    /// run's) `Succeeded` condition being True or False. Both directions: a finished status
+    /// read as running would keep a claim forever, a running one read as finished deletes a
+    /// live build's workspace.
     #[test]
-    fn owner_statuses_of_any_shape_are_finished_only_when_they_say_so(status in status_json()) {
+    fn owner_statuses_of_any_shape_are_finished_exactly_when_they_say_so(status in status_json()) {
         let job = resources::job_entry(&owner("NotebookValidationJob", "mlops.mlops.dev/v1alpha1", &status));
-        if matches!(job.progress, Progress::Finished { .. }) {
-            let phase = status.get("phase").and_then(Value::as_str);
-            prop_assert!(matches!(phase, Some("Succeeded" | "Failed")), "{status}");
-        }
+        let phase = status.get("phase").and_then(Value::as_str);
+        prop_assert_eq!(
+            matches!(job.progress, Progress::Finished { .. }),
+            matches!(phase, Some("Succeeded" | "Failed")),
+            "job {}", status
+        );
+        let succeeded = status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("Succeeded"))
+            .and_then(|c| c.get("status"))
+            .and_then(Value::as_str);
+        let says_finished = matches!(succeeded, Some("True" | "False"));
         let run = resources::run_entry(&owner("PipelineRun", "tekton.dev/v1", &status));
-        if matches!(run.progress, Progress::Finished { .. }) {
-            let succeeded = status
-                .get("conditions")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|c| c.get("type").and_then(Value::as_str) == Some("Succeeded"))
-                .and_then(|c| c.get("status"))
-                .and_then(Value::as_str);
-            prop_assert!(matches!(succeeded, Some("True" | "False")), "{status}");
-        }
+        prop_assert_eq!(
+            matches!(run.progress, Progress::Finished { .. }),
+            says_finished,
+            "run {}", status
+        );
+        let task_run = resources::task_run_entry(&owner("TaskRun", "tekton.dev/v1", &status));
+        prop_assert_eq!(
+            matches!(task_run.progress, Progress::Finished { .. }),
+            says_finished,
+            "task run {}", status
+        );
     }
 }

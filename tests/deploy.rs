@@ -2111,7 +2111,12 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
             let samples = prometheus
                 .query("count_over_time(workspace_gc_deletions_total[1m])")
                 .await;
-            samples.first().and_then(|s| s["value"][1].as_str()) >= Some("3")
+            // A sample's value is a decimal string: compare it as a number ("10" < "3").
+            samples
+                .first()
+                .and_then(|s| s["value"][1].as_str())
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(|n| n >= 3.0)
         })
         .await,
         "Prometheus scraped the daemon's deletion:\n{}",

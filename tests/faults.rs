@@ -748,12 +748,18 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         "the denied delete is counted: {}",
         daemon.metrics().await
     );
-    let logged = daemon.logs();
+    // The log line and the counter are two writes: either may come first.
+    let names_the_denial = || async {
+        daemon.logs().lines().any(|line| {
+            line.contains("delete failed")
+                && line.contains("denied-build-workspace")
+                && line.contains("forbidden")
+        })
+    };
     assert!(
-        logged.lines().any(|line| line.contains("delete failed")
-            && line.contains("denied-build-workspace")
-            && line.contains("forbidden")),
-        "a clear error names the claim and the denial:\n{logged}"
+        wait_until(secs(10), names_the_denial).await,
+        "a clear error names the claim and the denial:\n{}",
+        daemon.logs()
     );
     assert_eq!(fate(&ns, "denied-build-workspace").await, Fate::Live);
     assert!(
@@ -770,6 +776,18 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
     assert!(
         wait_until(secs(25), || deleted(&ns, "denied-build-workspace")).await,
         "deleted once allowed:\n{}",
+        daemon.logs()
+    );
+    // The event is written after the delete, asynchronously: wait for it, then check that
+    // one delete made one event.
+    assert!(
+        wait_until(secs(15), || async {
+            !deleted_events(&ns, "denied-build-workspace")
+                .await
+                .is_empty()
+        })
+        .await,
+        "a Deleted event follows the delete:\n{}",
         daemon.logs()
     );
     assert_eq!(deleted_events(&ns, "denied-build-workspace").await.len(), 1);

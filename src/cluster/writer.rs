@@ -335,12 +335,21 @@ mod tests {
             );
             Some((query, body))
         });
-        let result = writer
-            .delete(&claim(), &ledger(), soon(), &metrics)
+        // Bounded both ways: a writer that sends nothing would leave the server waiting, one
+        // that waits for a second answer would wait forever.
+        let result = bounded_wait(writer.delete(&claim(), &ledger(), soon(), &metrics))
             .await
             .expect("unfenced");
-        let (query, body) = server.await.ok()??;
+        let (query, body) = bounded_wait(server).await.ok()??;
         Some((query, body, result))
+    }
+
+    /// `future`'s output, or a failed test after a few seconds: a mock server that is never
+    /// answered (or never asked) must fail the test, not hang it.
+    async fn bounded_wait<F: std::future::Future>(future: F) -> F::Output {
+        tokio::time::timeout(std::time::Duration::from_secs(5), future)
+            .await
+            .expect("the exchange with the mock API server finished within 5 s")
     }
 
     #[test]
@@ -395,13 +404,9 @@ mod tests {
             Fence::unfenced(),
         );
         let metrics = Metrics::register(&mut Registry::default());
-        assert_eq!(
-            writer
-                .delete(&claim(), &ledger(), soon(), &metrics)
-                .await
-                .ok(),
-            Some(DeleteResult::Deleted)
-        );
+        // A delete sent by mistake would wait for an answer that never comes: fail on it.
+        let result = bounded_wait(writer.delete(&claim(), &ledger(), soon(), &metrics)).await;
+        assert_eq!(result.ok(), Some(DeleteResult::Deleted));
         handle.allow(0);
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request())

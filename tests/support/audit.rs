@@ -1,7 +1,10 @@
 //! The API server's audit log (`--audit-log-path`, one JSON event a line): who sent which
-//! request when, and how it was answered.
+//! request when, and how it was answered; and the invariant every claim DELETE of the daemon
+//! must meet in it ([`DeleteInvariant`]).
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -16,9 +19,29 @@ pub struct AuditEvent {
     pub name: String,
     /// The UID precondition of a delete (logged at level Request): the incarnation it named.
     pub uid: Option<String>,
+    /// The resourceVersion precondition of a delete (level Request): the version decided on.
+    pub resource_version: Option<String>,
     pub code: i64,
     /// When the API server received it.
     pub at: DateTime<Utc>,
+    /// When the API server finished answering it (`stageTimestamp`).
+    pub completed: DateTime<Utc>,
+    /// The request body, where the policy logs it (level Request); `Null` otherwise.
+    pub request: Value,
+}
+
+impl AuditEvent {
+    pub fn succeeded(&self) -> bool {
+        (200..300).contains(&self.code)
+    }
+
+    /// A Lease write that empties the holder (a release on shutdown). Known only where the
+    /// body is logged; otherwise taken for a renewal.
+    fn releases(&self) -> bool {
+        let holder = &self.request["spec"]["holderIdentity"];
+        self.request["spec"].get("holderIdentity").is_some()
+            && (holder.is_null() || holder.as_str() == Some(""))
+    }
 }
 
 /// Every completed request in the log at `path` (none if it cannot be read).
@@ -29,20 +52,296 @@ pub fn read_audit(path: &Path) -> Vec<AuditEvent> {
         .filter(|e| e["stage"] == "ResponseComplete")
         .filter_map(|e| {
             let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let time = |v: &Value| {
+                DateTime::parse_from_rfc3339(v.as_str()?)
+                    .ok()
+                    .map(|t| t.with_timezone(&Utc))
+            };
+            let precondition = |key: &str| {
+                e["requestObject"]["preconditions"][key]
+                    .as_str()
+                    .map(str::to_owned)
+            };
+            let at = time(&e["requestReceivedTimestamp"])?;
             Some(AuditEvent {
                 user: e["user"]["username"].as_str()?.to_owned(),
                 verb: text(&e["verb"]),
                 resource: text(&e["objectRef"]["resource"]),
                 namespace: text(&e["objectRef"]["namespace"]),
                 name: text(&e["objectRef"]["name"]),
-                uid: e["requestObject"]["preconditions"]["uid"]
-                    .as_str()
-                    .map(str::to_owned),
+                uid: precondition("uid"),
+                resource_version: precondition("resourceVersion"),
                 code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
-                at: DateTime::parse_from_rfc3339(e["requestReceivedTimestamp"].as_str()?)
-                    .ok()?
-                    .with_timezone(&Utc),
+                at,
+                completed: time(&e["stageTimestamp"]).unwrap_or(at),
+                request: e["requestObject"].clone(),
             })
         })
         .collect()
+}
+
+/// The audit policy rules [`DeleteInvariant`] reads, for the `rules:` list of a policy:
+/// claim deletes with their preconditions, Lease writes with their bodies, and the pod LISTs
+/// of `users` (the live re-checks). Put it before a catch-all `- level: None`.
+pub fn invariant_audit_rules(users: &[String]) -> String {
+    let users = users
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "  - level: Request
+    verbs: [delete, deletecollection]
+    resources:
+      - group: \"\"
+        resources: [persistentvolumeclaims]
+  - level: Request
+    verbs: [create, update, patch]
+    resources:
+      - group: coordination.k8s.io
+        resources: [leases]
+  - level: Metadata
+    users: [{users}]
+    verbs: [list]
+    resources:
+      - group: \"\"
+        resources: [pods]
+"
+    )
+}
+
+/// How long a DELETE may rest on a live re-check, unless a test says otherwise.
+pub const DEFAULT_RECHECK_BOUND: Duration = Duration::from_secs(10);
+
+/// What every claim DELETE the daemon sent must meet, read from the audit log (the API
+/// server's own clock):
+///
+/// - **fenced**: it was received from the Lease holder (the writer of the last successful Lease
+///   write before it, unless that write released the Lease), within `renew_deadline` of that
+///   write;
+/// - **re-checked**: a LIST of pods in its namespace by the same user finished less than
+///   `bound` before it (the live re-check);
+/// - **preconditioned**: it names the claim's UID and resourceVersion;
+/// - **once per decision**: no two DELETEs name the same UID and resourceVersion, unless the
+///   earlier one was not answered with success and a new live re-check started after that
+///   answer and finished before the later one. Attempts the fault proxy refused count too.
+#[derive(Debug, Clone)]
+pub struct DeleteInvariant {
+    /// The daemon's usernames: their claim DELETEs are checked.
+    pub users: Vec<String>,
+    /// The Lease `(namespace, name)`; `None` without leader election (no fence to check).
+    pub lease: Option<(String, String)>,
+    /// Two thirds of the Lease duration, as the daemon's fence.
+    pub renew_deadline: Duration,
+    pub bound: Duration,
+}
+
+impl DeleteInvariant {
+    /// For the daemon running as `users` with the Lease `namespace/name` of `lease_duration`;
+    /// the re-check bound is [`DEFAULT_RECHECK_BOUND`].
+    pub fn new(users: &[String], lease: Option<(&str, &str)>, lease_duration: Duration) -> Self {
+        DeleteInvariant {
+            users: users.to_vec(),
+            lease: lease.map(|(ns, name)| (ns.to_owned(), name.to_owned())),
+            renew_deadline: lease_duration * 2 / 3,
+            bound: DEFAULT_RECHECK_BOUND,
+        }
+    }
+
+    /// Every breach in `audited` (the audit log's events) and `refused` (the fault proxy's
+    /// refused attempts, [`super::Faulted::as_audit_event`]: they count only as attempts).
+    pub fn check(&self, audited: &[AuditEvent], refused: &[AuditEvent]) -> Vec<Violation> {
+        let checked = |e: &&AuditEvent| {
+            e.verb == "delete"
+                && e.resource == "persistentvolumeclaims"
+                && self.users.contains(&e.user)
+        };
+        let mut deletes: Vec<&AuditEvent> = audited.iter().filter(checked).collect();
+        deletes.sort_by_key(|e| e.at);
+        let mut writes: Vec<&AuditEvent> = audited
+            .iter()
+            .filter(|e| {
+                self.lease.as_ref().is_some_and(|(ns, name)| {
+                    e.resource == "leases" && e.namespace == *ns && e.name == *name
+                })
+            })
+            .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch") && e.succeeded())
+            .collect();
+        writes.sort_by_key(|e| e.at);
+        let rechecks: Vec<&AuditEvent> = audited
+            .iter()
+            .filter(|e| e.verb == "list" && e.resource == "pods" && e.succeeded())
+            .collect();
+        // The latest re-check by `user` of `namespace` that finished by `at` and (optionally)
+        // started no earlier than `since`.
+        let recheck = |user: &str, namespace: &str, at, since: Option<DateTime<Utc>>| {
+            rechecks
+                .iter()
+                .filter(|r| r.user == user && r.namespace == namespace)
+                .filter(|r| r.completed <= at && since.is_none_or(|s| r.at >= s))
+                .max_by_key(|r| r.completed)
+                .copied()
+        };
+        let mut violations = Vec::new();
+        let mut breach = |kind, delete: &AuditEvent, detail: String| {
+            violations.push(Violation {
+                kind,
+                delete: delete.clone(),
+                detail,
+            });
+        };
+        for delete in &deletes {
+            if delete.uid.is_none() || delete.resource_version.is_none() {
+                breach(
+                    ViolationKind::NoPreconditions,
+                    delete,
+                    format!(
+                        "preconditions uid {:?}, resourceVersion {:?}",
+                        delete.uid, delete.resource_version
+                    ),
+                );
+            }
+            if self.lease.is_some() {
+                // What the server had acknowledged when the DELETE arrived.
+                let last = writes.iter().rev().find(|w| w.completed <= delete.at);
+                match last {
+                    None => breach(
+                        ViolationKind::NotHolder,
+                        delete,
+                        "no successful Lease write before it".into(),
+                    ),
+                    Some(w) if w.user != delete.user || w.releases() => breach(
+                        ViolationKind::NotHolder,
+                        delete,
+                        format!(
+                            "the last Lease write before it, at {}, was {} by {}",
+                            w.at,
+                            if w.releases() { "a release" } else { "a write" },
+                            w.user
+                        ),
+                    ),
+                    Some(w) if age(w.at, delete.at) >= self.renew_deadline => breach(
+                        ViolationKind::Unfenced,
+                        delete,
+                        format!(
+                            "{:?} after its last Lease write at {} (renew deadline {:?})",
+                            age(w.at, delete.at),
+                            w.at,
+                            self.renew_deadline
+                        ),
+                    ),
+                    Some(_) => {}
+                }
+            }
+            match recheck(&delete.user, &delete.namespace, delete.at, None) {
+                Some(r) if age(r.completed, delete.at) < self.bound => {}
+                found => breach(
+                    ViolationKind::Unchecked,
+                    delete,
+                    match found {
+                        Some(r) => format!(
+                            "its last pod LIST of the namespace finished {:?} before (at {}; bound {:?})",
+                            age(r.completed, delete.at),
+                            r.completed,
+                            self.bound
+                        ),
+                        None => "no pod LIST of the namespace by it before".into(),
+                    },
+                ),
+            }
+        }
+
+        // Once per decision: the attempts on one (uid, resourceVersion), in order.
+        let mut decisions: BTreeMap<(Option<&str>, Option<&str>), Vec<&AuditEvent>> =
+            BTreeMap::new();
+        for attempt in deletes
+            .iter()
+            .copied()
+            .chain(refused.iter().filter(checked))
+        {
+            if attempt.uid.is_some() {
+                decisions
+                    .entry((attempt.uid.as_deref(), attempt.resource_version.as_deref()))
+                    .or_default()
+                    .push(attempt);
+            }
+        }
+        for attempts in decisions.values_mut() {
+            attempts.sort_by_key(|e| e.at);
+            for pair in attempts.windows(2) {
+                let (first, second) = (pair[0], pair[1]);
+                let again = recheck(
+                    &second.user,
+                    &second.namespace,
+                    second.at,
+                    Some(first.completed),
+                );
+                if first.succeeded() || again.is_none() {
+                    breach(
+                        ViolationKind::Twice,
+                        second,
+                        format!(
+                            "the same decision was sent at {} by {} (answered {}){}",
+                            first.at,
+                            first.user,
+                            first.code,
+                            if first.succeeded() {
+                                ""
+                            } else {
+                                " and no live re-check started after that answer"
+                            }
+                        ),
+                    );
+                }
+            }
+        }
+        violations.sort_by_key(|v| v.delete.at);
+        violations
+    }
+}
+
+/// `later - earlier`, zero if negative.
+fn age(earlier: DateTime<Utc>, later: DateTime<Utc>) -> Duration {
+    (later - earlier).to_std().unwrap_or_default()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViolationKind {
+    /// Not sent by the Lease holder.
+    NotHolder,
+    /// Sent by the holder, but later than the renew deadline after its last Lease write.
+    Unfenced,
+    /// No live re-check of the namespace finished less than the bound before it.
+    Unchecked,
+    /// Without the UID and resourceVersion preconditions.
+    NoPreconditions,
+    /// A second DELETE for one decision.
+    Twice,
+}
+
+/// One DELETE that breaks the [`DeleteInvariant`], and why.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub delete: AuditEvent,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = &self.delete;
+        write!(
+            f,
+            "{:?}: DELETE {}/{} (uid {}, resourceVersion {}) by {} received {} answered {}: {}",
+            self.kind,
+            d.namespace,
+            d.name,
+            d.uid.as_deref().unwrap_or("-"),
+            d.resource_version.as_deref().unwrap_or("-"),
+            d.user,
+            d.at,
+            d.code,
+            self.detail
+        )
+    }
 }

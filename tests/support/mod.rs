@@ -7,6 +7,7 @@ mod audit;
 mod cluster;
 mod daemon;
 pub mod graph;
+mod http_proxy;
 mod objects;
 pub mod oracle;
 mod prometheus;
@@ -14,11 +15,16 @@ mod proxy;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
-pub use audit::{AuditEvent, read_audit};
+pub use audit::{
+    AuditEvent, DEFAULT_RECHECK_BOUND, DeleteInvariant, Violation, ViolationKind,
+    invariant_audit_rules, read_audit,
+};
 #[allow(unused_imports)]
 pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace, policy_rule};
 #[allow(unused_imports)]
 pub use daemon::{Daemon, Process, binary, free_port, http_get, metric, metric_sum};
+#[allow(unused_imports)]
+pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account};
 #[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,

@@ -1,5 +1,13 @@
-//! A TCP proxy in front of the API server that a test can break in two ways while the cluster
-//! itself, and the test's own client, carry on:
+//! A proxy in front of the API server that a test can break while the cluster itself, and the
+//! test's own client, carry on. Two modes share one connection layer:
+//!
+//! - [`Proxy::start`]: TCP pass-through, TLS untouched; the API server's certificate names
+//!   127.0.0.1, which is where the proxy listens, so clients verify it as usual.
+//! - [`Proxy::http`]: terminates TLS with the API server's own certificate, sees each request
+//!   (verb, resource, user) and applies the fault rules a test sets at run time: refusals
+//!   (429 with `Retry-After`, 503, 504), delays, stalls, resets (see `http_proxy.rs`).
+//!
+//! Either mode breaks whole connections in two ways:
 //!
 //! - **cut**: a network partition. Open connections are torn down and new ones closed at once.
 //! - **stall**: the connections open at that moment stop delivering what the server sends,
@@ -7,38 +15,131 @@
 //!   connection each, on which the client never sends after its request) go silent, as watches
 //!   on a wedged API server replica do, while every new request works: an idle pooled
 //!   connection is released by the request the client sends on it.
-//!
-//! TLS passes through untouched; the API server's certificate names 127.0.0.1, which is where
-//! the proxy listens, so clients verify it as usual.
 
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use futures::task::AtomicWaker;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// One proxied connection's "held" switch: while true, bytes from the server wait.
-type Held = watch::Sender<bool>;
+use super::ControlPlane;
+use super::http_proxy::{Faulted, Interceptor, Rule, RuleId, Rules};
+
+/// One proxied connection's "held" switch: while set, what goes to the client waits.
+#[derive(Default)]
+struct Hold {
+    held: AtomicBool,
+    writer: AtomicWaker,
+}
+
+impl Hold {
+    fn set(&self, held: bool) {
+        self.held.store(held, Ordering::SeqCst);
+        if !held {
+            self.writer.wake();
+        }
+    }
+}
+
+/// The client's side of a proxied connection, with its [`Hold`].
+struct Held {
+    stream: TcpStream,
+    hold: Arc<Hold>,
+}
+
+impl AsyncRead for Held {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if matches!(poll, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            // The client speaks on this connection: a new request, not a silent watch.
+            this.hold.set(false);
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for Held {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.hold.held.load(Ordering::SeqCst) {
+            this.hold.writer.register(cx.waker());
+            // Released between the check and the registration: go on.
+            if this.hold.held.load(Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+        }
+        Pin::new(&mut this.stream).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// What a connection carries.
+#[derive(Clone)]
+enum Mode {
+    /// Bytes, to this `host:port`.
+    Tcp(String),
+    /// HTTP requests, each judged by the rules.
+    Http(Arc<Interceptor>),
+}
 
 pub struct Proxy {
     port: u16,
     /// `true` while cut.
     cut: watch::Sender<bool>,
-    connections: Arc<Mutex<Vec<Weak<Held>>>>,
+    connections: Arc<Mutex<Vec<Weak<Hold>>>>,
+    interceptor: Option<Arc<Interceptor>>,
     task: JoinHandle<()>,
 }
 
 impl Proxy {
-    /// Forwards 127.0.0.1:<port> to `upstream` ("127.0.0.1:6443").
+    /// Forwards 127.0.0.1:<port> to `upstream` ("127.0.0.1:6443"), TLS untouched.
     pub async fn start(upstream: String) -> Proxy {
+        Self::listen(Mode::Tcp(upstream)).await
+    }
+
+    /// An HTTP-level proxy to `control_plane`'s API server, with fault rules. Clients must
+    /// authenticate with a bearer token (a ServiceAccount kubeconfig), which it passes on.
+    pub async fn http(control_plane: &ControlPlane) -> Proxy {
+        let pki = control_plane.dir().join("pki");
+        let interceptor = Arc::new(Interceptor::new(&pki, control_plane.api_address()));
+        Self::listen(Mode::Http(interceptor)).await
+    }
+
+    async fn listen(mode: Mode) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let (cut, cut_rx) = watch::channel(false);
-        let connections: Arc<Mutex<Vec<Weak<Held>>>> = Arc::default();
+        let connections: Arc<Mutex<Vec<Weak<Hold>>>> = Arc::default();
         let registry = connections.clone();
+        let interceptor = match &mode {
+            Mode::Http(interceptor) => Some(interceptor.clone()),
+            Mode::Tcp(_) => None,
+        };
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -50,19 +151,32 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                let held = Arc::new(watch::channel(false).0);
+                let hold = Arc::new(Hold::default());
                 {
                     let mut open = registry.lock().unwrap_or_else(|e| e.into_inner());
                     open.retain(|c| c.strong_count() > 0);
-                    open.push(Arc::downgrade(&held));
+                    open.push(Arc::downgrade(&hold));
                 }
-                tokio::spawn(forward(client, upstream.clone(), held, cut_rx.clone()));
+                let client = Held {
+                    stream: client,
+                    hold,
+                };
+                let mut cut = cut_rx.clone();
+                let mode = mode.clone();
+                tokio::spawn(async move {
+                    // The connection ends when either side closes, or with the cut.
+                    tokio::select! {
+                        () = carry(mode, client) => {}
+                        _ = cut.wait_for(|cut| *cut) => {}
+                    }
+                });
             }
         });
         Proxy {
             port,
             cut,
             connections,
+            interceptor,
             task,
         }
     }
@@ -95,65 +209,67 @@ impl Proxy {
     fn set_held(&self, held: bool) {
         let open = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         for connection in open.iter().filter_map(Weak::upgrade) {
-            connection.send_replace(held);
+            connection.set(held);
         }
+    }
+
+    /// Applies `rule` to the requests that follow (after the rules added before it: the first
+    /// that matches wins). [`Proxy::http`] only.
+    pub fn add(&self, rule: Rule) -> RuleId {
+        self.rules().add(rule)
+    }
+
+    /// Lifts one rule; requests it stalls go on.
+    pub fn remove(&self, rule: RuleId) {
+        self.rules().remove(rule);
+    }
+
+    /// Lifts every rule; stalled requests go on.
+    pub fn clear(&self) {
+        self.rules().clear();
+    }
+
+    /// How many requests `rule` applied to, while it is in force.
+    pub fn hits(&self, rule: RuleId) -> u64 {
+        self.rules().hits(rule)
+    }
+
+    /// How many requests the proxy refused or reset, so that the API server never saw them.
+    pub fn refused(&self) -> u64 {
+        self.rules().refused()
+    }
+
+    /// Every request a rule applied to, in order.
+    pub fn faulted(&self) -> Vec<Faulted> {
+        self.rules().faulted()
+    }
+
+    fn rules(&self) -> &Rules {
+        &self
+            .interceptor
+            .as_ref()
+            .expect("fault rules need a Proxy::http")
+            .rules
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        // Open connections end with their forwarding tasks once the cut fires.
+        // Open connections end with their tasks once the cut fires.
         self.cut.send_replace(true);
         self.task.abort();
     }
 }
 
-/// Copies both ways until either side closes or the proxy is cut.
-async fn forward(
-    client: TcpStream,
-    upstream: String,
-    held: Arc<Held>,
-    mut cut: watch::Receiver<bool>,
-) {
-    let Ok(server) = TcpStream::connect(&upstream).await else {
-        return;
-    };
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let upstream_held = held.clone();
-    let up = async move {
-        let mut buf = vec![0; 16 * 1024];
-        loop {
-            let n = client_read.read(&mut buf).await.unwrap_or(0);
-            if n == 0 {
+/// Carries one client connection until either side closes.
+async fn carry(mode: Mode, mut client: Held) {
+    match mode {
+        Mode::Tcp(upstream) => {
+            let Ok(mut server) = TcpStream::connect(&upstream).await else {
                 return;
-            }
-            // The client speaks on this connection: a new request, not a silent watch.
-            upstream_held.send_replace(false);
-            if server_write.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
+            };
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
         }
-    };
-    let mut released = held.subscribe();
-    let down = async move {
-        let mut buf = vec![0; 16 * 1024];
-        loop {
-            let n = server_read.read(&mut buf).await.unwrap_or(0);
-            if n == 0 {
-                return;
-            }
-            if released.wait_for(|held| !*held).await.is_err() {
-                return;
-            }
-            if client_write.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    };
-    tokio::select! {
-        () = up => {}
-        () = down => {}
-        _ = cut.wait_for(|cut| *cut) => {}
+        Mode::Http(interceptor) => interceptor.serve(client).await,
     }
 }
