@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::cache::{Change, Index, Update};
 use crate::cluster::leader::{Fence, FenceError, Leadership};
 use crate::cluster::live::{self, LiveView, Snapshots};
+use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
@@ -49,6 +50,8 @@ pub struct RunOptions {
     pub pod_namespace: Option<String>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub listen: SocketAddr,
+    /// The API server's clock, fed by the client's answers: deadlines are judged by it.
+    pub clock: ServerClock,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +79,7 @@ struct Controller {
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
     rounds: Mutex<Rounds>,
+    clock: ServerClock,
 }
 
 /// Why a claim is deleted: the live re-check confirms that same cause, and no other.
@@ -97,6 +101,13 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
+    options.clock.report_to(metrics.clone());
+    // A client built without the clock's layer (in-process tests) tells it nothing by itself.
+    if !options.clock.known()
+        && let Err(error) = options.clock.ask(&client).await
+    {
+        warn!(%error, "cannot read the API server's clock yet; nothing is due until it is known");
+    }
     let health = Arc::new(Health::default());
     let server = http::serve(options.listen, registry, health.clone(), stop.clone())
         .await
@@ -154,6 +165,7 @@ pub async fn run(
         client: client.clone(),
         quota: config.quota.waters(),
         rounds: Mutex::default(),
+        clock: options.clock,
     });
 
     let feeder = tokio::spawn(feed(
@@ -341,7 +353,7 @@ impl Controller {
         let index = self.read_index();
         let claim = index.claim(key)?;
         let facts = linking::facts(claim, &*index);
-        let decision = policy::decide(&facts, &self.policy, Utc::now());
+        let decision = policy::decide(&facts, &self.policy, self.clock.now());
         Some((facts.claim, decision))
     }
 
@@ -369,7 +381,7 @@ impl Controller {
                     self.act(claim, Cause::Pressure).await;
                 }
                 if let Some(at) = recheck_at {
-                    self.schedule.at(key, instant_at(at));
+                    self.schedule.at(key, self.clock.instant_at(at));
                 }
             }
             Verdict::Protected { .. } => debug!(claim = %key, %reason, "protected"),
@@ -425,7 +437,7 @@ impl Controller {
         // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
         let live = LiveView::read(&self.client, &claim, &self.snapshots, &self.metrics).await;
         let facts = linking::facts(&claim, &live);
-        let decision = policy::decide(&facts, &self.policy, Utc::now());
+        let decision = policy::decide(&facts, &self.policy, self.clock.now());
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
                 Some((reason, due_at.or(cached_due_at)))
@@ -493,7 +505,7 @@ impl Controller {
                     .await;
             }
             (DeleteResult::Deleted, false) => {
-                let lag = due_at.map(|due| (Utc::now() - due).as_seconds_f64());
+                let lag = due_at.map(|due| (self.clock.now() - due).as_seconds_f64());
                 info!(claim = %key, %reason, lag_seconds = lag, "deleted");
                 self.metrics.deletion(&key.namespace, reason, result);
                 self.metrics
@@ -557,7 +569,7 @@ impl Controller {
             index.claims_in(namespace),
             &*index,
             &self.policy,
-            Utc::now(),
+            self.clock.now(),
         );
         Some(quota::plan(
             &quotas,
@@ -627,7 +639,7 @@ impl Controller {
                 index.claims_in(namespace),
                 &*index,
                 &self.policy,
-                Utc::now(),
+                self.clock.now(),
             );
             claims.retain(|claim| claim.key != facts.claim.key);
             claims.push(quota::Claim::of(facts, verdict));
@@ -659,11 +671,4 @@ impl Controller {
             self.metrics.set_cap_unknown(true);
         }
     }
-}
-
-/// The monotonic instant matching a wall-clock deadline; a deadline already past is now.
-fn instant_at(at: DateTime<Utc>) -> Instant {
-    let now = Instant::now();
-    let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-    now.checked_add(wait).unwrap_or(now)
 }
