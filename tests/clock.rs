@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use support::{
-    ClaimBuilder, ControlPlane, JobBuilder, PipelineRunBuilder, Process, TestNamespace, binary,
-    claim_exists, metric, wait_until,
+    ControlPlane, Process, TestNamespace, binary, claim_exists, finished_build, metric, wait_until,
 };
+use tempfile::TempDir;
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -55,18 +55,28 @@ fn daemon_vars(ns: &TestNamespace, shift: &str) -> Vec<(&'static str, String)> {
     vars
 }
 
-/// A build of job `name` that finished at `at`, with its workspace claim.
-async fn finished_build(ns: &TestNamespace, name: &str, at: DateTime<Utc>) {
-    JobBuilder::new(name)
-        .phase("Succeeded")
-        .completed_at(at)
-        .create(ns)
-        .await;
-    PipelineRunBuilder::for_job(name)
-        .succeeded_at(at)
-        .create(ns)
-        .await;
-    ClaimBuilder::for_job(name).create(ns).await;
+/// The daemon's binary on `ns` with its clock `shift` off, once ready, and once it deleted the
+/// workspace of build `due` (due by both clocks).
+async fn start(ns: &TestNamespace, shift: &str, due: &str) -> (Process, TempDir) {
+    let logs = tempfile::tempdir().expect("a directory for the logs");
+    let daemon = Process::spawn(
+        ControlPlane::shared().kubeconfig_path(),
+        &daemon_vars(ns, shift),
+        ns.name(),
+        &logs.path().join("daemon.log"),
+    );
+    assert!(
+        wait_until(secs(30), || daemon.ready()).await,
+        "ready:\n{}",
+        daemon.logs()
+    );
+    let claim = format!("{due}-build-workspace");
+    assert!(
+        wait_until(secs(20), || async { !claim_exists(ns, &claim).await }).await,
+        "{claim}, due by both clocks, is deleted:\n{}",
+        daemon.logs()
+    );
+    (daemon, logs)
 }
 
 /// How many claims of `ns` the daemon last decided to keep for `reason`.
@@ -78,17 +88,19 @@ async fn kept(daemon: &Process, ns: &TestNamespace, reason: &str) -> f64 {
     metric(&daemon.metrics().await, "workspace_gc_claims", &labels)
 }
 
-/// The bounds of the offset (server minus local) the daemon reports.
-async fn offset(daemon: &Process) -> (f64, f64) {
+/// Asserts the offset the daemon reports (the API server's clock minus its own) lies within a
+/// few seconds of `expected`, within bounds less than 5 s apart.
+async fn assert_offset_near(daemon: &Process, expected: f64) {
     let text = daemon.metrics().await;
     let bound = |b: &str| {
-        metric(
-            &text,
-            "workspace_gc_clock_offset_seconds",
-            &format!("bound=\"{b}\""),
-        )
+        let labels = format!("bound=\"{b}\"");
+        metric(&text, "workspace_gc_clock_offset_seconds", &labels)
     };
-    (bound("lower"), bound("upper"))
+    let (lower, upper) = (bound("lower"), bound("upper"));
+    assert!(
+        expected - 10.0 < lower && lower <= upper && upper < expected + 10.0 && upper - lower < 5.0,
+        "offset about {expected} s: [{lower}, {upper}]\n{text}"
+    );
 }
 
 /// `workspace-gc audit --output json --fail-on-delete` under the same clock shift: its exit code
@@ -124,26 +136,7 @@ async fn a_clock_two_hours_ahead_deletes_nothing_early() {
     finished_build(&ns, "fresh", ago(10)).await;
     finished_build(&ns, "old", ago(120)).await;
 
-    let logs = tempfile::tempdir().expect("a directory for the logs");
-    let daemon = Process::spawn(
-        cp.kubeconfig_path(),
-        &daemon_vars(&ns, "+2h"),
-        "ahead",
-        &logs.path().join("daemon.log"),
-    );
-    assert!(
-        wait_until(secs(30), || daemon.ready()).await,
-        "ready:\n{}",
-        daemon.logs()
-    );
-    assert!(
-        wait_until(secs(20), || async {
-            !claim_exists(&ns, "old-build-workspace").await
-        })
-        .await,
-        "the workspace of the build that finished 2 h ago is deleted:\n{}",
-        daemon.logs()
-    );
+    let (daemon, _logs) = start(&ns, "+2h", "old").await;
     // Decided, and kept: not merely not reached yet.
     assert!(
         wait_until(secs(20), || async {
@@ -159,11 +152,7 @@ async fn a_clock_two_hours_ahead_deletes_nothing_early() {
         "the workspace of the build that finished 10 minutes ago is kept:\n{}",
         daemon.logs()
     );
-    let (lower, upper) = offset(&daemon).await;
-    assert!(
-        -7210.0 < lower && lower <= upper && upper < -7190.0 && upper - lower < 5.0,
-        "offset about -7200 s: [{lower}, {upper}]"
-    );
+    assert_offset_near(&daemon, -7200.0).await;
     let logs_text = daemon.logs();
     assert!(
         logs_text.contains("differ by more than the bound"),
@@ -200,26 +189,7 @@ async fn a_clock_two_hours_behind_deletes_only_what_its_own_clock_finds_due() {
     finished_build(&ns, "due", ago(120)).await;
     finished_build(&ns, "long-due", ago(240)).await;
 
-    let logs = tempfile::tempdir().expect("a directory for the logs");
-    let daemon = Process::spawn(
-        cp.kubeconfig_path(),
-        &daemon_vars(&ns, "-2h"),
-        "behind",
-        &logs.path().join("daemon.log"),
-    );
-    assert!(
-        wait_until(secs(30), || daemon.ready()).await,
-        "ready:\n{}",
-        daemon.logs()
-    );
-    assert!(
-        wait_until(secs(20), || async {
-            !claim_exists(&ns, "long-due-build-workspace").await
-        })
-        .await,
-        "the workspace of the build that finished 4 h ago is deleted:\n{}",
-        daemon.logs()
-    );
+    let (daemon, _logs) = start(&ns, "-2h", "long-due").await;
     assert!(
         wait_until(secs(20), || async {
             kept(&daemon, &ns, "within-ttl").await == 1.0
@@ -237,10 +207,6 @@ async fn a_clock_two_hours_behind_deletes_only_what_its_own_clock_finds_due() {
             daemon.logs()
         );
     }
-    let (lower, upper) = offset(&daemon).await;
-    assert!(
-        7190.0 < lower && lower <= upper && upper < 7210.0 && upper - lower < 5.0,
-        "offset about +7200 s: [{lower}, {upper}]"
-    );
+    assert_offset_near(&daemon, 7200.0).await;
     daemon.terminate().await;
 }

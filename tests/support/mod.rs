@@ -22,7 +22,7 @@ pub use daemon::{Daemon, Process, binary, free_port, http_get, metric, metric_su
 #[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
-    notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
+    finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
 };
 #[allow(unused_imports)]
 pub use prometheus::prometheus_binary;
