@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use workspace_gc::cluster::cap_ledger::Ledger;
 use workspace_gc::cluster::leader::Fence;
 use workspace_gc::cluster::resources;
+use workspace_gc::cluster::server_clock::ServerClock;
 use workspace_gc::cluster::writer::{Mode, Writer};
 use workspace_gc::contract::annotations;
 use workspace_gc::daemon::controller::{self, RunOptions};
@@ -598,6 +599,7 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
         identity: "rbac".into(),
         pod_namespace: None,
         listen: ([127, 0, 0, 1], port).into(),
+        clock: ServerClock::default(),
     };
     let task = tokio::spawn({
         let stop = stop.clone();

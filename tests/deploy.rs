@@ -787,6 +787,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
         "WorkspaceGCNotReady",
         "WorkspaceGCReclaimLagHigh",
         "WorkspaceGCQuotaPressureUnrelieved",
+        "WorkspaceGCClockOffset",
     ] {
         assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
     }

@@ -25,8 +25,9 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
     AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, metric, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, wait_until,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, finished_build, metric,
+    metric_sum, notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit,
+    wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
@@ -875,25 +876,10 @@ async fn claim_recreated_just_before_its_delete_survives() {
 async fn completion_times_in_the_future_are_not_expired() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "skew").await;
-    let finished = |name: &'static str, at: DateTime<Utc>| {
-        let ns = &ns;
-        async move {
-            JobBuilder::new(name)
-                .phase("Succeeded")
-                .completed_at(at)
-                .create(ns)
-                .await;
-            PipelineRunBuilder::for_job(name)
-                .succeeded_at(at)
-                .create(ns)
-                .await;
-            ClaimBuilder::for_job(name).create(ns).await;
-        }
-    };
-    finished("past", in_secs(-3600)).await;
-    finished("skewed", in_secs(3600)).await;
+    finished_build(&ns, "past", in_secs(-3600)).await;
+    finished_build(&ns, "skewed", in_secs(3600)).await;
     let soon = in_secs(8);
-    finished("soon", soon).await;
+    finished_build(&ns, "soon", soon).await;
     let mut config = config_for(&ns);
     config.policy.ttl_after_finished = Duration::ZERO;
     let daemon = Daemon::start(ns.client().clone(), config, "skew").await;

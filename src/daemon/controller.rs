@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::cache::{Change, Index, Update};
 use crate::cluster::leader::{Fence, FenceError, Leadership};
 use crate::cluster::live::{self, LiveView, Snapshots};
+use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
@@ -55,6 +56,8 @@ pub struct RunOptions {
     pub pod_namespace: Option<String>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub listen: SocketAddr,
+    /// The API server's clock, fed by the client's answers: deadlines are judged by it.
+    pub clock: ServerClock,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +91,7 @@ struct Controller {
     rounds: Mutex<Rounds>,
     /// Claims told about the cap in the current episode of it: told once, not at every retry.
     capped: Mutex<BTreeSet<ObjectKey>>,
+    clock: ServerClock,
 }
 
 /// What the DELETE stage did: its result, or why nothing was sent.
@@ -121,6 +125,13 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
+    options.clock.report_to(metrics.clone());
+    // A client built without the clock's layer (in-process tests) tells it nothing by itself.
+    if !options.clock.known()
+        && let Err(error) = options.clock.ask(&client).await
+    {
+        warn!(%error, "cannot read the API server's clock yet; nothing is due until it is known");
+    }
     let health = Arc::new(Health::default());
     let server = http::serve(options.listen, registry, health.clone(), stop.clone())
         .await
@@ -179,6 +190,7 @@ pub async fn run(
         quota: config.quota.waters(),
         rounds: Mutex::default(),
         capped: Mutex::default(),
+        clock: options.clock,
     });
 
     // Fused, so that a task already seen to end is not polled again below.
@@ -406,7 +418,7 @@ impl Controller {
         let index = self.read_index();
         let claim = index.claim(key)?;
         let facts = linking::facts(claim, &*index);
-        let decision = policy::decide(&facts, &self.policy, Utc::now());
+        let decision = policy::decide(&facts, &self.policy, self.clock.now());
         Some((facts.claim, decision))
     }
 
@@ -439,7 +451,7 @@ impl Controller {
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
-                let recheck = recheck_at.map_or(Outcome::Done, |at| Outcome::At(instant_at(at)));
+                let recheck = recheck_at.map_or(Outcome::Done, |at| Outcome::At(self.clock.instant_at(at)));
                 if taken {
                     self.act(claim, Cause::Pressure).await.and(recheck)
                 } else {
@@ -540,7 +552,7 @@ impl Controller {
         };
         let live_until = live.read_at() + LIVE_BOUND;
         let facts = linking::facts(claim, &live);
-        let decision = policy::decide(&facts, &self.policy, Utc::now());
+        let decision = policy::decide(&facts, &self.policy, self.clock.now());
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
                 Some((reason, due_at.or(cached_due_at)))
@@ -657,7 +669,7 @@ impl Controller {
         match result {
             DeleteResult::Deleted => {
                 if !dry_run {
-                    let lag = due_at.map(|due| (Utc::now() - due).as_seconds_f64());
+                    let lag = due_at.map(|due| (self.clock.now() - due).as_seconds_f64());
                     info!(claim = %key, %reason, lag_seconds = lag, "deleted");
                     (self.metrics).reclaimed(claim.requested_bytes.unwrap_or(0), lag);
                     (self.writer)
@@ -715,7 +727,7 @@ impl Controller {
             index.claims_in(namespace),
             &*index,
             &self.policy,
-            Utc::now(),
+            self.clock.now(),
         );
         Some(quota::plan(
             &quotas,
@@ -785,7 +797,7 @@ impl Controller {
                 index.claims_in(namespace),
                 &*index,
                 &self.policy,
-                Utc::now(),
+                self.clock.now(),
             );
             claims.retain(|claim| claim.key != facts.claim.key);
             claims.push(quota::Claim::of(facts, verdict));
@@ -815,11 +827,4 @@ impl Controller {
             self.metrics.set_cap_unknown(true);
         }
     }
-}
-
-/// The monotonic instant matching a wall-clock deadline; a deadline already past is now.
-fn instant_at(at: DateTime<Utc>) -> Instant {
-    let now = Instant::now();
-    let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-    now.checked_add(wait).unwrap_or(now)
 }

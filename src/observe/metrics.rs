@@ -57,6 +57,11 @@ struct QuotaLabels {
     resource: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabels {
+    bound: &'static str,
+}
+
 /// The kinds the watches feed and the cache holds: the `kind` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -209,6 +214,7 @@ pub struct Metrics {
     blast_radius_cap_reached: Counter,
     blast_radius_unknown: Gauge,
     quota_used_ratio: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
+    clock_offset: Family<BoundLabels, Gauge<f64, AtomicU64>>,
     tracked: Mutex<HashMap<ObjectKey, Tracked>>,
     /// The `quota_used_ratio` series of each namespace, so the ones no longer there go.
     quota_series: Mutex<HashMap<String, HashSet<QuotaLabels>>>,
@@ -235,6 +241,7 @@ impl Metrics {
             blast_radius_cap_reached: Counter::default(),
             blast_radius_unknown: Gauge::default(),
             quota_used_ratio: Family::default(),
+            clock_offset: Family::default(),
             tracked: Mutex::default(),
             quota_series: Mutex::default(),
         };
@@ -325,6 +332,12 @@ impl Metrics {
             "status.used / status.hard of the ResourceQuota resources claims count toward, the \
              highest over storage classes for the class-scoped ones",
             metrics.quota_used_ratio.clone(),
+        );
+        r.register(
+            "clock_offset_seconds",
+            "The API server's clock minus this replica's: the lower and upper bound of the estimate \
+             from the Date headers of its answers. Negative while this replica's clock runs ahead",
+            metrics.clock_offset.clone(),
         );
         metrics
     }
@@ -491,6 +504,15 @@ impl Metrics {
     pub fn set_cap_unknown(&self, unknown: bool) {
         self.blast_radius_unknown.set(unknown.into());
     }
+
+    /// The bounds of the API server's clock minus this replica's, in seconds.
+    pub fn set_clock_offset(&self, lower: f64, upper: f64) {
+        for (bound, value) in [("lower", lower), ("upper", upper)] {
+            self.clock_offset
+                .get_or_create(&BoundLabels { bound })
+                .set(value);
+        }
+    }
 }
 
 /// The Prometheus text format (0.0.4) of an OpenMetrics exposition, for clients that do not ask
@@ -600,6 +622,7 @@ mod tests {
         metrics.set_leader(true);
         metrics.set_ready(true);
         metrics.set_capped(true);
+        metrics.set_clock_offset(-0.5, 0.5);
         metrics.quota_ratios(
             "team-a",
             &[quota("storage", crate::decide::quota::Resource::Storage)],

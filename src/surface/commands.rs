@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::config::{self, Config};
 use crate::creator::{self, Ensured};
@@ -56,8 +57,9 @@ pub fn user_agent(command: &str) -> String {
     format!("workspace-gc/{} ({command})", env!("CARGO_PKG_VERSION"))
 }
 
-/// A client for the cluster for `command`, or the exit code after saying why there is none.
-pub async fn connect_or_exit(command: &str) -> Result<Client, i32> {
+/// A client for the cluster for `command` and the API server's clock its answers tell, or the
+/// exit code after saying why there is none.
+pub async fn connect_or_exit(command: &str) -> Result<(Client, ServerClock), i32> {
     connect(command).await.map_err(|message| {
         error!("{message}");
         exit::CLUSTER
@@ -65,8 +67,8 @@ pub async fn connect_or_exit(command: &str) -> Result<Client, i32> {
 }
 
 /// Builds a client from the in-cluster service account or the kubeconfig, and checks the
-/// API server answers.
-async fn connect(command: &str) -> Result<Client, String> {
+/// API server answers, with its time: deadlines are judged by it.
+async fn connect(command: &str) -> Result<(Client, ServerClock), String> {
     let mut config = kube::Config::infer()
         .await
         .map_err(|e| format!("no usable cluster access (in-cluster or KUBECONFIG): {e}"))?;
@@ -78,12 +80,19 @@ async fn connect(command: &str) -> Result<Client, String> {
     // is sent once; the daemon decides again after a refusal (see `daemon::controller`).
     config.default_retry = false;
     let url = config.cluster_url.clone();
-    let client =
-        Client::try_from(config).map_err(|e| format!("cannot build a client for {url}: {e}"))?;
+    let clock = ServerClock::default();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| format!("cannot build a client for {url}: {e}"))?
+        .with_layer(&clock.layer())
+        .build();
     match tokio::time::timeout(CONNECT_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(_)) if !clock.known() => Err(format!(
+            "the API server at {url} answered without a valid Date header: its clock, by which \
+             deadlines are judged, cannot be known"
+        )),
         Ok(Ok(version)) => {
             info!(server = %url, version = %version.git_version, "connected");
-            Ok(client)
+            Ok((client, clock))
         }
         Ok(Err(e)) => Err(format!("the API server at {url} did not answer: {e}")),
         Err(_) => Err(format!(
@@ -95,8 +104,8 @@ async fn connect(command: &str) -> Result<Client, String> {
 
 /// `workspace-gc run`: the daemon, until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> i32 {
-    let client = match connect_or_exit("run").await {
-        Ok(client) => client,
+    let (client, clock) = match connect_or_exit("run").await {
+        Ok(connected) => connected,
         Err(code) => return code,
     };
     let stop = CancellationToken::new();
@@ -106,6 +115,7 @@ pub async fn run(config: Config) -> i32 {
         identity,
         pod_namespace: std::env::var("POD_NAMESPACE").ok(),
         listen: config.http.listen,
+        clock,
     };
     match controller::run(client, config, options, stop).await {
         Ok(()) => exit::OK,
@@ -118,8 +128,8 @@ pub async fn run(config: Config) -> i32 {
 
 /// `workspace-gc audit`: list once, decide every claim, print, exit.
 pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
-    let client = match connect_or_exit("audit").await {
-        Ok(client) => client,
+    let (client, clock) = match connect_or_exit("audit").await {
+        Ok(connected) => connected,
         Err(code) => return code,
     };
     let mut failures = 0;
@@ -134,7 +144,8 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
         error!("could not list every kind the audit needs; see the errors above");
         return exit::CLUSTER;
     };
-    let now = chrono::Utc::now();
+    // Judged as the daemon judges: never later than the API server's clock.
+    let now = clock.now();
     let policy = config.policy();
     let mut rows = audit::rows(&index, &policy, now);
     let quotas = match config.quota.waters() {
@@ -157,8 +168,8 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
 /// Returns [`exit::CREATED`], [`exit::ALREADY_PRESENT`], [`exit::REFUSED`], [`exit::CLUSTER`]
 /// or [`exit::FAILURE`].
 pub async fn create(config: &Config, args: &CreateArgs) -> i32 {
-    let client = match connect_or_exit("create").await {
-        Ok(client) => client,
+    let (client, _) = match connect_or_exit("create").await {
+        Ok(connected) => connected,
         Err(code) => return code,
     };
     let ensured = match creator::read_job(&client, &args.namespace, &args.job).await {

@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use workspace_gc::cluster::server_clock::ServerClock;
 use workspace_gc::config::Config;
 use workspace_gc::daemon::controller::{self, RunOptions};
 
@@ -41,6 +42,8 @@ impl Daemon {
             identity: identity.to_owned(),
             pod_namespace: None,
             listen: ([127, 0, 0, 1], port).into(),
+            // Told by one request at start: this client has no clock layer.
+            clock: ServerClock::default(),
         };
         let task = tokio::spawn({
             let stop = stop.clone();

@@ -28,7 +28,7 @@ pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account}
 #[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
-    notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
+    finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
 };
 #[allow(unused_imports)]
 pub use prometheus::prometheus_binary;

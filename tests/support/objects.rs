@@ -547,6 +547,21 @@ impl PodBuilder {
     }
 }
 
+/// A build of job `name` that finished at `at` (the job and its PipelineRun), with its
+/// workspace claim.
+pub async fn finished_build(ns: &TestNamespace, name: &str, at: DateTime<Utc>) {
+    JobBuilder::new(name)
+        .phase("Succeeded")
+        .completed_at(at)
+        .create(ns)
+        .await;
+    PipelineRunBuilder::for_job(name)
+        .succeeded_at(at)
+        .create(ns)
+        .await;
+    ClaimBuilder::for_job(name).create(ns).await;
+}
+
 /// Whether claim `name` exists in `ns`, including one that is terminating (held by the
 /// `kubernetes.io/pvc-protection` finalizer).
 pub async fn claim_exists(ns: &TestNamespace, name: &str) -> bool {
