@@ -115,4 +115,6 @@ pub mod annotations {
     pub const KEEP: &str = "workspace-gc.mlops.dev/keep";
     /// On the leader-election Lease: the blast-radius cap's count of recent deletions.
     pub const DELETIONS: &str = "workspace-gc.mlops.dev/deletions";
+    /// On the leader-election Lease: quota pressure's rounds, written with the count.
+    pub const QUOTA_ROUNDS: &str = "workspace-gc.mlops.dev/quota-rounds";
 }

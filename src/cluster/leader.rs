@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 
 use crate::cluster::cap_ledger::Ledger;
 use crate::config::LeaderElectionConfig;
-use crate::contract::annotations::DELETIONS;
+use crate::contract::annotations::{DELETIONS, QUOTA_ROUNDS};
 use crate::observe::metrics::{Metrics, Operation};
 
 /// Why this replica may not write to the cluster now.
@@ -105,6 +105,8 @@ struct Elector {
     renewed: Mutex<Option<Instant>>,
     /// The ledger annotation on the Lease when it was last won.
     found: Mutex<Option<String>>,
+    /// Quota pressure's rounds: to write with the next ledger, and as found when last won.
+    rounds: Mutex<(Option<String>, Option<String>)>,
     leading: watch::Sender<bool>,
 }
 
@@ -147,6 +149,7 @@ impl Leadership {
             lease: tokio::sync::Mutex::new(None),
             renewed: Mutex::new(None),
             found: Mutex::new(None),
+            rounds: Mutex::default(),
             leading: sender,
         });
         let stop = CancellationToken::new();
@@ -245,6 +248,19 @@ impl Fence {
             }
             Err(_) => Err(FenceError::TimedOut),
         }
+    }
+
+    /// Hands over quota pressure's rounds (`annotations::QUOTA_ROUNDS`), to be written in the
+    /// same patch as the next ledger [`Fence::record`] writes.
+    pub fn stage_rounds(&self, rounds: String) {
+        if let Some(elector) = &self.elector {
+            elector.rounds().0 = Some(rounds);
+        }
+    }
+
+    /// The quota pressure rounds found on the Lease when it was last won, if it had them.
+    pub fn found_rounds(&self) -> Option<String> {
+        self.elector.as_ref()?.rounds().1.clone()
     }
 
     /// The deletion ledger found on the Lease when it was last won, if it had one.
@@ -367,12 +383,9 @@ impl Elector {
             spec["acquireTime"] = json!(now);
             spec["leaseTransitions"] = json!(transitions.saturating_add(1));
         }
-        let found = lease
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(DELETIONS))
-            .cloned();
+        let annotation = |key| lease.metadata.annotations.as_ref()?.get(key).cloned();
+        let found = annotation(DELETIONS);
+        let found_rounds = annotation(QUOTA_ROUNDS);
         let sent = Instant::now();
         let written = if lease.metadata.resource_version.is_some() {
             self.write(&lease, spec, None).await
@@ -395,6 +408,7 @@ impl Elector {
         self.renewed(sent);
         if !*self.leading.borrow() {
             *self.found.lock().unwrap_or_else(|e| e.into_inner()) = found;
+            *self.rounds() = (None, found_rounds);
             info!(identity = %self.identity, "won the lease");
             self.leading.send_replace(true);
         }
@@ -415,10 +429,17 @@ impl Elector {
         });
         if let Some(ledger) = ledger {
             patch["metadata"]["annotations"] = json!({ DELETIONS: ledger.to_annotation() });
+            if let Some(rounds) = &self.rounds().0 {
+                patch["metadata"]["annotations"][QUOTA_ROUNDS] = json!(rounds);
+            }
         }
         self.api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
             .await
+    }
+
+    fn rounds(&self) -> std::sync::MutexGuard<'_, (Option<String>, Option<String>)> {
+        self.rounds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn renewed(&self, sent: Instant) {

@@ -31,7 +31,7 @@ use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self, Found};
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
-use crate::decide::quota::{self, Plan, Rounds, Waters};
+use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
 
@@ -331,13 +331,16 @@ async fn feed(
     }
 }
 
-/// Whether an update may change the quotas of some namespace: `Some(Some(ns))` for one,
+/// Whether an update may change what quota pressure sees of some namespace (its quotas, or a
+/// claim leaving it, which a quota may owe a recount for): `Some(Some(ns))` for one,
 /// `Some(None)` for a re-list that may change any; `None` for an update of another kind.
 fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
     match update {
         Update::Quota(Change::Apply(quota)) => Some(Some(quota.key.namespace.clone())),
-        Update::Quota(Change::Delete(key)) => Some(Some(key.namespace.clone())),
-        Update::Quota(Change::InitDone(_)) => Some(None),
+        Update::Quota(Change::Delete(key)) | Update::Claim(Change::Delete(key)) => {
+            Some(Some(key.namespace.clone()))
+        }
+        Update::Quota(Change::InitDone(_)) | Update::Claim(Change::InitDone(_)) => Some(None),
         _ => None,
     }
 }
@@ -379,6 +382,7 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
         if is_leader {
             info!("leading: this replica deletes");
             controller.recover_cap();
+            controller.recover_rounds();
             let keys: Vec<ObjectKey> = {
                 let index = controller.read_index();
                 if index.synced() {
@@ -600,8 +604,13 @@ impl Controller {
         live_until: Instant,
     ) -> SendResult {
         let pressure = matches!(cause, Cause::Pressure);
-        if pressure {
-            self.rounds().record(quota::Sent::of(claim));
+        let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+        // Every delete of ours in a namespace under pressure is counted in its round, and
+        // goes on the Lease with the ledger (a would-delete only under pressure: nothing
+        // leaves then, so it would hold the round forever).
+        let recorded = pressure || !dry_run;
+        if recorded {
+            self.record_round(claim);
         }
         // The ledger written to the Lease before the DELETE counts it from the latest instant
         // the DELETE can go out: the fence lets it go at most `reach` after this write. So a
@@ -625,7 +634,7 @@ impl Controller {
             sent,
             Err(_) | Ok(DeleteResult::Conflict | DeleteResult::Failed)
         );
-        if pressure && not_freed {
+        if recorded && not_freed {
             self.rounds().withdraw(&claim.key, &claim.uid);
         }
         match &sent {
@@ -695,8 +704,36 @@ impl Controller {
         self.rounds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes in a namespace's quotas (every namespace with quotas, for `None`) after a change:
-    /// their metrics, and the pressure round's bookkeeping.
+    /// Counts a delete about to be sent in its namespace's round, and hands the rounds to the
+    /// fence, which writes them to the Lease in the same patch as the ledger, before the
+    /// DELETE: a replica that takes over resumes the round instead of starting a fresh one.
+    fn record_round(&self, claim: &ClaimFacts) {
+        if self.quota.is_none() {
+            return;
+        }
+        let mut rounds = self.rounds();
+        rounds.record(Sent::of(claim));
+        self.fence.stage_rounds(rounds.to_annotation());
+    }
+
+    /// Takes over the pressure rounds found on the Lease just won. What cannot be read holds
+    /// pressure deletes back for a while (see `quota::Rounds::recover`).
+    fn recover_rounds(&self) {
+        let Some(waters) = self.quota else {
+            return;
+        };
+        let found = self.fence.found_rounds();
+        if let Err(error) = self.rounds().recover(found.as_deref(), Utc::now()) {
+            warn!(%error, doubt = %humantime::format_duration(quota::DOUBT.to_std().unwrap_or_default()), "the quota pressure rounds on the Lease cannot be trusted; no pressure deletes in a namespace until its quotas are seen to recount, or for the doubt period");
+        }
+        let index = self.read_index();
+        for namespace in index.quota_namespaces() {
+            self.observe_round(&index, &namespace, waters);
+        }
+    }
+
+    /// Takes in a namespace's quotas (every namespace with quotas, for `None`) after a change
+    /// to them or a claim leaving: their metrics, and the pressure round's bookkeeping.
     fn observe_quotas(&self, index: &Index, namespace: Option<String>) {
         let namespaces = match namespace {
             Some(namespace) => BTreeSet::from([namespace]),
@@ -708,9 +745,33 @@ impl Controller {
             };
             self.metrics.quota_ratios(&namespace, &quotas);
             if let Some(waters) = self.quota {
-                let present = |key: &ObjectKey| index.claim(key).is_some();
-                self.rounds().observe(&namespace, &quotas, waters, present);
+                self.observe_round(index, &namespace, waters);
             }
+        }
+    }
+
+    /// A round's bookkeeping for one namespace. A claim that left or a recount may raise the
+    /// projection (what was subtracted twice no longer is), so the plan's claims are woken.
+    fn observe_round(&self, index: &Index, namespace: &str, waters: Waters) {
+        let Found::Yes(quotas) = index.quotas_in(namespace) else {
+            return;
+        };
+        let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
+        let mut rounds = self.rounds();
+        rounds.observe(namespace, &quotas, &present, waters);
+        if rounds.round(namespace).is_none() || !self.is_leader() {
+            return;
+        }
+        let claims = quota::Claim::all_of(
+            index.claims_in(namespace),
+            index,
+            &self.policy,
+            self.clock.now(),
+        );
+        let plan = rounds.plan(namespace, &quotas, &claims, waters, Utc::now());
+        drop(rounds);
+        for victim in plan.victims {
+            self.schedule.now(victim);
         }
     }
 
@@ -720,21 +781,14 @@ impl Controller {
         let Found::Yes(quotas) = index.quotas_in(namespace) else {
             return None;
         };
-        if !waters.under_pressure(&quotas) {
-            return None;
-        }
         let claims = quota::Claim::all_of(
             index.claims_in(namespace),
             &*index,
             &self.policy,
             self.clock.now(),
         );
-        Some(quota::plan(
-            &quotas,
-            &claims,
-            self.rounds().sent(namespace),
-            waters,
-        ))
+        let plan = (self.rounds()).plan(namespace, &quotas, &claims, waters, Utc::now());
+        (!plan.pressed.is_empty()).then_some(plan)
     }
 
     /// Under quota pressure, as the leader: warns once a round when nothing more may be
@@ -801,7 +855,10 @@ impl Controller {
             );
             claims.retain(|claim| claim.key != facts.claim.key);
             claims.push(quota::Claim::of(facts, verdict));
-            quota::plan(&quotas, &claims, self.rounds().sent(namespace), waters)
+            let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
+            // The round's pressed resources and what it owes, over the quotas listed live.
+            let rounds = self.rounds();
+            rounds.plan_live(namespace, &quotas, &present, &claims, waters, Utc::now())
         };
         plan.victims.contains(&facts.claim.key)
     }

@@ -70,7 +70,7 @@ pub fn quotas(
             continue;
         };
         let claims = quota::Claim::all_of(index.claims_in(&namespace), index, policy, now);
-        let plan = quota::plan(&quotas, &claims, &[], waters);
+        let plan = quota::plan(&quotas, &claims, &quota::Round::default(), waters);
         for row in rows.iter_mut().filter(|r| r.namespace == namespace) {
             let taken = plan.victims.iter().any(|key| key.name == row.name);
             if let (true, Some(pressure)) = (taken, plan.pressed.first()) {
