@@ -199,6 +199,7 @@ async fn delete_the_lease(ns: &TestNamespace, holder: &str, watching: &Process) 
         "{holder} creates the lease again:\n{}",
         watching.logs()
     );
+    assert_eq!(faults(watching, "lost").await, 1.0, "{}", watching.logs());
 }
 
 /// The Lease is deleted while a replica leads: the leader creates it again with its ledger, so
