@@ -233,6 +233,7 @@ impl Fence {
                 *held = Some(written);
                 elector.renewed(sent);
                 // Only once written: a write that failed carried a delete that is not sent.
+                // (One that timed out but landed then reads as changed, and is written back.)
                 *elector.known() = Some(text);
                 Ok(())
             }
