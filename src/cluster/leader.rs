@@ -373,7 +373,7 @@ impl Elector {
         }
         let own = known.as_ref().filter(|&own| on_lease != Some(own))?;
         warn!(
-            found = on_lease.map_or("", String::as_str),
+            found_bytes = on_lease.map_or(0, String::len),
             "the deletion ledger on the lease was changed by someone else; writing back this replica's"
         );
         self.metrics.ledger_fault(LedgerFault::Changed);
