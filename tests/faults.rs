@@ -25,8 +25,9 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
     AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, finished_build, metric,
-    metric_sum, notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, binary_vars, capped,
+    deleted, deleted_count, elected_vars, finished_build, leads_within_the_cap, metric, metric_sum,
+    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, set_var,
     wait_until,
 };
 use workspace_gc::config::Config;
@@ -59,20 +60,6 @@ fn config_for(ns: &TestNamespace) -> Config {
     config
 }
 
-/// The same configuration for the binary, as environment variables.
-fn binary_vars(ns: &TestNamespace) -> Vec<(&'static str, String)> {
-    vec![
-        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
-        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".into()),
-        ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "100".into()),
-        (
-            "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-            "1000".into(),
-        ),
-        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1h".into()),
-    ]
-}
-
 /// Where a claim stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
@@ -95,10 +82,6 @@ async fn fate(ns: &TestNamespace, name: &str) -> Fate {
             None => Fate::Live,
         },
     }
-}
-
-async fn deleted(ns: &TestNamespace, name: &str) -> bool {
-    fate(ns, name).await != Fate::Live
 }
 
 /// When the delete of a claim landed, by the API server's clock (whole seconds): the
@@ -1094,63 +1077,6 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 // ---------------------------------------------------------------------------------------------
 // Limits that hold across restarts and hand-overs, and a leader that stops in time
 
-/// The variables for a replica of the binary with leader election on a Lease in `ns`.
-fn elected_vars(ns: &TestNamespace, lease: &str) -> Vec<(&'static str, String)> {
-    let mut vars = binary_vars(ns);
-    vars.retain(|(key, _)| *key != "WORKSPACE_GC_LEADER_ELECTION_ENABLED");
-    vars.push((
-        "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
-        ns.name().into(),
-    ));
-    vars.push(("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", lease.into()));
-    vars
-}
-
-fn set_var(vars: &mut Vec<(&'static str, String)>, key: &'static str, value: &str) {
-    vars.retain(|(k, _)| *k != key);
-    vars.push((key, value.to_owned()));
-}
-
-async fn deleted_count(ns: &TestNamespace, names: &[String]) -> usize {
-    let mut count = 0;
-    for name in names {
-        if deleted(ns, name).await {
-            count += 1;
-        }
-    }
-    count
-}
-
-async fn capped(replica: &Process) -> bool {
-    metric(
-        &replica.metrics().await,
-        "workspace_gc_blast_radius_capped",
-        "",
-    ) == 1.0
-}
-
-/// `replica` comes to lead, re-evaluates every claim on winning the lease, finds the cap
-/// reached, and 2 of `names` stay the only ones deleted.
-async fn leads_within_the_cap(replica: &Process, ns: &TestNamespace, names: &[String], when: &str) {
-    assert!(
-        wait_until(secs(30), || replica.leading()).await,
-        "leads {when}:\n{}",
-        replica.logs()
-    );
-    assert!(
-        wait_until(secs(15), || capped(replica)).await,
-        "finds the cap reached {when}:\n{}",
-        replica.logs()
-    );
-    tokio::time::sleep(secs(3)).await;
-    assert_eq!(
-        deleted_count(ns, names).await,
-        2,
-        "no more deletions {when}:\n{}",
-        replica.logs()
-    );
-}
-
 /// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
 /// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
 /// count of the window lives on the Lease, so each new leader starts from it.
@@ -1196,12 +1122,12 @@ async fn the_cap_holds_across_restarts_and_hand_overs() {
         "{status}: {}",
         std::fs::read_to_string(logs.path().join("a.log")).unwrap_or_default()
     );
-    leads_within_the_cap(&b, &ns, &names, "after the hand-over").await;
+    leads_within_the_cap(&b, &ns, &names, 2, "after the hand-over").await;
 
     // A crash and a restart of the same pod: it holds its own lease and leads at once.
     b.kill().await;
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b2.log"));
-    leads_within_the_cap(&b, &ns, &names, "after the restart").await;
+    leads_within_the_cap(&b, &ns, &names, 2, "after the restart").await;
     let status = b.terminate().await;
     assert!(status.success(), "{status}");
 }

@@ -21,6 +21,11 @@
 //!   written before each delete ([`Fence::record`]), which also renews the lease and, being
 //!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
 //!   and read back by whoever wins the lease next ([`Fence::found`]).
+//! - While this replica leads, its own ledger is the record of what it deleted, whatever the
+//!   Lease says: a renewal that finds the annotation changed by someone else (edited, removed)
+//!   writes it back. A standby remembers the last ledger it read. Whoever has to create the
+//!   Lease (it was deleted: `kubectl delete lease`, the usual way to force a re-election) writes
+//!   the ledger it knows with it, so the next leader does not open a fresh window.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,7 +45,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::cap_ledger::Ledger;
 use crate::config::LeaderElectionConfig;
 use crate::contract::annotations::{DELETIONS, QUOTA_ROUNDS};
-use crate::observe::metrics::{Metrics, Operation};
+use crate::observe::metrics::{LedgerFault, Metrics, Operation};
 
 /// Why this replica may not write to the cluster now.
 #[derive(Debug, thiserror::Error)]
@@ -103,8 +108,9 @@ struct Elector {
     lease: tokio::sync::Mutex<Option<Lease>>,
     /// While leading: when the request of the last successful write was sent.
     renewed: Mutex<Option<Instant>>,
-    /// The ledger annotation on the Lease when it was last won.
-    found: Mutex<Option<String>>,
+    /// The ledger annotation as this replica knows it: while leading, the last it wrote (or
+    /// found on winning); while standing by, the last it read on the Lease.
+    ledger: Mutex<Option<String>>,
     /// Quota pressure's rounds: to write with the next ledger, and as found when last won.
     rounds: Mutex<(Option<String>, Option<String>)>,
     leading: watch::Sender<bool>,
@@ -148,7 +154,7 @@ impl Leadership {
             metrics,
             lease: tokio::sync::Mutex::new(None),
             renewed: Mutex::new(None),
-            found: Mutex::new(None),
+            ledger: Mutex::new(None),
             rounds: Mutex::default(),
             leading: sender,
         });
@@ -229,13 +235,17 @@ impl Fence {
         self.check()?;
         let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
+        let text = ledger.to_annotation();
         let sent = Instant::now();
         // Bounded: the lock it holds also holds up the renewals.
-        let write = elector.write(read, spec, Some(ledger));
+        let write = elector.write(read, spec, Some(&text));
         match tokio::time::timeout(elector.timing.renew_deadline, write).await {
             Ok(Ok(written)) => {
                 *held = Some(written);
                 elector.renewed(sent);
+                // Only once written: a write that failed carried a delete that is not sent.
+                // (One that timed out but landed then reads as changed, and is written back.)
+                *elector.known() = Some(text);
                 Ok(())
             }
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
@@ -263,14 +273,10 @@ impl Fence {
         self.elector.as_ref()?.rounds().1.clone()
     }
 
-    /// The deletion ledger found on the Lease when it was last won, if it had one.
+    /// The deletion ledger found on the Lease when it was last won, or if it had none, the
+    /// last this replica read there before (the Lease was deleted and created again).
     pub fn found(&self) -> Option<String> {
-        let elector = self.elector.as_ref()?;
-        elector
-            .found
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.elector.as_ref()?.known().clone()
     }
 }
 
@@ -316,19 +322,36 @@ impl Elector {
     async fn step(&self, observed: &mut Option<Observed>) -> Result<(), kube::Error> {
         let mut held = self.lease.lock().await;
         let Some(current) = self.api.get_opt(&self.name).await? else {
+            let ledger = self.known().clone();
+            if ledger.is_some() {
+                warn!(
+                    leading = *self.leading.borrow(),
+                    "the lease is gone; creating it again with the deletion ledger this replica knows"
+                );
+                self.metrics.ledger_fault(LedgerFault::Lost);
+            }
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
+                    annotations: ledger.map(|l| {
+                        let rounds = self.rounds().0.clone();
+                        let rounds = rounds.map(|r| (QUOTA_ROUNDS.to_owned(), r));
+                        [(DELETIONS.to_owned(), l)]
+                            .into_iter()
+                            .chain(rounds)
+                            .collect()
+                    }),
                     ..ObjectMeta::default()
                 },
                 spec: None,
             };
-            return match self.claim(&mut held, lease, true).await {
+            return match self.claim(&mut held, lease, true, None).await {
                 // Another replica created it first: the next round reads it.
                 Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
                 other => other,
             };
         };
+        let rewrite = self.compare_ledger(&current);
         let spec = current.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         let seen = observed
@@ -349,7 +372,9 @@ impl Elector {
             .as_ref()
             .is_none_or(|o| o.since.elapsed() >= stated);
         match holder {
-            Some(holder) if holder == self.identity => self.claim(&mut held, current, false).await,
+            Some(holder) if holder == self.identity => {
+                self.claim(&mut held, current, false, rewrite).await
+            }
             Some(holder) if !expired => {
                 *held = Some(current);
                 if *self.leading.borrow() {
@@ -357,16 +382,47 @@ impl Elector {
                 }
                 Ok(())
             }
-            _ => self.claim(&mut held, current, true).await,
+            _ => self.claim(&mut held, current, true, rewrite).await,
         }
     }
 
-    /// Renews the lease (`take`: takes it), as read in `lease`, with this replica as holder.
+    /// Remembers the ledger on `lease` as read, unless this replica leads: then its own is the
+    /// record of what it deleted, and if the Lease holds another (someone edited or removed
+    /// it), returns its own for the renewal to write back.
+    fn compare_ledger(&self, lease: &Lease) -> Option<String> {
+        let on_lease = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DELETIONS));
+        let mut known = self.known();
+        if !*self.leading.borrow() {
+            if let Some(on_lease) = on_lease {
+                *known = Some(on_lease.clone());
+            }
+            return None;
+        }
+        let own = known.as_ref().filter(|&own| on_lease != Some(own))?;
+        warn!(
+            found_bytes = on_lease.map_or(0, String::len),
+            "the deletion ledger on the lease was changed by someone else; writing back this replica's"
+        );
+        self.metrics.ledger_fault(LedgerFault::Changed);
+        Some(own.clone())
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews the lease (`take`: takes it), as read in `lease`, with this replica as holder,
+    /// writing `ledger` with it if given.
     async fn claim(
         &self,
         held: &mut Option<Lease>,
         lease: Lease,
         take: bool,
+        ledger: Option<String>,
     ) -> Result<(), kube::Error> {
         let now = MicroTime(Timestamp::now());
         let mut spec = json!({
@@ -383,12 +439,12 @@ impl Elector {
             spec["acquireTime"] = json!(now);
             spec["leaseTransitions"] = json!(transitions.saturating_add(1));
         }
-        let annotation = |key| lease.metadata.annotations.as_ref()?.get(key).cloned();
-        let found = annotation(DELETIONS);
-        let found_rounds = annotation(QUOTA_ROUNDS);
+        let found_rounds = (lease.metadata.annotations.as_ref())
+            .and_then(|annotations| annotations.get(QUOTA_ROUNDS))
+            .cloned();
         let sent = Instant::now();
         let written = if lease.metadata.resource_version.is_some() {
-            self.write(&lease, spec, None).await
+            self.write(&lease, spec, ledger.as_deref()).await
         } else {
             let created = Lease {
                 metadata: lease.metadata,
@@ -407,7 +463,6 @@ impl Elector {
         *held = Some(written);
         self.renewed(sent);
         if !*self.leading.borrow() {
-            *self.found.lock().unwrap_or_else(|e| e.into_inner()) = found;
             *self.rounds() = (None, found_rounds);
             info!(identity = %self.identity, "won the lease");
             self.leading.send_replace(true);
@@ -415,20 +470,20 @@ impl Elector {
         Ok(())
     }
 
-    /// Patches `spec` (and the ledger) into the Lease; refused (409) if anyone wrote it since
-    /// it was `read`: the patch carries the resourceVersion read, a precondition.
+    /// Patches `spec` (and the ledger annotation) into the Lease; refused (409) if anyone wrote
+    /// it since it was `read`: the patch carries the resourceVersion read, a precondition.
     async fn write(
         &self,
         read: &Lease,
         spec: Value,
-        ledger: Option<&Ledger>,
+        ledger: Option<&str>,
     ) -> Result<Lease, kube::Error> {
         let mut patch = json!({
             "metadata": { "resourceVersion": read.metadata.resource_version },
             "spec": spec,
         });
         if let Some(ledger) = ledger {
-            patch["metadata"]["annotations"] = json!({ DELETIONS: ledger.to_annotation() });
+            patch["metadata"]["annotations"] = json!({ DELETIONS: ledger });
             if let Some(rounds) = &self.rounds().0 {
                 patch["metadata"]["annotations"][QUOTA_ROUNDS] = json!(rounds);
             }

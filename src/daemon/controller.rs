@@ -455,7 +455,8 @@ impl Controller {
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
-                let recheck = recheck_at.map_or(Outcome::Done, |at| Outcome::At(self.clock.instant_at(at)));
+                let recheck =
+                    recheck_at.map_or(Outcome::Done, |at| Outcome::At(self.clock.instant_at(at)));
                 if taken {
                     self.act(claim, Cause::Pressure).await.and(recheck)
                 } else {
@@ -879,9 +880,13 @@ impl Controller {
     /// when it cannot be read.
     fn recover_cap(&self) {
         let found = self.fence.found();
-        if let Err(error) = self.lock_limiter().recover(found.as_deref(), Utc::now()) {
+        if let Err(error) =
+            self.lock_limiter()
+                .recover(found.as_deref(), Utc::now(), self.fence.reach())
+        {
             warn!(%error, "the count of deletions in the current window is not known; counting the cap as reached for one window");
             self.metrics.set_cap_unknown(true);
+            self.metrics.ledger_fault(error.fault());
         }
     }
 }

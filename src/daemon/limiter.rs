@@ -128,10 +128,17 @@ impl Limiter {
             .filter(|_| reservation.term == self.term)
     }
 
-    /// Counts from the ledger found on the Lease when it was won (`None`: it had none). One
-    /// that cannot be read counts as full for a window from `wall`: the cap fails closed.
-    pub fn recover(&mut self, found: Option<&str>, wall: DateTime<Utc>) -> Result<(), LedgerError> {
-        let (ledger, result) = match found.map(|text| Ledger::from_annotation(text, self.window)) {
+    /// Counts from the ledger found on the Lease when it was won (`None`: it had none), judged
+    /// at `wall` with the fence's `reach` ([`Ledger::from_annotation`]). One that cannot be read
+    /// or is not plausible counts as full for a window from `wall`: the cap fails closed.
+    pub fn recover(
+        &mut self,
+        found: Option<&str>,
+        wall: DateTime<Utc>,
+        reach: Duration,
+    ) -> Result<(), LedgerError> {
+        let found = found.map(|text| Ledger::from_annotation(text, self.window, wall, reach));
+        let (ledger, result) = match found {
             None => (Ledger::new(self.window), Ok(())),
             Some(Ok(ledger)) => (ledger, Ok(())),
             Some(Err(error)) => (
@@ -158,6 +165,8 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::cap_ledger::strategies::{T0, annotation};
+    use proptest::prelude::*;
 
     fn limiter(interval: Duration, max: u32, window: Duration) -> Limiter {
         let mut limiter = Limiter::new(interval, max, window);
@@ -273,7 +282,8 @@ mod tests {
 
         // The leader dies; another recovers the ledger a window after the slot.
         let mut next = limiter(Duration::ZERO, 1, window);
-        next.recover(Some(&persisted), wall).unwrap();
+        next.recover(Some(&persisted), wall, Duration::ZERO)
+            .unwrap();
         let after_slot = wall + window + Duration::from_secs(1);
         assert!(
             matches!(
@@ -310,12 +320,44 @@ mod tests {
         let (now, wall) = (Instant::now(), Utc::now());
         let window = Duration::from_secs(60);
         let mut limiter = Limiter::new(Duration::ZERO, 5, window);
-        assert!(limiter.recover(Some("not a ledger"), wall).is_err());
+        assert!(
+            limiter
+                .recover(Some("not a ledger"), wall, Duration::ZERO)
+                .is_err()
+        );
         let Admission::Capped { until } = limiter.reserve(now, wall) else {
             panic!("capped")
         };
         assert!(until >= now + window);
-        assert!(limiter.recover(None, wall).is_ok());
+        assert!(limiter.recover(None, wall, Duration::ZERO).is_ok());
         assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Whatever the Lease holds: a ledger refused on recovery admits no delete for a whole
+        /// window from then, and reserving never panics.
+        #[test]
+        fn a_refused_ledger_admits_nothing_for_a_window(
+            (window_ms, text) in annotation(),
+            now in (0i64..1_000_000_000).prop_map(|d| T0 + d),
+            reach_ms in 0u64..3_600_000,
+            max in 1u32..4,
+            within in prop::collection::vec(0.0f64..1.0, 1..8),
+        ) {
+            let window = Duration::from_millis(window_ms as u64);
+            let mut limiter = Limiter::new(Duration::ZERO, max, window);
+            let wall = DateTime::from_timestamp_millis(now).expect("in range");
+            let refused = limiter
+                .recover(Some(&text), wall, Duration::from_millis(reach_ms))
+                .is_err();
+            let start = Instant::now();
+            for fraction in within {
+                let later = window.mul_f64(fraction);
+                let admission = limiter.reserve(start + later, wall + later);
+                prop_assert!(!(refused && matches!(admission, Admission::At(_))), "{admission:?}");
+            }
+        }
     }
 }

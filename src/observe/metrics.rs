@@ -188,6 +188,38 @@ impl Operation {
     }
 }
 
+/// What was wrong with the deletion ledger on the Lease: the `fault` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerFault {
+    /// Not a ledger at all: counted as a full window.
+    Malformed,
+    /// Buckets of an implausible size: counted as a full window.
+    Bucket,
+    /// A bucket dated where no deletion can have been recorded: counted as a full window.
+    Date,
+    /// Changed by someone else while this replica led: written back.
+    Changed,
+    /// The Lease was deleted while this replica led or stood by: created again with the ledger.
+    Lost,
+}
+
+impl LedgerFault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LedgerFault::Malformed => "malformed",
+            LedgerFault::Bucket => "bucket",
+            LedgerFault::Date => "date",
+            LedgerFault::Changed => "changed",
+            LedgerFault::Lost => "lost",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LedgerFaultLabels {
+    fault: &'static str,
+}
+
 /// What the daemon last decided about a claim, so the `claims` gauges move, not accumulate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tracked {
@@ -213,6 +245,7 @@ pub struct Metrics {
     blast_radius_capped: Gauge,
     blast_radius_cap_reached: Counter,
     blast_radius_unknown: Gauge,
+    blast_radius_ledger_faults: Family<LedgerFaultLabels, Counter>,
     quota_used_ratio: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     clock_offset: Family<BoundLabels, Gauge<f64, AtomicU64>>,
     tracked: Mutex<HashMap<ObjectKey, Tracked>>,
@@ -240,6 +273,7 @@ impl Metrics {
             blast_radius_capped: Gauge::default(),
             blast_radius_cap_reached: Counter::default(),
             blast_radius_unknown: Gauge::default(),
+            blast_radius_ledger_faults: Family::default(),
             quota_used_ratio: Family::default(),
             clock_offset: Family::default(),
             tracked: Mutex::default(),
@@ -326,6 +360,13 @@ impl Metrics {
             "blast_radius_unknown",
             "1 while deletions are held back because the count of the current window is not known",
             metrics.blast_radius_unknown.clone(),
+        );
+        r.register(
+            "blast_radius_ledger_faults",
+            "Deletion ledgers on the Lease not taken as they were, by fault: unreadable or \
+             implausible ones count as a full window, one changed or lost while leading is \
+             written back",
+            metrics.blast_radius_ledger_faults.clone(),
         );
         r.register(
             "quota_used_ratio",
@@ -512,6 +553,14 @@ impl Metrics {
                 .get_or_create(&BoundLabels { bound })
                 .set(value);
         }
+    }
+
+    pub fn ledger_fault(&self, fault: LedgerFault) {
+        self.blast_radius_ledger_faults
+            .get_or_create(&LedgerFaultLabels {
+                fault: fault.as_str(),
+            })
+            .inc();
     }
 }
 

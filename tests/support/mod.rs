@@ -12,6 +12,7 @@ mod objects;
 pub mod oracle;
 mod prometheus;
 mod proxy;
+mod replicas;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
@@ -34,6 +35,10 @@ pub use objects::{
 pub use prometheus::prometheus_binary;
 #[allow(unused_imports)]
 pub use proxy::Proxy;
+#[allow(unused_imports)]
+pub use replicas::{
+    binary_vars, capped, deleted, deleted_count, elected_vars, leads_within_the_cap, set_var,
+};
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -1,0 +1,96 @@
+//! Replicas of the real binary with leader election, and the blast-radius cap they share
+//! through the Lease: shared by tests/faults.rs and tests/lease_tamper.rs.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+use super::{Process, TestNamespace, metric, wait_until};
+
+/// The configuration of a replica of the binary that watches only `ns`, without leader
+/// election, deleting as fast as asked, and with an orphan grace long enough that only the
+/// deadlines a test sets apply; as environment variables.
+pub fn binary_vars(ns: &TestNamespace) -> Vec<(&'static str, String)> {
+    vec![
+        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
+        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".into()),
+        ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "100".into()),
+        (
+            "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+            "1000".into(),
+        ),
+        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1h".into()),
+    ]
+}
+
+/// The variables for a replica of the binary with leader election on a Lease in `ns`.
+pub fn elected_vars(ns: &TestNamespace, lease: &str) -> Vec<(&'static str, String)> {
+    let mut vars = binary_vars(ns);
+    vars.retain(|(key, _)| *key != "WORKSPACE_GC_LEADER_ELECTION_ENABLED");
+    vars.push((
+        "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
+        ns.name().into(),
+    ));
+    vars.push(("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", lease.into()));
+    vars
+}
+
+pub fn set_var(vars: &mut Vec<(&'static str, String)>, key: &'static str, value: &str) {
+    vars.retain(|(k, _)| *k != key);
+    vars.push((key, value.to_owned()));
+}
+
+/// Whether claim `name` was deleted: gone, or terminating.
+pub async fn deleted(ns: &TestNamespace, name: &str) -> bool {
+    ns.api::<PersistentVolumeClaim>()
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get claim {name}: {e}"))
+        .is_none_or(|claim| claim.metadata.deletion_timestamp.is_some())
+}
+
+pub async fn deleted_count(ns: &TestNamespace, names: &[String]) -> usize {
+    let mut count = 0;
+    for name in names {
+        if deleted(ns, name).await {
+            count += 1;
+        }
+    }
+    count
+}
+
+pub async fn capped(replica: &Process) -> bool {
+    metric(
+        &replica.metrics().await,
+        "workspace_gc_blast_radius_capped",
+        "",
+    ) == 1.0
+}
+
+/// `replica` comes to lead, re-evaluates every claim on winning the lease, finds the cap
+/// reached, and `expected` of `names` stay the only ones deleted.
+pub async fn leads_within_the_cap(
+    replica: &Process,
+    ns: &TestNamespace,
+    names: &[String],
+    expected: usize,
+    when: &str,
+) {
+    assert!(
+        wait_until(Duration::from_secs(30), || replica.leading()).await,
+        "leads {when}:\n{}",
+        replica.logs()
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || capped(replica)).await,
+        "finds the cap reached {when}:\n{}",
+        replica.logs()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        deleted_count(ns, names).await,
+        expected,
+        "no more deletions {when}:\n{}",
+        replica.logs()
+    );
+}
