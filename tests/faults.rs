@@ -24,11 +24,11 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
-    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, TestNamespace, binary, binary_vars, capped,
-    deleted, deleted_count, elected_vars, finished_build, leads_within_the_cap, metric, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, set_var,
-    wait_until,
+    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fault, JobBuilder,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
+    capped, deleted, deleted_count, elected_vars, finished_build, leads_within_the_cap, metric,
+    metric_sum, notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit,
+    set_var, wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
@@ -1558,4 +1558,132 @@ async fn a_saturated_cap_tells_each_held_claim_once() {
     );
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
+}
+
+/// A replica as ServiceAccount `name` with the daemon's Role, its kubeconfig through `proxy`.
+async fn replica_through(
+    cp: &ControlPlane,
+    ns: &TestNamespace,
+    name: &str,
+    proxy: &Proxy,
+) -> std::path::PathBuf {
+    ns.api::<Role>()
+        .create(&PostParams::default(), &elected_role(name))
+        .await
+        .expect("role");
+    ns.bind_role(name, name).await;
+    let direct = cp.service_account_kubeconfig(ns.name(), name).await;
+    let server = cp.config().cluster_url.to_string();
+    let text = std::fs::read_to_string(&direct).expect("read the kubeconfig");
+    let via = direct.with_extension("via-proxy");
+    std::fs::write(
+        &via,
+        text.replace(server.trim_end_matches('/'), &proxy.url()),
+    )
+    .expect("write the kubeconfig");
+    via
+}
+
+/// A saturated API Priority and Fairness level answers a DELETE 429 with `Retry-After`. kube's
+/// client used to re-send it by itself a couple of seconds later, after the live re-check and
+/// the fence it rested on: here, after a build had started using the claim. Now the refusal goes
+/// back to the controller, which decides again from the start and keeps the claim; the refusal
+/// is counted as `throttled`, and no second DELETE of that decision is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_throttled_delete_is_never_sent_again_for_the_same_decision() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "throttled").await;
+    let proxy = Proxy::http(cp).await;
+    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+    let user = support::service_account(ns.name(), "gc");
+    let refused = proxy.add(
+        Rule::new("delete", "persistentvolumeclaims", Fault::throttle(2))
+            .user(user.clone())
+            .times(1),
+    );
+    // Lets every other DELETE through, counting it.
+    let passed = proxy.add(
+        Rule::new(
+            "delete",
+            "persistentvolumeclaims",
+            Fault::DelayRequest(Duration::ZERO),
+        )
+        .user(user),
+    );
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir();
+    let daemon = Process::spawn(&kubeconfig, &vars, "gc", &logs.path().join("gc.log"));
+    expiring("busy-build-workspace", in_secs(-60))
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(refused) == 1 }).await,
+        "the delete was sent and throttled:\n{}",
+        daemon.logs()
+    );
+    // A build starts using the claim right after the throttled DELETE.
+    PodBuilder::new("build")
+        .mounting("busy-build-workspace")
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(15), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_claims",
+                "state=\"protected\",reason=\"in-use\"",
+            ) == 1.0
+        })
+        .await,
+        "the daemon sees the new user:\n{}",
+        daemon.logs()
+    );
+    // Past the Retry-After and kube's backoff, when the old client had sent it again.
+    tokio::time::sleep(secs(6)).await;
+    assert_eq!(fate(&ns, "busy-build-workspace").await, Fate::Live);
+    assert_eq!(proxy.hits(passed), 0, "no DELETE was sent again");
+    let text = daemon.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "workspace_gc_api_errors_total",
+            "operation=\"delete\",category=\"throttled\""
+        ),
+        1.0,
+        "{text}"
+    );
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// Whatever the API server does to the DELETEs in flight (here it never answers them), SIGTERM
+/// ends the process well within the Deployment's 30 s grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_the_process_within_the_grace_period_whatever_the_api_server_answers() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "grace").await;
+    let proxy = Proxy::http(cp).await;
+    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+    let user = support::service_account(ns.name(), "gc");
+    let stalled = proxy.add(Rule::new("delete", "persistentvolumeclaims", Fault::Stall).user(user));
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir();
+    let daemon = Process::spawn(&kubeconfig, &vars, "gc", &logs.path().join("gc.log"));
+    for i in 0..4 {
+        expiring(&format!("stuck{i}-build-workspace"), in_secs(-60))
+            .create(&ns)
+            .await;
+    }
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(stalled) >= 1 }).await,
+        "a delete is in flight:\n{}",
+        daemon.logs()
+    );
+    let asked = Instant::now();
+    let status = daemon.terminate().await;
+    let took = asked.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < secs(20), "stopped after {took:?}");
 }
