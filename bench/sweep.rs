@@ -60,6 +60,7 @@ async fn run(interval: Duration, ttl: chrono::Duration) -> Result<()> {
     let client = Client::try_default().await?;
     let policy = Policy {
         ttl_after_finished: ttl,
+        ttl_after_failed: ttl,
         ..Policy::default()
     };
     let mut sweep = 0u64;

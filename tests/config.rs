@@ -171,6 +171,30 @@ fn zero_ttl_is_allowed() {
 }
 
 #[test]
+fn ttl_after_failed_defaults_to_ttl_after_finished() {
+    let config = vars(&[("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", "2h")]).unwrap();
+    assert_eq!(config.policy.ttl_after_failed, None);
+    assert_eq!(config.policy().ttl_after_failed, chrono::Duration::hours(2));
+    let config =
+        file("[policy]\nttl_after_finished = \"2h\"\nttl_after_failed = \"3d\"\n").unwrap();
+    assert_eq!(
+        config.policy().ttl_after_finished,
+        chrono::Duration::hours(2)
+    );
+    assert_eq!(config.policy().ttl_after_failed, chrono::Duration::days(3));
+    // Empty is unset, from the environment too.
+    let config = vars(&[
+        ("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", "5m"),
+        ("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", ""),
+    ])
+    .unwrap();
+    assert_eq!(
+        config.policy().ttl_after_failed,
+        chrono::Duration::minutes(5)
+    );
+}
+
+#[test]
 fn values_of_every_kind_load() {
     let config = file(
         r#"
@@ -368,6 +392,12 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         "ttl_after_finished",
         r#""1000y""#,
         "is too long; expected at most 100 years",
+    ),
+    (
+        "policy",
+        "ttl_after_failed",
+        r#""a day""#,
+        "is not a duration",
     ),
     (
         "policy",
@@ -767,6 +797,7 @@ const KEYS: &[&str] = &[
     "selector.namespaces",
     "selector.exclude_namespaces",
     "policy.ttl_after_finished",
+    "policy.ttl_after_failed",
     "policy.orphan_grace",
     "policy.max_age",
     "deletion.dry_run",
@@ -986,6 +1017,20 @@ fn overrides_that_widen_deletion_are_named() {
     )
     .unwrap();
     assert!(narrowed.widenings(&base).is_empty());
+    // A failed build's TTL shortened on its own is named; following ttl_after_finished it
+    // is named under that key alone.
+    let failed = with_file(
+        text,
+        &[("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", "30m")],
+        &Overrides::default(),
+    )
+    .unwrap();
+    let warnings = failed.widenings(&base);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("policy.ttl_after_failed is overridden from 1h to 30m"),
+        "{warnings:?}"
+    );
 }
 
 #[test]

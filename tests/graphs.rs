@@ -39,7 +39,7 @@ fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
         ..Config::default()
     });
     let seen = RefCell::new(Seen::default());
-    let policy = Policy::default();
+    let policy = graph::memory_policy();
     let started = std::time::Instant::now();
     let result = runner.run(&graph::graph(Profile::Memory), |graph| {
         let world = graph.render(&namespaces(), now(), &graph::memory_uid);
@@ -66,7 +66,7 @@ fn watch_events_lead_to_the_same_decisions_as_a_list() {
         failure_persistence: None,
         ..Config::default()
     });
-    let policy = Policy::default();
+    let policy = graph::memory_policy();
     let started = std::time::Instant::now();
     let pair = (graph::graph(Profile::Memory), graph::graph(Profile::Memory));
     let result = runner.run(&pair, |(before, after)| {

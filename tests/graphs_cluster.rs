@@ -227,7 +227,7 @@ async fn read_back(client: &Client, namespaces: &[String]) -> World {
 async fn audit(
     control_plane: &ControlPlane,
     namespaces: &[String],
-    (ttl, grace, max_age): (&str, &str, &str),
+    (ttl, failed, grace, max_age): (&str, &str, &str, &str),
 ) -> Vec<Value> {
     let mut command = tokio::process::Command::new(binary());
     command.args(["audit", "--output", "json"]);
@@ -243,6 +243,7 @@ async fn audit(
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", ttl)
+        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", failed)
         .env("WORKSPACE_GC_POLICY_ORPHAN_GRACE", grace)
         .env("WORKSPACE_GC_POLICY_MAX_AGE", max_age)
         .env_remove("RUST_LOG")

@@ -70,7 +70,17 @@ fn running() -> OwnerState {
 fn finished(at: Option<DateTime<Utc>>) -> OwnerState {
     OwnerState::Present {
         uid: "u".into(),
-        progress: Progress::Finished { at },
+        progress: Progress::Finished { at, failed: false },
+    }
+}
+
+fn failed(at: DateTime<Utc>) -> OwnerState {
+    OwnerState::Present {
+        uid: "u".into(),
+        progress: Progress::Finished {
+            at: Some(at),
+            failed: true,
+        },
     }
 }
 
@@ -99,7 +109,11 @@ fn hours(n: i64) -> Duration {
 /// One row per reason: the facts, the moment, and the exact verdict expected.
 #[test]
 fn every_verdict_and_reason() {
-    let policy = Policy::default();
+    // Failed builds kept a day: the rows below tell the two TTLs apart.
+    let policy = Policy {
+        ttl_after_failed: Duration::days(1),
+        ..Policy::default()
+    };
     let at = |h: i64| t0() + hours(h);
     let done_at_1h = || facts(vec![job(finished(Some(at(1)))), run(finished(Some(at(1))))]);
     let rows: Vec<(&str, Facts, DateTime<Utc>, Verdict)> = vec![
@@ -128,6 +142,42 @@ fn every_verdict_and_reason() {
             Verdict::Keep {
                 reason: Reason::WithinTtl,
                 recheck_at: Some(at(3)),
+            },
+        ),
+        (
+            "a failed build is kept by ttl_after_failed",
+            facts(vec![job(finished(Some(at(1)))), run(failed(at(1)))]),
+            at(3),
+            Verdict::Keep {
+                reason: Reason::WithinTtl,
+                recheck_at: Some(at(25)),
+            },
+        ),
+        (
+            "a failed build past ttl_after_failed",
+            facts(vec![job(failed(at(1))), run(finished(Some(at(0))))]),
+            at(25),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(25)),
+            },
+        ),
+        (
+            "a gone owner does not make the build failed",
+            facts(vec![job(OwnerState::Gone), run(finished(Some(at(1))))]),
+            at(2),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(2)),
+            },
+        ),
+        (
+            "ttl annotation replaces the failed TTL too",
+            annotated(facts(vec![run(failed(at(1)))]), TTL, "10m"),
+            at(1) + Duration::minutes(10),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(1) + Duration::minutes(10)),
             },
         ),
         (
@@ -369,7 +419,8 @@ fn any_duration() -> impl Strategy<Value = Duration> {
 fn any_progress() -> impl Strategy<Value = Progress> {
     prop_oneof![
         Just(Progress::Running),
-        proptest::option::of(any_instant()).prop_map(|at| Progress::Finished { at }),
+        (proptest::option::of(any_instant()), any::<bool>())
+            .prop_map(|(at, failed)| Progress::Finished { at, failed }),
     ]
 }
 
@@ -441,13 +492,20 @@ fn any_facts() -> impl Strategy<Value = Facts> {
 }
 
 fn any_policy() -> impl Strategy<Value = Policy> {
-    (any_duration(), any_duration(), any_duration()).prop_map(
-        |(ttl_after_finished, orphan_grace, max_age)| Policy {
-            ttl_after_finished,
-            orphan_grace,
-            max_age,
-        },
+    (
+        any_duration(),
+        any_duration(),
+        any_duration(),
+        any_duration(),
     )
+        .prop_map(
+            |(ttl_after_finished, ttl_after_failed, orphan_grace, max_age)| Policy {
+                ttl_after_finished,
+                ttl_after_failed,
+                orphan_grace,
+                max_age,
+            },
+        )
 }
 
 fn verdict_key(verdict: &Verdict) -> (workspace_gc::decide::policy::VerdictState, Reason) {
@@ -485,11 +543,15 @@ proptest! {
         // Unless an absolute deadline passed, every linked owner allows it: gone, or finished
         // with a completion time at least the TTL ago.
         if !matches!(verdict.reason(), Reason::Expired | Reason::MaxAgeExceeded) {
-            let ttl = annotations::parse(&facts.claim.annotations).unwrap().ttl.unwrap_or(policy.ttl_after_finished);
+            // A failed build's workspace is kept by the failed TTL, unless annotated.
+            let failed = facts.owners.iter().any(|o| matches!(o.state,
+                OwnerState::Present { progress: Progress::Finished { failed: true, .. }, .. }));
+            let by_policy = if failed { policy.ttl_after_failed } else { policy.ttl_after_finished };
+            let ttl = annotations::parse(&facts.claim.annotations).unwrap().ttl.unwrap_or(by_policy);
             for owner in &facts.owners {
                 let allows = match &owner.state {
                     OwnerState::Gone => true,
-                    OwnerState::Present { progress: Progress::Finished { at: Some(at) }, .. } => {
+                    OwnerState::Present { progress: Progress::Finished { at: Some(at), .. }, .. } => {
                         at.checked_add_signed(ttl).is_some_and(|due| due <= now)
                     }
                     _ => false,

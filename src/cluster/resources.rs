@@ -182,8 +182,9 @@ pub fn quota_entry(quota: &ResourceQuota) -> QuotaEntry {
 pub fn job_entry(job: &OwnerObject) -> JobEntry {
     let phase = job.status.get("phase").and_then(Value::as_str);
     let progress = match phase {
-        Some("Succeeded" | "Failed") => Progress::Finished {
+        Some(phase @ ("Succeeded" | "Failed")) => Progress::Finished {
             at: timestamp(job.status.get("completionTime")),
+            failed: phase == "Failed",
         },
         // Every other phase, a legacy one, an unknown one or none yet, is still running.
         _ => Progress::Running,
@@ -216,8 +217,9 @@ fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
         .and_then(|c| c.get("status"))
         .and_then(Value::as_str);
     let progress = match succeeded {
-        Some("True" | "False") => Progress::Finished {
+        Some(status @ ("True" | "False")) => Progress::Finished {
             at: timestamp(run.status.get("completionTime")),
+            failed: status == "False",
         },
         // `Unknown`, no condition yet (pending) or anything odd: running.
         _ => Progress::Running,
@@ -507,7 +509,8 @@ mod tests {
         assert_eq!(
             entry.progress,
             Progress::Finished {
-                at: Some(Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap())
+                at: Some(Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()),
+                failed: true,
             }
         );
     }
@@ -563,7 +566,13 @@ mod tests {
     fn a_finished_job_with_a_malformed_completion_time_has_none() {
         let job = owner(json!({"metadata": {"name": "j", "namespace": "ml"},
                    "status": {"phase": "Succeeded", "completionTime": "yesterday"}}));
-        assert_eq!(job_entry(&job).progress, Progress::Finished { at: None });
+        assert_eq!(
+            job_entry(&job).progress,
+            Progress::Finished {
+                at: None,
+                failed: false
+            }
+        );
     }
 
     #[test]
@@ -574,7 +583,11 @@ mod tests {
                                   "conditions": [{"type": "Succeeded", "status": "True"}]}}));
             let entry = task_run_entry(&run);
             assert_eq!(entry.kind, OwnerKind::TaskRun);
-            assert_eq!(entry.progress, Progress::Finished { at: None }, "{at}");
+            let progress = Progress::Finished {
+                at: None,
+                failed: false,
+            };
+            assert_eq!(entry.progress, progress, "{at}");
         }
     }
 

@@ -77,6 +77,7 @@ pub(super) struct SelectorLayer {
 #[serde(default, deny_unknown_fields)]
 pub(super) struct PolicyLayer {
     pub(super) ttl_after_finished: Slot<String>,
+    pub(super) ttl_after_failed: Slot<String>,
     pub(super) orphan_grace: Slot<String>,
     pub(super) max_age: Slot<String>,
 }
@@ -296,6 +297,7 @@ impl Layer {
                 Vec::from_env(raw).map(|list| exclude(&mut s.exclude_namespaces, list, at))
             }
             "policy.ttl_after_finished" => put(&mut p.ttl_after_finished, raw, at),
+            "policy.ttl_after_failed" => put(&mut p.ttl_after_failed, raw, at),
             "policy.orphan_grace" => put(&mut p.orphan_grace, raw, at),
             "policy.max_age" => put(&mut p.max_age, raw, at),
             "deletion.dry_run" => put(&mut d.dry_run, raw, at),

@@ -77,10 +77,20 @@ impl SelectorConfig {
 pub struct PolicyConfig {
     #[serde(serialize_with = "serialize_duration")]
     pub ttl_after_finished: Duration,
+    /// `None`: the same as `ttl_after_finished`; see [`PolicyConfig::ttl_after_failed`].
+    #[serde(serialize_with = "serialize_duration_or_empty")]
+    pub ttl_after_failed: Option<Duration>,
     #[serde(serialize_with = "serialize_duration")]
     pub orphan_grace: Duration,
     #[serde(serialize_with = "serialize_duration")]
     pub max_age: Duration,
+}
+
+impl PolicyConfig {
+    /// The TTL of a failed build's workspace: the configured one, else `ttl_after_finished`.
+    pub fn ttl_after_failed(&self) -> Duration {
+        self.ttl_after_failed.unwrap_or(self.ttl_after_finished)
+    }
 }
 
 /// How deletions are sent and throttled.
@@ -194,6 +204,7 @@ impl Default for Config {
             },
             policy: PolicyConfig {
                 ttl_after_finished: Duration::from_secs(60 * 60),
+                ttl_after_failed: None,
                 orphan_grace: Duration::from_secs(10 * 60),
                 max_age: Duration::from_secs(7 * 24 * 60 * 60),
             },
@@ -315,6 +326,12 @@ impl Config {
                 say(key, human(from), human(to));
             }
         }
+        // Unset on both sides it follows ttl_after_finished, whose line says it already.
+        let (to, from) = (pol.ttl_after_failed(), was.ttl_after_failed());
+        let followed = pol.ttl_after_failed.is_none() && was.ttl_after_failed.is_none();
+        if to < from && !followed {
+            say("policy.ttl_after_failed", human(from), human(to));
+        }
         let (del, was) = (&self.deletion, &base.deletion);
         if was.dry_run && !del.dry_run {
             say("deletion.dry_run", "true".into(), "false".into());
@@ -356,6 +373,7 @@ impl Config {
         let chrono = |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
         Policy {
             ttl_after_finished: chrono(self.policy.ttl_after_finished),
+            ttl_after_failed: chrono(self.policy.ttl_after_failed()),
             orphan_grace: chrono(self.policy.orphan_grace),
             max_age: chrono(self.policy.max_age),
         }
@@ -439,6 +457,16 @@ pub fn deletion_interval(per_second: f64) -> Option<Duration> {
 
 fn serialize_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_duration(*d))
+}
+
+fn serialize_duration_or_empty<S: Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => serialize_duration(d, s),
+        None => s.serialize_str(""),
+    }
 }
 
 fn serialize_or_empty<S: Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {

@@ -66,6 +66,12 @@ impl Layer {
             d.policy.ttl_after_finished,
             duration,
         )?;
+        let ttl_after_failed = take(
+            pol.ttl_after_failed,
+            "policy.ttl_after_failed",
+            d.policy.ttl_after_failed,
+            optional_duration,
+        )?;
         // Zero would delete claims the operator has just created for a build about to start.
         let orphan_grace = take(
             pol.orphan_grace,
@@ -190,6 +196,7 @@ impl Layer {
             },
             policy: PolicyConfig {
                 ttl_after_finished: ttl_after_finished.value,
+                ttl_after_failed: ttl_after_failed.value,
                 orphan_grace: orphan_grace.value,
                 max_age: max_age.value,
             },
@@ -302,6 +309,14 @@ fn duration(raw: String) -> Result<Duration, String> {
         return Err(format!("{raw:?} is too long; expected at most 100 years"));
     }
     Ok(d)
+}
+
+/// Empty: not set, another key's value applies.
+fn optional_duration(raw: String) -> Result<Option<Duration>, String> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    duration(raw).map(Some)
 }
 
 fn positive_duration(raw: String) -> Result<Duration, String> {

@@ -121,8 +121,12 @@ pub enum LinkRule {
 pub enum Progress {
     /// Not finished (or in a state workspace-gc does not recognise, which counts as running).
     Running,
-    /// Finished; `at` is the completion time when the object records one.
-    Finished { at: Option<DateTime<Utc>> },
+    /// Finished; `at` is the completion time when the object records one. `failed`: a job in
+    /// phase `Failed`, or a run whose `Succeeded` condition is `False`.
+    Finished {
+        at: Option<DateTime<Utc>>,
+        failed: bool,
+    },
 }
 
 /// One linked owner and its state.
@@ -218,11 +222,25 @@ impl Facts {
             .iter()
             .filter_map(|owner| match &owner.state {
                 OwnerState::Present {
-                    progress: Progress::Finished { at },
+                    progress: Progress::Finished { at, .. },
                     ..
                 } => *at,
                 _ => None,
             })
             .max()
+    }
+
+    /// Whether the build failed: a present linked owner finished and failed. Its workspace is
+    /// what someone opens to find out why, so `ttl_after_failed` applies instead.
+    pub fn build_failed(&self) -> bool {
+        self.owners.iter().any(|owner| {
+            matches!(
+                owner.state,
+                OwnerState::Present {
+                    progress: Progress::Finished { failed: true, .. },
+                    ..
+                }
+            )
+        })
     }
 }

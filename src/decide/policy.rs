@@ -14,6 +14,9 @@ pub struct Policy {
     /// How long a finished build's workspace is kept after the later completion time of its
     /// PipelineRun and NotebookValidationJob.
     pub ttl_after_finished: Duration,
+    /// The same for a failed build (see [`Facts::build_failed`]): its workspace is what someone
+    /// opens to find out why.
+    pub ttl_after_failed: Duration,
     /// How long a claim with no owner found is kept after its creation: the operator creates the
     /// claim before its PipelineRun.
     pub orphan_grace: Duration,
@@ -21,10 +24,22 @@ pub struct Policy {
     pub max_age: Duration,
 }
 
+impl Policy {
+    /// The TTL after the build finished, unless the claim's `ttl` annotation sets its own.
+    pub fn ttl_for(&self, facts: &Facts) -> Duration {
+        if facts.build_failed() {
+            self.ttl_after_failed
+        } else {
+            self.ttl_after_finished
+        }
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self {
             ttl_after_finished: Duration::hours(1),
+            ttl_after_failed: Duration::hours(1),
             orphan_grace: Duration::minutes(10),
             max_age: Duration::days(7),
         }
@@ -346,7 +361,7 @@ fn decide_by_time(
     deadlines.absolute(Reason::Expired, annotations.expires);
     deadlines.absolute(Reason::MaxAgeExceeded, add(created, policy.max_age));
 
-    let ttl = annotations.ttl.unwrap_or(policy.ttl_after_finished);
+    let ttl = annotations.ttl.unwrap_or(policy.ttl_for(facts));
     deadlines.decide(owners_relative(facts, ttl, policy, now))
 }
 
@@ -360,8 +375,8 @@ fn owners_relative(facts: &Facts, ttl: Duration, policy: &Policy, now: DateTime<
         match &owner.state {
             OwnerState::Present { progress, .. } => match progress {
                 Progress::Running => running = true,
-                Progress::Finished { at: None } => time_missing = true,
-                Progress::Finished { at: Some(_) } => {}
+                Progress::Finished { at: None, .. } => time_missing = true,
+                Progress::Finished { at: Some(_), .. } => {}
             },
             OwnerState::Gone => any_gone = true,
             // `decide` keeps every claim with an unknown owner before deadlines are looked at.

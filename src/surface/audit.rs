@@ -362,6 +362,7 @@ mod tests {
         let mut index = Index::default();
         let finished = Progress::Finished {
             at: Some(now() - Duration::hours(3)),
+            failed: false,
         };
         for update in [
             Update::Claim(Change::Init(None)),

@@ -62,12 +62,21 @@ pub enum Profile {
 }
 
 /// The policies the server graphs are audited under; see [`Profile::Server`].
-pub const SERVER_POLICIES: [(&str, &str, &str); 3] = [
-    // ttl_after_finished, orphan_grace, max_age
-    ("1h", "1h", "7d"),
-    ("20m", "1s", "7d"),
-    ("2h", "1s", "1s"),
+pub const SERVER_POLICIES: [(&str, &str, &str, &str); 3] = [
+    // ttl_after_finished, ttl_after_failed, orphan_grace, max_age
+    ("1h", "1d", "1h", "7d"),
+    ("20m", "2h", "1s", "7d"),
+    ("2h", "20m", "1s", "1s"),
 ];
+
+/// The policy the in-memory graphs are checked under: failed builds kept a day, a TTL whose
+/// boundaries [`TTLS`] puts instants on.
+pub fn memory_policy() -> Policy {
+    Policy {
+        ttl_after_failed: Duration::days(1),
+        ..Policy::default()
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Graph {
@@ -587,10 +596,11 @@ impl Claim {
 }
 
 /// A policy from the duration strings of [`SERVER_POLICIES`].
-pub fn policy_of((ttl, grace, max_age): (&str, &str, &str)) -> Policy {
+pub fn policy_of((ttl, failed, grace, max_age): (&str, &str, &str, &str)) -> Policy {
     let parse = |text: &str| Duration::from_std(humantime::parse_duration(text).unwrap()).unwrap();
     Policy {
         ttl_after_finished: parse(ttl),
+        ttl_after_failed: parse(failed),
         orphan_grace: parse(grace),
         max_age: parse(max_age),
     }

@@ -18,7 +18,9 @@
 //! (ii) every PipelineRun and TaskRun of the namespace binding the claim in a workspace,
 //! (iii) for `{job}-build-workspace`, job `{job}` and PipelineRun `{job}-build` if they exist.
 //! An owner allows deletion when gone, or finished with a completion time T (not Go's zero
-//! time) and T + ttl ≤ now (ttl: the claim's annotation, else the policy's).
+//! time) and T + ttl ≤ now (ttl: the claim's annotation, else the policy's `ttl_after_failed`
+//! when any present linked owner finished and failed — a job in phase "Failed", a run whose
+//! `Succeeded` condition is "False" — else its `ttl_after_finished`).
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::Value;
@@ -70,8 +72,8 @@ pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) 
             .and_then(|t| t.checked_add_signed(after))
             .is_some_and(|t| t <= now)
     };
-    let ttl = notes.ttl.unwrap_or(policy.ttl_after_finished);
     let owners = linked(world, claim);
+    let ttl = notes.ttl.unwrap_or_else(|| policy_ttl(&owners, policy));
     let owners_allow = if owners.is_empty() {
         passed(created, policy.orphan_grace)
     } else {
@@ -101,17 +103,27 @@ pub fn due_at(
     let meta = &claim["metadata"];
     let notes = notes(meta)?;
     let created = instant(&meta["creationTimestamp"]);
-    let ttl = notes.ttl.unwrap_or(policy.ttl_after_finished);
+    let owners = linked(world, claim);
+    let ttl = notes.ttl.unwrap_or_else(|| policy_ttl(&owners, policy));
     let mut candidates: Vec<DateTime<Utc>> = notes.expires.into_iter().collect();
     candidates.extend(created.and_then(|t| t.checked_add_signed(policy.max_age)));
     candidates.extend(created.and_then(|t| t.checked_add_signed(policy.orphan_grace)));
-    for owner in linked(world, claim).into_iter().flatten() {
+    for owner in owners.into_iter().flatten() {
         candidates.extend(completion(owner.1).and_then(|t| t.checked_add_signed(ttl)));
     }
     candidates
         .into_iter()
         .filter(|t| *t > now && judge(world, claim, policy, *t).may_delete)
         .min()
+}
+
+/// The policy's TTL for these owners: the failed one when any of them finished and failed.
+fn policy_ttl(owners: &[Option<(Kind, &Value)>], policy: &Policy) -> Duration {
+    if owners.iter().flatten().any(|(kind, o)| failed(*kind, o)) {
+        policy.ttl_after_failed
+    } else {
+        policy.ttl_after_finished
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,6 +201,16 @@ fn finished(kind: Kind, object: &Value) -> bool {
         Kind::PipelineRun | Kind::TaskRun => list(&status["conditions"]).any(|c| {
             c["type"].as_str() == Some("Succeeded")
                 && matches!(c["status"].as_str(), Some("True" | "False"))
+        }),
+    }
+}
+
+fn failed(kind: Kind, object: &Value) -> bool {
+    let status = &object["status"];
+    match kind {
+        Kind::Job => status["phase"].as_str() == Some("Failed"),
+        Kind::PipelineRun | Kind::TaskRun => list(&status["conditions"]).any(|c| {
+            c["type"].as_str() == Some("Succeeded") && c["status"].as_str() == Some("False")
         }),
     }
 }
