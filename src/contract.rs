@@ -113,6 +113,13 @@ pub mod annotations {
     pub const EXPIRES: &str = "workspace-gc.mlops.dev/expires";
     /// `"true"` keeps the claim forever (to debug a build); `"false"` is the same as absent.
     pub const KEEP: &str = "workspace-gc.mlops.dev/keep";
+    /// On a Namespace: its own policy durations (humantime), within the cluster's bounds.
+    pub const NS_TTL_AFTER_FINISHED: &str = "workspace-gc.mlops.dev/ttl-after-finished";
+    pub const NS_TTL_AFTER_FAILED: &str = "workspace-gc.mlops.dev/ttl-after-failed";
+    pub const NS_ORPHAN_GRACE: &str = "workspace-gc.mlops.dev/orphan-grace";
+    pub const NS_MAX_AGE: &str = "workspace-gc.mlops.dev/max-age";
+    /// On a Namespace: `"false"` switches collection off there; `"true"` is the same as absent.
+    pub const NS_COLLECT: &str = "workspace-gc.mlops.dev/collect";
     /// On the leader-election Lease: the blast-radius cap's count of recent deletions.
     pub const DELETIONS: &str = "workspace-gc.mlops.dev/deletions";
     /// On the leader-election Lease: quota pressure's rounds, written with the count.

@@ -400,6 +400,12 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         "is not a duration",
     ),
     (
+        "namespace_policy",
+        "min_ttl",
+        r#""0s""#,
+        "\"0s\" must be greater than zero",
+    ),
+    (
         "policy",
         "orphan_grace",
         r#""0s""#,
@@ -819,6 +825,9 @@ const KEYS: &[&str] = &[
     "quota.enabled",
     "quota.high_water",
     "quota.low_water",
+    "namespace_policy.enabled",
+    "namespace_policy.may_shorten",
+    "namespace_policy.min_ttl",
 ];
 
 fn env_name(key: &str) -> String {
@@ -1029,6 +1038,26 @@ fn overrides_that_widen_deletion_are_named() {
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
         warnings[0].starts_with("policy.ttl_after_failed is overridden from 1h to 30m"),
+        "{warnings:?}"
+    );
+    // Letting namespaces shorten durations, or shorten them further, is named too.
+    let shorten = |vars: &[(&str, &str)]| {
+        let mut all = vec![
+            ("WORKSPACE_GC_NAMESPACE_POLICY_ENABLED", "true"),
+            ("WORKSPACE_GC_NAMESPACE_POLICY_MAY_SHORTEN", "true"),
+        ];
+        all.extend_from_slice(vars);
+        with_file(text, &all, &Overrides::default()).unwrap()
+    };
+    let first = shorten(&[]).widenings(&base);
+    assert!(
+        first[0].starts_with("namespace_policy.may_shorten is overridden from false to true"),
+        "{first:?}"
+    );
+    let further = shorten(&[("WORKSPACE_GC_NAMESPACE_POLICY_MIN_TTL", "1m")]);
+    let warnings = further.widenings(&shorten(&[]));
+    assert!(
+        warnings[0].starts_with("namespace_policy.min_ttl is overridden from 10m to 1m"),
         "{warnings:?}"
     );
 }

@@ -468,22 +468,17 @@ async fn a_created_claim_is_tracked_and_linked_to_its_job_by_owner_reference() {
     let mut config = Config::default();
     config.selector.namespaces = vec![ns.name().to_owned()];
     let mut failures = 0;
-    let synced = watches::sync_once(
-        ns.client(),
-        &config.selector,
-        config.quota.enabled,
-        |kind, error| {
-            failures += 1;
-            eprintln!("listing {kind:?} failed: {error}");
-            failures < 5
-        },
-    );
+    let synced = watches::sync_once(ns.client(), &config, |kind, error| {
+        failures += 1;
+        eprintln!("listing {kind:?} failed: {error}");
+        failures < 5
+    });
     let index = tokio::time::timeout(Duration::from_secs(30), synced)
         .await
         .expect("the watches sync within 30 s")
         .expect("the watches sync");
 
-    let rows = audit::rows(&index, &config.policy(), Utc::now());
+    let rows = audit::rows(&index, &config.policies(), Utc::now());
     let row = rows
         .iter()
         .find(|row| row.name == "nb-build-workspace")

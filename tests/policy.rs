@@ -11,7 +11,7 @@ use workspace_gc::decide::annotations;
 use workspace_gc::decide::facts::{
     ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerRef, OwnerState, PodUse, Progress, Users,
 };
-use workspace_gc::decide::policy::{Policy, Reason, Verdict, decide};
+use workspace_gc::decide::policy::{Collection, Policy, Reason, Verdict, decide};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
@@ -379,6 +379,31 @@ fn every_verdict_and_reason() {
         assert_eq!(decision.verdict, expected, "{name}");
         covered.insert(expected.reason());
     }
+    // A namespace that switches collection off, or whose settings could not be read, keeps
+    // even an overdue claim; a protection still reports first.
+    for (collection, reason) in [
+        (Collection::Off, Reason::CollectionOff),
+        (Collection::Unknown, Reason::NamespaceUnknown),
+    ] {
+        let off = Policy {
+            collection,
+            ..policy.clone()
+        };
+        let verdict = decide(&done_at_1h(), &off, t0() + Duration::days(365)).verdict;
+        assert_eq!(
+            verdict,
+            Verdict::Keep {
+                reason,
+                recheck_at: None
+            }
+        );
+        let kept = annotated(done_at_1h(), KEEP, "true");
+        assert_eq!(
+            decide(&kept, &off, at(3)).verdict.reason(),
+            Reason::KeepAnnotation
+        );
+        covered.insert(reason);
+    }
     // `quota-pressure` is chosen by `quota::plan` over a namespace, never by `decide`.
     let missing: Vec<_> = Reason::ALL
         .iter()
@@ -492,20 +517,26 @@ fn any_facts() -> impl Strategy<Value = Facts> {
 }
 
 fn any_policy() -> impl Strategy<Value = Policy> {
-    (
+    let collection = prop_oneof![
+        6 => Just(Collection::On),
+        1 => Just(Collection::Off),
+        1 => Just(Collection::Unknown),
+    ];
+    let durations = (
         any_duration(),
         any_duration(),
         any_duration(),
         any_duration(),
+    );
+    (durations, collection).prop_map(
+        |((ttl_after_finished, ttl_after_failed, orphan_grace, max_age), collection)| Policy {
+            ttl_after_finished,
+            ttl_after_failed,
+            orphan_grace,
+            max_age,
+            collection,
+        },
     )
-        .prop_map(
-            |(ttl_after_finished, ttl_after_failed, orphan_grace, max_age)| Policy {
-                ttl_after_finished,
-                ttl_after_failed,
-                orphan_grace,
-                max_age,
-            },
-        )
 }
 
 fn verdict_key(verdict: &Verdict) -> (workspace_gc::decide::policy::VerdictState, Reason) {
@@ -529,6 +560,7 @@ proptest! {
         };
         prop_assert!(!in_use, "deleted a claim in use");
         prop_assert!(facts.claim.deletion_timestamp.is_none(), "acted on a terminating claim");
+        prop_assert_eq!(policy.collection, Collection::On, "deleted where collection is not on");
         let parsed = annotations::parse(&facts.claim.annotations);
         prop_assert!(parsed.is_ok(), "deleted despite an invalid annotation");
         prop_assert!(!parsed.unwrap().keep, "deleted a claim marked keep");

@@ -1,16 +1,24 @@
-//! The retention policies against a real kube-apiserver and etcd: failed builds kept longer.
-//! The daemon runs in-process (`controller::run`) with a configuration scoped to each test's
-//! namespace.
+//! The retention policies against a real kube-apiserver and etcd: failed builds kept longer,
+//! and per-namespace settings. The daemon runs in-process (`controller::run`) with a
+//! configuration scoped to each test's namespaces.
 
 mod support;
 
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, TestNamespace,
     claim_exists, finished_build, wait_until,
 };
+use workspace_gc::cluster::watches;
+use workspace_gc::config::Config;
+use workspace_gc::contract::annotations;
+use workspace_gc::decide::policy::Reason;
+use workspace_gc::surface::audit::{self, Row};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -83,5 +91,122 @@ async fn a_failed_build_is_kept_for_ttl_after_failed() {
         .await,
         "the failed build's workspace goes once ttl_after_failed has passed"
     );
+    daemon.stop().await;
+}
+
+/// Sets (or, with `null`, removes) annotations on the Namespace `ns`.
+async fn annotate(ns: &TestNamespace, annotations: serde_json::Value) {
+    Api::<Namespace>::all(ns.client().clone())
+        .patch(
+            ns.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotate namespace {}: {e}", ns.name()));
+}
+
+/// A configuration over `namespaces`, as [`TestNamespace::config`] sets one up, with
+/// per-namespace settings enabled (namespaces may not shorten anything) and finished builds due
+/// at once.
+fn config_over(namespaces: &[&TestNamespace]) -> Config {
+    let mut config = namespaces[0].config();
+    config.selector.namespaces = namespaces.iter().map(|ns| ns.name().to_owned()).collect();
+    config.policy.ttl_after_finished = Duration::ZERO;
+    config.namespace_policy.enabled = true;
+    config
+}
+
+/// The audit's rows for the configured namespaces: the daemon's watches, cache and policy.
+async fn audit_rows(ns: &TestNamespace, config: &Config) -> Vec<Row> {
+    let index = watches::sync_once(ns.client(), config, |kind, error| {
+        panic!("listing {}: {error}", kind.as_str())
+    })
+    .await
+    .expect("every kind lists");
+    audit::rows(&index, &config.policies(), Utc::now())
+}
+
+async fn has_event(ns: &TestNamespace, reason: &str, note: &str) -> bool {
+    ns.events().await.iter().any(|e| {
+        e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(note))
+    })
+}
+
+/// A namespace's annotations choose when its claims are due: a longer TTL keeps a finished
+/// build's workspace, `collect: "false"` keeps everything, and a value that does not parse or
+/// lies outside the bounds keeps the cluster's value, with a warning event in that namespace.
+/// Changing the annotations re-evaluates the namespace's claims at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn namespace_annotations_choose_when_claims_are_due() {
+    let (longer, off, bad) = (
+        ns("ns-longer").await,
+        ns("ns-off").await,
+        ns("ns-bad").await,
+    );
+    annotate(&longer, json!({annotations::NS_TTL_AFTER_FINISHED: "1h"})).await;
+    annotate(&off, json!({annotations::NS_COLLECT: "false"})).await;
+    annotate(
+        &bad,
+        json!({annotations::NS_TTL_AFTER_FINISHED: "soon", annotations::NS_MAX_AGE: "1m"}),
+    )
+    .await;
+    let done = Utc::now() - chrono::Duration::minutes(5);
+    for ns in [&longer, &off, &bad] {
+        finished_build(ns, "nb", done).await;
+    }
+    let config = config_over(&[&longer, &off, &bad]);
+    let daemon = Daemon::start(longer.client().clone(), config.clone(), "ns-policy").await;
+
+    assert!(
+        wait_until(secs(10), || async {
+            !claim_exists(&bad, "nb-build-workspace").await
+        })
+        .await,
+        "the cluster's TTL applies where the namespace's values are ignored"
+    );
+    assert!(
+        wait_until(secs(10), || has_event(
+            &bad,
+            "InvalidNamespacePolicy",
+            "may not shorten"
+        ))
+        .await,
+        "a warning event in the namespace names the value out of bounds:\n{:#?}",
+        bad.events().await
+    );
+    assert!(has_event(&bad, "InvalidNamespacePolicy", "\"soon\"").await);
+    // Decided in the same pass as the claim above.
+    for ns in [&longer, &off] {
+        assert!(
+            claim_exists(ns, "nb-build-workspace").await,
+            "{} keeps its claim",
+            ns.name()
+        );
+    }
+    let rows = audit_rows(&longer, &config).await;
+    let row = |ns: &TestNamespace| {
+        rows.iter()
+            .find(|r| r.namespace == ns.name())
+            .unwrap_or_else(|| panic!("a row for {}: {rows:#?}", ns.name()))
+    };
+    assert_eq!(
+        row(&longer).policy.to_string(),
+        "namespace ttl-after-finished=1h"
+    );
+    assert_eq!(row(&longer).decision.verdict.reason(), Reason::WithinTtl);
+    assert_eq!(row(&off).policy.to_string(), "namespace collect=false");
+    assert_eq!(row(&off).decision.verdict.reason(), Reason::CollectionOff);
+
+    // Without its annotation, the cluster's TTL applies there too.
+    annotate(&longer, json!({annotations::NS_TTL_AFTER_FINISHED: null})).await;
+    assert!(
+        wait_until(secs(10), || async {
+            !claim_exists(&longer, "nb-build-workspace").await
+        })
+        .await,
+        "removing the annotation makes the claim due"
+    );
+    assert!(claim_exists(&off, "nb-build-workspace").await);
     daemon.stop().await;
 }

@@ -46,15 +46,12 @@ fn config_for(namespaces: &[&TestNamespace]) -> Config {
 /// The audit's verdict on every claim in the configured namespaces: the daemon's own watches,
 /// cache, linking and policy, listed once.
 async fn audit(client: &kube::Client, config: &Config) -> Vec<Row> {
-    let index = watches::sync_once(
-        client,
-        &config.selector,
-        config.quota.enabled,
-        |kind, error| panic!("listing {}: {error}", kind.as_str()),
-    )
+    let index = watches::sync_once(client, config, |kind, error| {
+        panic!("listing {}: {error}", kind.as_str())
+    })
     .await
     .expect("every kind lists");
-    audit::rows(&index, &config.policy(), Utc::now())
+    audit::rows(&index, &config.policies(), Utc::now())
 }
 
 async fn verdict(ns: &TestNamespace, config: &Config, claim: &str) -> (VerdictState, Reason) {

@@ -6,7 +6,11 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
-use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry};
+use std::collections::BTreeMap;
+
+use crate::decide::facts::{
+    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, PodUse, RunEntry,
+};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::quota::QuotaEntry;
 use crate::observe::metrics::Kind;
@@ -40,6 +44,7 @@ pub enum Update {
     TaskRun(Change<TaskRunEntry>),
     Pod(Change<PodEntry>),
     Quota(Change<QuotaEntry>),
+    Namespace(Change<NamespaceEntry>),
 }
 
 /// One kind's entries.
@@ -89,6 +94,8 @@ pub struct Index {
     /// Watched only when quota pressure is enabled ([`Index::with_quotas`]); otherwise synced
     /// and empty from the start.
     quotas: Table<QuotaEntry>,
+    /// Watched only with per-namespace settings enabled ([`Index::with_namespaces`]).
+    namespaces: Table<NamespaceEntry>,
     /// Claim → kinds and names of the runs in its namespace whose workspaces bind it.
     runs_by_claim: HashMap<ObjectKey, Row<(OwnerKind, String)>>,
     /// Claim → names of the pods in its namespace that mount it.
@@ -126,6 +133,7 @@ impl Index {
             task_runs: Table::new(scopes),
             pods: Table::new(scopes),
             quotas: Table::new(&[]),
+            namespaces: Table::new(&[]),
             runs_by_claim: HashMap::new(),
             pods_by_claim: HashMap::new(),
             claims_by_owner: HashMap::new(),
@@ -138,6 +146,32 @@ impl Index {
         self
     }
 
+    /// An index that also waits for the Namespace watch (cluster-wide) to list once.
+    pub fn with_namespaces(mut self) -> Self {
+        self.namespaces = Table::new(&[None]);
+        self
+    }
+
+    /// A namespace's workspace-gc annotations; `None` until the Namespace watch listed, or
+    /// while it has not seen the namespace.
+    pub fn namespace_annotations(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        if !self.namespaces.synced() {
+            return None;
+        }
+        let key = ObjectKey::new("", namespace);
+        self.namespaces
+            .items
+            .get(&key)
+            .map(|entry| &entry.annotations)
+    }
+
+    /// The names of the cached Namespaces.
+    pub fn namespace_names(&self) -> Vec<String> {
+        (self.namespaces.items.keys())
+            .map(|key| key.name.clone())
+            .collect()
+    }
+
     /// Applies a change of any kind and returns the claims to re-evaluate.
     pub fn update(&mut self, update: Update) -> BTreeSet<ObjectKey> {
         match update {
@@ -147,6 +181,7 @@ impl Index {
             Update::TaskRun(change) => self.apply(change),
             Update::Pod(change) => self.apply(change),
             Update::Quota(change) => self.apply(change),
+            Update::Namespace(change) => self.apply(change),
         }
     }
 
@@ -218,6 +253,7 @@ impl Index {
             && self.task_runs.synced()
             && self.pods.synced()
             && self.quotas.synced()
+            && self.namespaces.synced()
     }
 
     pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimFacts> {
@@ -255,7 +291,7 @@ impl Index {
     }
 
     /// Entries cached per kind, for metrics.
-    pub fn sizes(&self) -> [(Kind, usize); 6] {
+    pub fn sizes(&self) -> [(Kind, usize); 7] {
         [
             (Kind::Claims, self.claims.len()),
             (Kind::Jobs, self.jobs.len()),
@@ -263,6 +299,7 @@ impl Index {
             (Kind::TaskRuns, self.task_runs.len()),
             (Kind::Pods, self.pods.len()),
             (Kind::Quotas, self.quotas.len()),
+            (Kind::Namespaces, self.namespaces.len()),
         ]
     }
 
@@ -474,6 +511,29 @@ impl Cached for QuotaEntry {
         out.extend(
             index
                 .claims_in(&self.key.namespace)
+                .map(|claim| claim.key.clone()),
+        );
+    }
+}
+
+impl Cached for NamespaceEntry {
+    const WHAT: &'static str = "Namespace";
+
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    fn table(index: &mut Index) -> &mut Table<Self> {
+        &mut index.namespaces
+    }
+
+    fn index(&self, _: &mut Index, _: bool) {}
+
+    /// Its settings apply to every claim in it.
+    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
+        out.extend(
+            index
+                .claims_in(&self.key.name)
                 .map(|claim| claim.key.clone()),
         );
     }

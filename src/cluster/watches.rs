@@ -13,8 +13,8 @@ use std::fmt::Debug;
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ResourceQuota};
-use kube::api::{Api, ApiResource};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ResourceQuota};
+use kube::api::{Api, ApiResource, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
@@ -23,8 +23,9 @@ use tracing::info;
 
 use crate::cluster::cache::{Change, Index, Scope, TaskRunEntry, Update};
 use crate::cluster::resources::{self, OwnerObject};
-use crate::config::SelectorConfig;
-use crate::decide::facts::ObjectKey;
+use crate::config::{Config, SelectorConfig};
+use crate::contract::annotations;
+use crate::decide::facts::{NamespaceEntry, ObjectKey};
 use crate::observe::metrics::Kind;
 
 /// One item of the merged watch streams.
@@ -40,24 +41,27 @@ pub fn scopes(selector: &SelectorConfig) -> Vec<Scope> {
 }
 
 /// The index the watches of [`updates`] fill: it is synced once each of them has listed.
-pub fn index(selector: &SelectorConfig, quotas: bool) -> Index {
-    let index = Index::new(&scopes(selector));
-    if quotas {
-        index.with_quotas(&scopes(selector))
-    } else {
-        index
+pub fn index(config: &Config) -> Index {
+    let selector = &config.selector;
+    let mut index = Index::new(&scopes(selector));
+    if config.quota.enabled {
+        index = index.with_quotas(&scopes(selector));
     }
+    if config.namespace_policy.enabled {
+        index = index.with_namespaces();
+    }
+    index
 }
 
-/// All watches merged into one stream of cache updates (ResourceQuotas only with `quotas`).
-/// Watch errors are yielded (to be logged and counted) and the watch retries with
-/// kube-runtime's default backoff.
-pub fn updates(
-    client: &Client,
-    selector: &SelectorConfig,
-    quotas: bool,
-) -> BoxStream<'static, Item> {
+/// All watches merged into one stream of cache updates (ResourceQuotas only with quota pressure
+/// enabled, Namespaces only with per-namespace settings). Watch errors are yielded (to be
+/// logged and counted) and the watch retries with kube-runtime's default backoff.
+pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
+    let (selector, quotas) = (&config.selector, config.quota.enabled);
     let mut streams: Vec<BoxStream<'static, Item>> = Vec::new();
+    if config.namespace_policy.enabled {
+        streams.push(namespaces(client));
+    }
     let claims = watcher::Config::default().labels(&selector.label_selector.to_string());
     for scope in scopes(selector) {
         streams.push(kind(
@@ -135,12 +139,11 @@ pub fn updates(
 /// one-shot path `audit` takes, through the same code as the daemon.
 pub async fn sync_once(
     client: &Client,
-    selector: &SelectorConfig,
-    quotas: bool,
+    config: &Config,
     mut on_error: impl FnMut(Kind, &watcher::Error) -> bool,
 ) -> Option<Index> {
-    let mut index = index(selector, quotas);
-    let mut updates = updates(client, selector, quotas);
+    let mut index = index(config);
+    let mut updates = updates(client, config);
     while let Some(item) = updates.next().await {
         match item {
             Ok(update) => {
@@ -157,6 +160,25 @@ pub async fn sync_once(
         }
     }
     None
+}
+
+/// Namespaces, cluster-wide and as metadata only (`PartialObjectMeta` makes every request
+/// ask for metadata alone): of each only its workspace-gc annotations are kept.
+fn namespaces(client: &Client) -> BoxStream<'static, Item> {
+    kind(
+        Kind::Namespaces,
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        watcher::Config::default(),
+        None,
+        |meta| NamespaceEntry {
+            key: ObjectKey::of(&meta.metadata),
+            annotations: (meta.metadata.annotations.iter().flatten())
+                .filter(|(key, _)| key.starts_with(annotations::PREFIX))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+        },
+        Update::Namespace,
+    )
 }
 
 fn typed<K>(client: &Client, scope: &Scope) -> Api<K>
@@ -349,6 +371,7 @@ fn namespace_of(update: &Update) -> Option<&str> {
         Update::TaskRun(c) => of(c),
         Update::Pod(c) => of(c),
         Update::Quota(c) => of(c),
+        Update::Namespace(c) => of(c),
     }
 }
 

@@ -22,6 +22,7 @@ use tracing::{debug, warn};
 use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::{Fence, FenceError};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
 use crate::decide::quota::Pressure;
 use crate::observe::metrics::{DeleteResult, Metrics, Operation};
@@ -213,6 +214,30 @@ impl Writer {
         let reason = "QuotaPressure";
         self.publish(EventType::Warning, reason, note, &reference, quota, metrics)
             .await;
+    }
+
+    /// A warning on a Namespace whose workspace-gc annotations were ignored, if this replica
+    /// leads. Written in that namespace, where its team looks.
+    pub async fn notify_namespace(&self, namespace: &str, ignored: &[Ignored], metrics: &Metrics) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Namespace".into()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(namespace.to_owned()),
+            ..ObjectReference::default()
+        };
+        let problems: Vec<String> = ignored.iter().map(ToString::to_string).collect();
+        let note = format!("workspace-gc: {}", problems.join("; "));
+        let key = ObjectKey::new(namespace, namespace);
+        self.publish(
+            EventType::Warning,
+            "InvalidNamespacePolicy",
+            note,
+            &reference,
+            &key,
+            metrics,
+        )
+        .await;
     }
 
     /// Publishes an event, if this replica leads; failures are logged and counted, never fatal.

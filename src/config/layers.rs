@@ -63,6 +63,7 @@ pub(super) struct Layer {
     pub(super) logging: LoggingLayer,
     pub(super) creator: CreatorLayer,
     pub(super) quota: QuotaLayer,
+    pub(super) namespace_policy: NamespacePolicyLayer,
 }
 
 #[derive(Default, Deserialize)]
@@ -131,9 +132,17 @@ pub(super) struct QuotaLayer {
     pub(super) low_water: Slot<f64>,
 }
 
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct NamespacePolicyLayer {
+    pub(super) enabled: Slot<bool>,
+    pub(super) may_shorten: Slot<bool>,
+    pub(super) min_ttl: Slot<String>,
+}
+
 /// The file's sections, for splitting `WORKSPACE_GC_LEADER_ELECTION_LEASE_NAME` and the like
 /// where underscores separate words as well as section from key.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "selector",
     "policy",
     "deletion",
@@ -142,6 +151,7 @@ const SECTIONS: [&str; 8] = [
     "logging",
     "creator",
     "quota",
+    "namespace_policy",
 ];
 
 /// A rejected value, before its origin is turned into a [`Location`].
@@ -289,6 +299,7 @@ impl Layer {
             logging: g,
             creator: c,
             quota: q,
+            namespace_policy: n,
         } = self;
         Some(match key {
             "selector.label_selector" => put(&mut s.label_selector, raw, at),
@@ -319,6 +330,9 @@ impl Layer {
             "quota.enabled" => put(&mut q.enabled, raw, at),
             "quota.high_water" => put(&mut q.high_water, raw, at),
             "quota.low_water" => put(&mut q.low_water, raw, at),
+            "namespace_policy.enabled" => put(&mut n.enabled, raw, at),
+            "namespace_policy.may_shorten" => put(&mut n.may_shorten, raw, at),
+            "namespace_policy.min_ttl" => put(&mut n.min_ttl, raw, at),
             _ => return None,
         })
     }

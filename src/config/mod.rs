@@ -25,7 +25,8 @@ pub use self::labels::LabelSelector;
 use self::layers::Layer;
 pub use self::quantity::Quantity;
 use crate::contract::labels::BUILD_WORKSPACE;
-use crate::decide::policy::Policy;
+use crate::decide::namespace::{Bounds, Policies};
+use crate::decide::policy::{Collection, Policy};
 use crate::decide::quota::Waters;
 
 /// Process exit code for an invalid configuration (or command line): nothing is started.
@@ -51,6 +52,20 @@ pub struct Config {
     pub logging: LoggingConfig,
     pub creator: CreatorConfig,
     pub quota: QuotaConfig,
+    pub namespace_policy: NamespacePolicyConfig,
+}
+
+/// Per-namespace settings: annotations on a Namespace refine the policy for its claims, within
+/// these bounds. Needs `list`/`watch` on Namespaces (the namespaced overlay has neither: the
+/// cluster's policy applies there).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NamespacePolicyConfig {
+    pub enabled: bool,
+    /// Whether a namespace may set a duration shorter than the cluster's.
+    pub may_shorten: bool,
+    /// The shortest duration a namespace may shorten one to.
+    #[serde(serialize_with = "serialize_duration")]
+    pub min_ttl: Duration,
 }
 
 /// Which claims are tracked.
@@ -239,6 +254,11 @@ impl Default for Config {
                 high_water: 0.9,
                 low_water: 0.8,
             },
+            namespace_policy: NamespacePolicyConfig {
+                enabled: false,
+                may_shorten: false,
+                min_ttl: Duration::from_secs(10 * 60),
+            },
         }
     }
 }
@@ -350,6 +370,18 @@ impl Config {
             };
             say("deletion.max_deletions_per_window", cap(was), cap(del));
         }
+        let (nsp, was) = (&self.namespace_policy, &base.namespace_policy);
+        let shortens = |n: &NamespacePolicyConfig| n.enabled && n.may_shorten;
+        if shortens(nsp) && !shortens(was) {
+            say(
+                "namespace_policy.may_shorten",
+                "false".into(),
+                "true".into(),
+            );
+        } else if shortens(nsp) && nsp.min_ttl < was.min_ttl {
+            let (from, to) = (human(was.min_ttl), human(nsp.min_ttl));
+            say("namespace_policy.min_ttl", from, to);
+        }
         let (quota, was) = (&self.quota, &base.quota);
         if quota.enabled && !was.enabled {
             say("quota.enabled", "false".into(), "true".into());
@@ -367,7 +399,20 @@ impl Config {
         found
     }
 
-    /// The policy the decision core applies.
+    /// The cluster's policy and, with per-namespace settings enabled, their bounds.
+    pub fn policies(&self) -> Policies {
+        let nsp = &self.namespace_policy;
+        Policies {
+            cluster: self.policy(),
+            namespaces: nsp.enabled.then(|| Bounds {
+                may_shorten: nsp.may_shorten,
+                // MAX_DURATION keeps it within chrono's range.
+                min_ttl: chrono::Duration::from_std(nsp.min_ttl).unwrap_or(chrono::Duration::MAX),
+            }),
+        }
+    }
+
+    /// The cluster's policy, as the decision core applies it.
     pub fn policy(&self) -> Policy {
         // MAX_DURATION keeps every duration within chrono's range, so the fallback never applies.
         let chrono = |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
@@ -376,6 +421,7 @@ impl Config {
             ttl_after_failed: chrono(self.policy.ttl_after_failed()),
             orphan_grace: chrono(self.policy.orphan_grace),
             max_age: chrono(self.policy.max_age),
+            collection: Collection::On,
         }
     }
 }

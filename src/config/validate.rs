@@ -10,7 +10,8 @@ use super::labels::{LabelSelector, dns1123_label, dns1123_subdomain, label_key, 
 use super::layers::{At, Layer, Problem, QuotaLayer, Slot, Val};
 use super::{
     Config, CreatorConfig, DeletionConfig, HttpConfig, LeaderElectionConfig, LogFormat,
-    LoggingConfig, MAX_DURATION, PolicyConfig, QuotaConfig, SelectorConfig, deletion_interval,
+    LoggingConfig, MAX_DURATION, NamespacePolicyConfig, PolicyConfig, QuotaConfig, SelectorConfig,
+    deletion_interval,
 };
 use crate::contract::labels;
 
@@ -27,6 +28,7 @@ impl Layer {
             logging: log,
             creator: cr,
             quota,
+            namespace_policy: nsp,
         } = self;
 
         let label_selector = take(
@@ -187,6 +189,29 @@ impl Layer {
         )?;
 
         let quota = resolve_quota(quota, d.quota)?;
+        let namespace_policy = NamespacePolicyConfig {
+            enabled: take(
+                nsp.enabled,
+                "namespace_policy.enabled",
+                d.namespace_policy.enabled,
+                Ok,
+            )?
+            .value,
+            may_shorten: take(
+                nsp.may_shorten,
+                "namespace_policy.may_shorten",
+                d.namespace_policy.may_shorten,
+                Ok,
+            )?
+            .value,
+            min_ttl: take(
+                nsp.min_ttl,
+                "namespace_policy.min_ttl",
+                d.namespace_policy.min_ttl,
+                positive_duration,
+            )?
+            .value,
+        };
 
         Ok(Config {
             selector: SelectorConfig {
@@ -227,6 +252,7 @@ impl Layer {
                 annotations: annotations.value,
             },
             quota,
+            namespace_policy,
         })
     }
 }

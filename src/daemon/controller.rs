@@ -3,7 +3,7 @@
 //! quota is nearly exhausted, the pure quota plan), and acts through the writer — after the
 //! limiter admits it and a live re-check confirms it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -30,6 +30,7 @@ use crate::daemon::limiter::{Admission, Limiter, Reservation};
 use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self, Found};
+use crate::decide::namespace::Policies;
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
 use crate::observe::http::{self, Health};
@@ -76,7 +77,7 @@ pub enum RunError {
 /// Everything a reconcile reads, built once.
 struct Controller {
     client: Client,
-    policy: Policy,
+    policies: Policies,
     index: RwLock<Index>,
     metrics: Arc<Metrics>,
     writer: Writer,
@@ -91,6 +92,8 @@ struct Controller {
     rounds: Mutex<Rounds>,
     /// Claims told about the cap in the current episode of it: told once, not at every retry.
     capped: Mutex<BTreeSet<ObjectKey>>,
+    /// Per namespace, the annotations last warned about (leader only): told once per change.
+    warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
     clock: ServerClock,
 }
 
@@ -163,8 +166,8 @@ pub async fn run(
     info!(?mode, "starting");
     let (schedule, scheduler) = crate::daemon::scheduler::Scheduler::new();
     let controller = Arc::new(Controller {
-        policy: config.policy(),
-        index: RwLock::new(watches::index(&config.selector, config.quota.enabled)),
+        policies: config.policies(),
+        index: RwLock::new(watches::index(&config)),
         metrics: metrics.clone(),
         writer: Writer::new(
             client.clone(),
@@ -190,13 +193,14 @@ pub async fn run(
         quota: config.quota.waters(),
         rounds: Mutex::default(),
         capped: Mutex::default(),
+        warned: Mutex::default(),
         clock: options.clock,
     });
 
     // Fused, so that a task already seen to end is not polled again below.
     let feeder = tokio::spawn(feed(
         controller.clone(),
-        watches::updates(&client, &config.selector, config.quota.enabled),
+        watches::updates(&client, &config),
         health.clone(),
     ));
     let follower = tokio::spawn(follow_leadership(controller.clone(), health));
@@ -288,6 +292,12 @@ async fn feed(
         match item {
             Ok(update) => {
                 reachable(&controller, &health, true);
+                // Namespaces whose annotations may have changed: one, or all after a (re-)list.
+                let changed = match &update {
+                    Update::Namespace(Change::Apply(entry)) => Some(vec![entry.key.name.clone()]),
+                    Update::Namespace(Change::InitDone(_)) => Some(Vec::new()),
+                    _ => None,
+                };
                 let (affected, all) = {
                     let mut index = controller.write_index();
                     let was_synced = index.synced();
@@ -318,6 +328,17 @@ async fn feed(
                 }
                 for key in affected {
                     controller.schedule.now(key);
+                }
+                if let Some(mut namespaces) = changed {
+                    if namespaces.is_empty() {
+                        namespaces = controller.read_index().namespace_names();
+                    }
+                    let controller = controller.clone();
+                    tokio::spawn(async move {
+                        for namespace in namespaces {
+                            controller.warn_namespace(&namespace).await;
+                        }
+                    });
                 }
             }
             Err((kind, error)) => {
@@ -394,9 +415,18 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
             for key in keys {
                 controller.schedule.now(key);
             }
+            let namespaces = controller.read_index().namespace_names();
+            for namespace in namespaces {
+                controller.warn_namespace(&namespace).await;
+            }
         } else {
             info!("standing by: another replica holds the lease");
             controller.lock_limiter().forget();
+            controller
+                .warned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
         }
         if leading.changed().await.is_err() {
             return;
@@ -417,12 +447,47 @@ impl Controller {
         *self.leading.borrow()
     }
 
+    /// The policy for a namespace's claims: the cluster's, refined by the namespace's cached
+    /// annotations when per-namespace settings are enabled.
+    fn policy_in(&self, index: &Index, namespace: &str) -> Policy {
+        (self.policies)
+            .for_namespace(index.namespace_annotations(namespace))
+            .policy
+    }
+
+    /// As the leader, warns on a Namespace whose workspace-gc annotations are ignored: once per
+    /// change of them.
+    async fn warn_namespace(&self, namespace: &str) {
+        if self.policies.namespaces.is_none() || !self.is_leader() {
+            return;
+        }
+        let Some(annotations) = self.read_index().namespace_annotations(namespace).cloned() else {
+            return;
+        };
+        let ignored = self.policies.for_namespace(Some(&annotations)).problems;
+        let first = {
+            let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+            let known = warned.get(namespace) == Some(&annotations);
+            warned.insert(namespace.to_owned(), annotations);
+            !known
+        };
+        if first && !ignored.is_empty() {
+            for problem in &ignored {
+                warn!(%namespace, %problem, "namespace annotation ignored");
+            }
+            (self.writer)
+                .notify_namespace(namespace, &ignored, &self.metrics)
+                .await;
+        }
+    }
+
     /// Decides from the cache; `None` once the claim is gone.
     fn decide_cached(&self, key: &ObjectKey) -> Option<(ClaimFacts, Decision)> {
         let index = self.read_index();
         let claim = index.claim(key)?;
         let facts = linking::facts(claim, &*index);
-        let decision = policy::decide(&facts, &self.policy, self.clock.now());
+        let policy = self.policy_in(&index, &key.namespace);
+        let decision = policy::decide(&facts, &policy, self.clock.now());
         Some((facts.claim, decision))
     }
 
@@ -557,7 +622,10 @@ impl Controller {
         };
         let live_until = live.read_at() + LIVE_BOUND;
         let facts = linking::facts(claim, &live);
-        let decision = policy::decide(&facts, &self.policy, self.clock.now());
+        // The namespace's settings from the cache: they only choose when a claim is due, and
+        // every protection is read live above.
+        let policy = self.policy_in(&self.read_index(), &key.namespace);
+        let decision = policy::decide(&facts, &policy, self.clock.now());
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
                 Some((reason, due_at.or(cached_due_at)))
@@ -766,7 +834,7 @@ impl Controller {
         let claims = quota::Claim::all_of(
             index.claims_in(namespace),
             index,
-            &self.policy,
+            &self.policy_in(index, namespace),
             self.clock.now(),
         );
         let plan = rounds.plan(namespace, &quotas, &claims, waters, Utc::now());
@@ -785,7 +853,7 @@ impl Controller {
         let claims = quota::Claim::all_of(
             index.claims_in(namespace),
             &*index,
-            &self.policy,
+            &self.policy_in(&index, namespace),
             self.clock.now(),
         );
         let plan = (self.rounds()).plan(namespace, &quotas, &claims, waters, Utc::now());
@@ -851,7 +919,7 @@ impl Controller {
             let mut claims = quota::Claim::all_of(
                 index.claims_in(namespace),
                 &*index,
-                &self.policy,
+                &self.policy_in(&index, namespace),
                 self.clock.now(),
             );
             claims.retain(|claim| claim.key != facts.claim.key);

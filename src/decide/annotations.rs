@@ -41,7 +41,8 @@ impl AnnotationError {
     }
 }
 
-fn quote(value: &str) -> String {
+/// `value`, shortened to a bounded length for logs and events.
+pub(crate) fn quote(value: &str) -> String {
     match value.char_indices().nth(QUOTE_LIMIT) {
         Some((cut, _)) => format!("{}…", &value[..cut]),
         None => value.to_owned(),

@@ -198,6 +198,14 @@ pub struct RunEntry {
     pub progress: Progress,
 }
 
+/// What the cache keeps of a Namespace: its workspace-gc annotations. Cluster-scoped: its key
+/// has an empty namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceEntry {
+    pub key: ObjectKey,
+    pub annotations: BTreeMap<String, String>,
+}
+
 /// What the cache keeps of a pod: only whether it may still use the claims it mounts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEntry {

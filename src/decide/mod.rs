@@ -5,5 +5,6 @@
 pub mod annotations;
 pub mod facts;
 pub mod linking;
+pub mod namespace;
 pub mod policy;
 pub mod quota;

@@ -22,6 +22,19 @@ pub struct Policy {
     pub orphan_grace: Duration,
     /// Absolute age after which a claim is deleted whatever its owners say, unless in use.
     pub max_age: Duration,
+    /// Whether claims may be deleted at all (a namespace can switch collection off).
+    pub collection: Collection,
+}
+
+/// Whether a namespace's claims are collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Collection {
+    On,
+    /// Its namespace switches collection off: its claims are kept.
+    Off,
+    /// Its namespace's settings could not be read: its claims are kept.
+    Unknown,
 }
 
 impl Policy {
@@ -42,6 +55,7 @@ impl Default for Policy {
             ttl_after_failed: Duration::hours(1),
             orphan_grace: Duration::minutes(10),
             max_age: Duration::days(7),
+            collection: Collection::On,
         }
     }
 }
@@ -81,6 +95,10 @@ pub enum Reason {
     UsersUnknown,
     /// An owner reference names a kind workspace-gc does not manage.
     ForeignOwner,
+    /// Its namespace switches collection off.
+    CollectionOff,
+    /// Its namespace's settings could not be read.
+    NamespaceUnknown,
     /// A linked owner is still running.
     OwnerRunning,
     /// A linked owner finished but records no completion time (yet); only `max_age` or
@@ -95,7 +113,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 20] = [
         Reason::Expired,
         Reason::OwnerGone,
         Reason::TtlExpired,
@@ -109,6 +127,8 @@ impl Reason {
         Reason::OwnerUnknown,
         Reason::UsersUnknown,
         Reason::ForeignOwner,
+        Reason::CollectionOff,
+        Reason::NamespaceUnknown,
         Reason::OwnerRunning,
         Reason::CompletionTimeMissing,
         Reason::CompletionInFuture,
@@ -132,6 +152,8 @@ impl Reason {
             Reason::OwnerUnknown => "owner-unknown",
             Reason::UsersUnknown => "users-unknown",
             Reason::ForeignOwner => "foreign-owner",
+            Reason::CollectionOff => "collection-off",
+            Reason::NamespaceUnknown => "namespace-unknown",
             Reason::OwnerRunning => "owner-running",
             Reason::CompletionTimeMissing => "completion-time-missing",
             Reason::CompletionInFuture => "completion-in-future",
@@ -158,6 +180,8 @@ impl Reason {
             Reason::OwnerUnknown => "an owner's state could not be read",
             Reason::UsersUnknown => "the pods that may mount it could not be read",
             Reason::ForeignOwner => "it is owned by a kind workspace-gc does not manage",
+            Reason::CollectionOff => "its namespace switches collection off",
+            Reason::NamespaceUnknown => "its namespace's settings could not be read",
             Reason::OwnerRunning => "its build is still running",
             Reason::CompletionTimeMissing => "its build finished but records no completion time",
             Reason::CompletionInFuture => {
@@ -275,8 +299,9 @@ impl Decision {
 /// Decides what to do with one claim. Pure: the same facts, policy and `now` give the same
 /// decision.
 ///
-/// Order matters and is the safety argument: terminating, bad annotations, use, `keep`, and
-/// unreadable or foreign owners all keep the claim before any deadline is looked at.
+/// Order matters and is the safety argument: terminating, bad annotations, use, `keep`,
+/// unreadable or foreign owners, and a namespace that switches collection off (or could not be
+/// read) all keep the claim before any deadline is looked at.
 pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
     let claim = &facts.claim;
     if claim.deletion_timestamp.is_some() {
@@ -344,6 +369,11 @@ pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
             },
             format!("owned by {} {}", foreign.kind, foreign.name),
         );
+    }
+    match policy.collection {
+        Collection::On => {}
+        Collection::Off => return Decision::keep(Reason::CollectionOff, None),
+        Collection::Unknown => return Decision::keep(Reason::NamespaceUnknown, None),
     }
     Decision::plain(decide_by_time(facts, &annotations, policy, now))
 }

@@ -71,6 +71,7 @@ pub enum Kind {
     TaskRuns,
     Pods,
     Quotas,
+    Namespaces,
 }
 
 impl Kind {
@@ -82,6 +83,7 @@ impl Kind {
             Kind::TaskRuns => "taskruns",
             Kind::Pods => "pods",
             Kind::Quotas => "quotas",
+            Kind::Namespaces => "namespaces",
         }
     }
 }

@@ -11,7 +11,8 @@ use serde::Serialize;
 use crate::cluster::cache::Index;
 use crate::decide::facts::{Facts, Owner, OwnerState, Progress};
 use crate::decide::linking::{self, Found};
-use crate::decide::policy::{self, Decision, Policy, Reason, Verdict, VerdictState};
+use crate::decide::namespace::{Policies, PolicySource};
+use crate::decide::policy::{self, Decision, Reason, Verdict, VerdictState};
 use crate::decide::quota::{self, Waters};
 
 /// One claim's line in the report.
@@ -24,18 +25,22 @@ pub struct Row {
     pub build: &'static str,
     pub created: DateTime<Utc>,
     pub size_bytes: Option<u64>,
+    /// Which policy applied: the cluster's, or the namespace annotations that refined it.
+    pub policy: PolicySource,
     #[serde(flatten)]
     pub decision: Decision,
 }
 
 /// Decides every claim in the index at `now`, sorted by namespace and name.
-pub fn rows(index: &Index, policy: &Policy, now: DateTime<Utc>) -> Vec<Row> {
+pub fn rows(index: &Index, policies: &Policies, now: DateTime<Utc>) -> Vec<Row> {
     let mut rows: Vec<Row> = index
         .claims()
         .map(|claim| {
             let facts = linking::facts(claim, index);
-            let decision = policy::decide(&facts, policy, now);
-            row(facts, decision)
+            let effective =
+                policies.for_namespace(index.namespace_annotations(&claim.key.namespace));
+            let decision = policy::decide(&facts, &effective.policy, now);
+            row(facts, effective.source, decision)
         })
         .collect();
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -59,7 +64,7 @@ pub struct QuotaRow {
 /// `delete` / `quota-pressure` verdicts, as the daemon would act on them.
 pub fn quotas(
     index: &Index,
-    policy: &Policy,
+    policies: &Policies,
     waters: Waters,
     now: DateTime<Utc>,
     rows: &mut [Row],
@@ -69,7 +74,8 @@ pub fn quotas(
         let Found::Yes(quotas) = index.quotas_in(&namespace) else {
             continue;
         };
-        let claims = quota::Claim::all_of(index.claims_in(&namespace), index, policy, now);
+        let policy = policies.for_namespace(index.namespace_annotations(&namespace));
+        let claims = quota::Claim::all_of(index.claims_in(&namespace), index, &policy.policy, now);
         let plan = quota::plan(&quotas, &claims, &quota::Round::default(), waters);
         for row in rows.iter_mut().filter(|r| r.namespace == namespace) {
             let taken = plan.victims.iter().any(|key| key.name == row.name);
@@ -108,8 +114,9 @@ pub fn quotas(
     out
 }
 
-fn row(facts: Facts, decision: Decision) -> Row {
+fn row(facts: Facts, policy: PolicySource, decision: Decision) -> Row {
     Row {
+        policy,
         build: build_state(&facts.owners),
         namespace: facts.claim.key.namespace,
         name: facts.claim.key.name,
@@ -167,6 +174,7 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
         "VERDICT",
         "REASON",
         "CHANGES",
+        "POLICY",
     ];
     let cells: Vec<Vec<String>> = rows
         .iter()
@@ -184,6 +192,7 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
                     .verdict
                     .recheck_at()
                     .map_or_else(|| "-".into(), |at| format!("in {}", short(at - now))),
+                row.policy.to_string(),
             ]
         })
         .collect();
@@ -337,6 +346,7 @@ mod tests {
     use crate::cluster::cache::{Change, Update};
     use crate::contract::OwnerKind;
     use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, RunEntry};
+    use crate::decide::policy::Policy;
     use chrono::TimeZone;
     use std::collections::BTreeMap;
 
@@ -409,7 +419,7 @@ mod tests {
 
     #[test]
     fn rows_carry_the_daemons_decisions() {
-        let rows = rows(&index(), &Policy::default(), now());
+        let rows = rows(&index(), &Policies::cluster_only(Policy::default()), now());
         let summary: Vec<_> = rows
             .iter()
             .map(|r| {
@@ -432,7 +442,10 @@ mod tests {
 
     #[test]
     fn table_lists_every_column() {
-        let text = table(&rows(&index(), &Policy::default(), now()), now());
+        let text = table(
+            &rows(&index(), &Policies::cluster_only(Policy::default()), now()),
+            now(),
+        );
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("NAMESPACE  NAME"), "{text}");
         assert!(
@@ -449,6 +462,7 @@ mod tests {
             "{text}"
         );
         assert!(lines[2].contains("in 8m"), "{text}");
+        assert!(lines[1].ends_with("cluster"), "{text}");
         assert!(
             text.contains("2 claims: 1 to delete, 0 protected, 1 kept"),
             "{text}"
@@ -457,7 +471,11 @@ mod tests {
 
     #[test]
     fn json_is_machine_readable() {
-        let text = json(&rows(&index(), &Policy::default(), now()));
+        let text = json(&rows(
+            &index(),
+            &Policies::cluster_only(Policy::default()),
+            now(),
+        ));
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value[0]["verdict"], "delete");
         assert_eq!(value[0]["reason"], "ttl-expired");
@@ -478,10 +496,10 @@ mod tests {
             }],
         })));
         // A 4h TTL: the build that finished 3h ago is within it, so pressure may take it.
-        let policy = Policy {
+        let policy = Policies::cluster_only(Policy {
             ttl_after_finished: Duration::hours(4),
             ..Policy::default()
-        };
+        });
         let mut rows = rows(&index, &policy, now());
         let waters = Waters {
             high: 0.9,

@@ -133,8 +133,7 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
         Err(code) => return code,
     };
     let mut failures = 0;
-    let quotas = config.quota.enabled;
-    let synced = watches::sync_once(&client, &config.selector, quotas, |kind, error| {
+    let synced = watches::sync_once(&client, &config, |kind, error| {
         failures += 1;
         warn!(kind = kind.as_str(), %error, "listing failed");
         // A few retries ride out a blip; a persistent error (RBAC, missing CRD) ends the audit.
@@ -146,10 +145,10 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
     };
     // Judged as the daemon judges: never later than the API server's clock.
     let now = clock.now();
-    let policy = config.policy();
-    let mut rows = audit::rows(&index, &policy, now);
+    let policies = config.policies();
+    let mut rows = audit::rows(&index, &policies, now);
     let quotas = match config.quota.waters() {
-        Some(waters) => audit::quotas(&index, &policy, waters, now, &mut rows),
+        Some(waters) => audit::quotas(&index, &policies, waters, now, &mut rows),
         None => Vec::new(),
     };
     let report = match args.output {

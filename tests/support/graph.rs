@@ -15,6 +15,7 @@ use workspace_gc::cluster::cache::{Change, Index, TaskRunEntry, Update};
 use workspace_gc::cluster::resources::{self, PodVolumes};
 use workspace_gc::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, RunEntry};
 use workspace_gc::decide::linking;
+use workspace_gc::decide::namespace::Policies;
 use workspace_gc::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use workspace_gc::surface::audit;
 
@@ -603,6 +604,7 @@ pub fn policy_of((ttl, failed, grace, max_age): (&str, &str, &str, &str)) -> Pol
         ttl_after_failed: parse(failed),
         orphan_grace: parse(grace),
         max_age: parse(max_age),
+        collection: policy::Collection::On,
     }
 }
 
@@ -787,7 +789,8 @@ pub fn check(
     let index = daemon_index(world);
     let decisions = daemon_decisions(&index, policy, now);
     // The audit is the same decisions, row by row.
-    for row in audit::rows(&index, policy, now) {
+    let policies = Policies::cluster_only(policy.clone());
+    for row in audit::rows(&index, &policies, now) {
         let key = ObjectKey::new(&row.namespace, &row.name);
         if decisions.get(&key) != Some(&row.decision) {
             return Err(format!("audit row {key} differs: {row:?}"));

@@ -1,0 +1,364 @@
+//! A namespace's own policy: annotations on the Namespace choose when its claims become due,
+//! within the bounds the cluster's configuration sets, or switch collection off there.
+//!
+//! A setting only chooses *when* a claim becomes due: every protection of `policy::decide`
+//! still comes first. A value that does not parse, or lies outside the bounds, keeps the
+//! cluster's value for that setting and is reported, so that a warning event can say so.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::Duration;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::contract::annotations::{
+    NS_COLLECT, NS_MAX_AGE, NS_ORPHAN_GRACE, NS_TTL_AFTER_FAILED, NS_TTL_AFTER_FINISHED, PREFIX,
+};
+use crate::decide::annotations::quote;
+use crate::decide::policy::{Collection, Policy};
+
+/// Durations beyond this are typos (the configuration's own limit).
+const MAX_DAYS: i64 = 100 * 365;
+
+/// What the cluster lets a namespace set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounds {
+    /// Whether a namespace may set a duration shorter than the cluster's.
+    pub may_shorten: bool,
+    /// A duration shorter than the cluster's must still be at least this long.
+    pub min_ttl: Duration,
+}
+
+/// The cluster's policy and, when namespaces may refine it, the bounds they must keep within.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policies {
+    pub cluster: Policy,
+    /// `None`: namespace annotations are not read; the cluster's policy applies everywhere.
+    pub namespaces: Option<Bounds>,
+}
+
+impl Policies {
+    /// The cluster's policy everywhere.
+    pub fn cluster_only(cluster: Policy) -> Self {
+        Self {
+            cluster,
+            namespaces: None,
+        }
+    }
+
+    /// The policy for a namespace whose workspace-gc annotations are `annotations`: `None`
+    /// when they could not be read (its claims are then kept), `Some` of an empty map for a
+    /// namespace without any.
+    pub fn for_namespace(&self, annotations: Option<&BTreeMap<String, String>>) -> Effective {
+        match (&self.namespaces, annotations) {
+            (None, _) => Effective::cluster(&self.cluster),
+            (Some(bounds), Some(annotations)) => effective(&self.cluster, bounds, annotations),
+            (Some(_), None) => Effective {
+                policy: Policy {
+                    collection: Collection::Unknown,
+                    ..self.cluster.clone()
+                },
+                source: PolicySource::default(),
+                problems: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Where a claim's policy came from: the namespace annotations that changed the cluster's,
+/// as written (trimmed). Empty: the cluster's policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PolicySource {
+    pub namespace: BTreeMap<String, String>,
+}
+
+impl fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            return f.write_str("cluster");
+        }
+        let settings: Vec<String> = (self.namespace.iter())
+            .map(|(key, value)| format!("{}={value}", key.trim_start_matches(PREFIX)))
+            .collect();
+        write!(f, "namespace {}", settings.join(","))
+    }
+}
+
+/// A namespace's policy, where it came from, and the annotations ignored on the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    pub policy: Policy,
+    pub source: PolicySource,
+    pub problems: Vec<Ignored>,
+}
+
+impl Effective {
+    fn cluster(cluster: &Policy) -> Self {
+        Self {
+            policy: cluster.clone(),
+            source: PolicySource::default(),
+            problems: Vec::new(),
+        }
+    }
+}
+
+/// A namespace annotation that was ignored: the cluster's value applies instead.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("annotation {key}={value:?} is ignored, the cluster's value applies: {why}")]
+pub struct Ignored {
+    pub key: String,
+    /// The value as given, shortened to a bounded length.
+    pub value: String,
+    pub why: String,
+}
+
+impl Ignored {
+    fn new(key: &str, value: &str, why: impl Into<String>) -> Self {
+        Self {
+            key: quote(key),
+            value: quote(value),
+            why: why.into(),
+        }
+    }
+}
+
+/// The policy field a namespace annotation sets.
+type Field = fn(&mut Policy) -> &mut Duration;
+
+/// The durations a namespace may set, each with the policy field it sets.
+const DURATIONS: [(&str, Field); 4] = [
+    (NS_TTL_AFTER_FINISHED, |p| &mut p.ttl_after_finished),
+    (NS_TTL_AFTER_FAILED, |p| &mut p.ttl_after_failed),
+    (NS_ORPHAN_GRACE, |p| &mut p.orphan_grace),
+    (NS_MAX_AGE, |p| &mut p.max_age),
+];
+
+/// The namespace's policy: each valid setting within `bounds` replaces the cluster's.
+pub fn effective(
+    cluster: &Policy,
+    bounds: &Bounds,
+    annotations: &BTreeMap<String, String>,
+) -> Effective {
+    let mut policy = cluster.clone();
+    let mut source = PolicySource::default();
+    let mut problems = Vec::new();
+    for (key, raw) in annotations.iter().filter(|(k, _)| k.starts_with(PREFIX)) {
+        let value = raw.trim();
+        if key == NS_COLLECT {
+            match value {
+                "false" => {
+                    policy.collection = Collection::Off;
+                    source.namespace.insert(key.clone(), value.to_owned());
+                }
+                "true" => {}
+                _ => problems.push(Ignored::new(key, raw, "expected \"true\" or \"false\"")),
+            }
+            continue;
+        }
+        let Some((_, field)) = DURATIONS.iter().find(|(k, _)| k == key) else {
+            let why = format!(
+                "an unknown workspace-gc namespace annotation; expected {NS_TTL_AFTER_FINISHED}, \
+                 {NS_TTL_AFTER_FAILED}, {NS_ORPHAN_GRACE}, {NS_MAX_AGE} or {NS_COLLECT}"
+            );
+            problems.push(Ignored::new(key, raw, why));
+            continue;
+        };
+        let theirs = *field(&mut policy.clone());
+        match bounded(value, theirs, bounds) {
+            Ok(duration) => {
+                *field(&mut policy) = duration;
+                source.namespace.insert(key.clone(), value.to_owned());
+            }
+            Err(why) => problems.push(Ignored::new(key, raw, why)),
+        }
+    }
+    // As the configuration requires: max_age at least orphan_grace, which protects every claim
+    // younger than it. The namespace's own values give way, max_age first.
+    for key in [NS_MAX_AGE, NS_ORPHAN_GRACE] {
+        if policy.max_age >= policy.orphan_grace {
+            break;
+        }
+        if let Some(value) = source.namespace.remove(key) {
+            let (_, field) = DURATIONS.iter().find(|(k, _)| *k == key).expect("listed");
+            *field(&mut policy) = *field(&mut cluster.clone());
+            let why = "max-age would be shorter than orphan-grace";
+            problems.push(Ignored::new(key, &value, why));
+        }
+    }
+    Effective {
+        policy,
+        source,
+        problems,
+    }
+}
+
+/// A namespace's duration, if it parses and keeps within the bounds: longer than the
+/// cluster's is always allowed (it keeps claims longer), shorter only as the bounds allow.
+fn bounded(value: &str, cluster: Duration, bounds: &Bounds) -> Result<Duration, String> {
+    let std = humantime::parse_duration(value).map_err(|e| {
+        format!(
+            "expected a duration like \"2h\" ({})",
+            quote(&e.to_string())
+        )
+    })?;
+    let duration = Duration::from_std(std)
+        .ok()
+        .filter(|d| *d <= Duration::days(MAX_DAYS))
+        .ok_or("the duration is longer than 100 years")?;
+    if duration >= cluster {
+        return Ok(duration);
+    }
+    let human = |d: Duration| humantime::format_duration(d.to_std().unwrap_or_default());
+    if !bounds.may_shorten {
+        return Err(format!(
+            "shorter than the cluster's {}, and namespaces may not shorten it",
+            human(cluster)
+        ));
+    }
+    if duration < bounds.min_ttl || duration.is_zero() {
+        return Err(format!(
+            "shorter than the cluster's minimum for namespaces, {}",
+            human(bounds.min_ttl)
+        ));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn bounds(may_shorten: bool) -> Bounds {
+        Bounds {
+            may_shorten,
+            min_ttl: Duration::minutes(10),
+        }
+    }
+
+    fn with(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        (pairs.iter())
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn valid_settings_replace_the_clusters() {
+        let got = effective(
+            &Policy::default(),
+            &bounds(false),
+            &with(&[
+                (NS_TTL_AFTER_FINISHED, "2h"),
+                (NS_TTL_AFTER_FAILED, " 3d "),
+                (NS_MAX_AGE, "30d"),
+                (NS_COLLECT, "true"),
+                ("example.com/other", "x"),
+            ]),
+        );
+        assert_eq!(got.problems, []);
+        assert_eq!(got.policy.ttl_after_finished, Duration::hours(2));
+        assert_eq!(got.policy.ttl_after_failed, Duration::days(3));
+        assert_eq!(got.policy.max_age, Duration::days(30));
+        assert_eq!(got.policy.orphan_grace, Policy::default().orphan_grace);
+        assert_eq!(got.policy.collection, Collection::On);
+        assert_eq!(
+            got.source.to_string(),
+            "namespace max-age=30d,ttl-after-failed=3d,ttl-after-finished=2h"
+        );
+        let off = effective(
+            &Policy::default(),
+            &bounds(false),
+            &with(&[(NS_COLLECT, "false")]),
+        );
+        assert_eq!(off.policy.collection, Collection::Off);
+        assert_eq!(off.source.to_string(), "namespace collect=false");
+    }
+
+    #[test]
+    fn bad_or_out_of_bounds_settings_keep_the_clusters_value() {
+        for (may_shorten, key, value, why) in [
+            (false, NS_TTL_AFTER_FINISHED, "5m", "may not shorten"),
+            (
+                true,
+                NS_TTL_AFTER_FINISHED,
+                "5m",
+                "minimum for namespaces, 10m",
+            ),
+            (true, NS_ORPHAN_GRACE, "0s", "minimum"),
+            (true, NS_TTL_AFTER_FAILED, "soon", "expected a duration"),
+            (true, NS_MAX_AGE, "-1d", "expected a duration"),
+            (true, NS_MAX_AGE, "1000y", "longer than 100 years"),
+            (true, NS_COLLECT, "no", "expected \"true\" or \"false\""),
+            (true, "workspace-gc.mlops.dev/keep", "true", "unknown"),
+            (
+                true,
+                NS_MAX_AGE,
+                "11m",
+                "max-age would be shorter than orphan-grace",
+            ),
+        ] {
+            let mut annotations = with(&[(NS_ORPHAN_GRACE, "1h")]);
+            annotations.insert(key.to_owned(), value.to_owned());
+            let got = effective(&Policy::default(), &bounds(may_shorten), &annotations);
+            assert_eq!(
+                got.policy.max_age,
+                Policy::default().max_age,
+                "{key}={value}"
+            );
+            assert_eq!(
+                got.policy.ttl_after_finished,
+                Duration::hours(1),
+                "{key}={value}"
+            );
+            assert_eq!(got.policy.collection, Collection::On, "{key}={value}");
+            let problem = got.problems.iter().find(|p| p.key == key);
+            let problem = problem.unwrap_or_else(|| panic!("{key}={value}: {got:?}"));
+            assert!(problem.to_string().contains(why), "{problem}");
+        }
+        let shorter = effective(
+            &Policy::default(),
+            &bounds(true),
+            &with(&[(NS_TTL_AFTER_FINISHED, "10m")]),
+        );
+        assert_eq!(shorter.problems, []);
+        assert_eq!(shorter.policy.ttl_after_finished, Duration::minutes(10));
+    }
+
+    #[test]
+    fn unreadable_namespaces_keep_their_claims() {
+        let policies = Policies {
+            cluster: Policy::default(),
+            namespaces: Some(bounds(true)),
+        };
+        assert_eq!(
+            policies.for_namespace(None).policy.collection,
+            Collection::Unknown
+        );
+        let off = Policies::cluster_only(Policy::default());
+        assert_eq!(off.for_namespace(None).policy, Policy::default());
+    }
+
+    proptest! {
+        /// Whatever the annotations, a namespace never gets a duration shorter than both the
+        /// cluster's and the bounds allow, and max_age stays at least orphan_grace.
+        #[test]
+        fn never_shorter_than_the_bounds(
+            values in prop::collection::vec(("[0-9]{1,3}(s|m|h|d)|soon|", 0..5usize), 0..6),
+            may_shorten in any::<bool>(),
+        ) {
+            let keys = [NS_TTL_AFTER_FINISHED, NS_TTL_AFTER_FAILED, NS_ORPHAN_GRACE, NS_MAX_AGE, NS_COLLECT];
+            let annotations: BTreeMap<String, String> =
+                values.into_iter().map(|(v, k)| (keys[k].to_owned(), v)).collect();
+            let cluster = Policy::default();
+            let got = effective(&cluster, &bounds(may_shorten), &annotations);
+            let floor = |theirs: Duration| if may_shorten { theirs.min(Duration::minutes(10)) } else { theirs };
+            let p = &got.policy;
+            prop_assert!(p.ttl_after_finished >= floor(cluster.ttl_after_finished));
+            prop_assert!(p.ttl_after_failed >= floor(cluster.ttl_after_failed));
+            prop_assert!(p.orphan_grace >= floor(cluster.orphan_grace));
+            prop_assert!(p.max_age >= floor(cluster.max_age));
+            prop_assert!(p.max_age >= p.orphan_grace);
+        }
+    }
+}
