@@ -72,9 +72,10 @@ fn watch_events_lead_to_the_same_decisions_as_a_list() {
     let result = runner.run(&pair, |(before, after)| {
         let before = before.render(&namespaces(), now(), &graph::memory_uid);
         let after = after.render(&namespaces(), now(), &graph::memory_uid);
-        let listed = graph::daemon_decisions(&graph::daemon_index(&after), &policy, now());
+        let policies = graph::policies(&after, &policy);
+        let listed = graph::daemon_decisions(&graph::daemon_index(&after), &policies, now());
         let index = graph::daemon_index_after_events(&before, &after);
-        let watched = graph::daemon_decisions(&index, &policy, now());
+        let watched = graph::daemon_decisions(&index, &policies, now());
         prop_assert_eq!(watched, listed);
         Ok(())
     });
@@ -144,6 +145,59 @@ fn the_oracle_deletes_orphans_after_the_grace_only() {
         ..World::default()
     };
     assert_eq!(judge(&young), (false, false));
+}
+
+#[test]
+fn the_oracle_reads_namespace_settings_within_their_bounds() {
+    let world = |annotations: Value| World {
+        claims: vec![claim("c", 7200, json!({}))],
+        runs: vec![run("r", &["c"], done(3601))],
+        namespaces: vec![json!({"metadata": {"name": NS, "annotations": annotations}})],
+        namespace_bounds: Some(graph::MEMORY_BOUNDS),
+        ..World::default()
+    };
+    let ttl = "workspace-gc.mlops.dev/ttl-after-finished";
+    assert_eq!(judge(&world(json!({}))), (true, true), "the cluster's 1h");
+    assert_eq!(judge(&world(json!({ttl: "2h"}))), (false, false), "longer");
+    let failed = json!({"conditions": [{"type": "Succeeded", "status": "False"}],
+                        "completionTime": at(3601)});
+    let mut failed_world = world(json!({"workspace-gc.mlops.dev/ttl-after-failed": "2h"}));
+    failed_world.runs = vec![run("r", &["c"], failed)];
+    assert_eq!(
+        judge(&failed_world),
+        (false, false),
+        "a failed build, longer"
+    );
+    for ignored in ["soon", "0s", "10m", "300000000y"] {
+        assert_eq!(
+            judge(&world(json!({ttl: ignored}))),
+            (true, true),
+            "{ignored}"
+        );
+    }
+    let collect = "workspace-gc.mlops.dev/collect";
+    assert_eq!(judge(&world(json!({collect: " false "}))), (false, false));
+    assert_eq!(judge(&world(json!({collect: "nope"}))), (true, true));
+    let mut unseen = world(json!({}));
+    unseen.namespaces.clear();
+    assert_eq!(judge(&unseen), (false, false), "no Namespace object");
+    // max-age under orphan-grace: the namespace's max-age does not count.
+    let orphan = |annotations: Value| World {
+        claims: vec![claim("c", 1900, json!({}))],
+        namespaces: vec![json!({"metadata": {"name": NS, "annotations": annotations}})],
+        namespace_bounds: Some(graph::MEMORY_BOUNDS),
+        ..World::default()
+    };
+    let (grace, max_age) = (
+        "workspace-gc.mlops.dev/orphan-grace",
+        "workspace-gc.mlops.dev/max-age",
+    );
+    assert_eq!(judge(&orphan(json!({grace: "1h"}))), (false, false));
+    assert_eq!(
+        judge(&orphan(json!({grace: "1h", max_age: "30m"}))),
+        (false, false)
+    );
+    assert_eq!(judge(&orphan(json!({max_age: "30m"}))), (true, true));
 }
 
 #[test]

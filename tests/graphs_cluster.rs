@@ -76,7 +76,7 @@ async fn the_binary_audits_generated_graphs_as_the_model_does() {
         let now = Utc::now();
         let policy = graph::policy_of(durations);
         let index = graph::daemon_index(&world);
-        let model = graph::daemon_decisions(&index, &policy, now);
+        let model = graph::daemon_decisions(&index, &graph::policies(&world, &policy), now);
         assert_eq!(rows.len(), model.len(), "{durations:?}: one row per claim");
         for row in &rows {
             let key = ObjectKey::new(text(&row["namespace"]), text(&row["name"]));
@@ -220,6 +220,7 @@ async fn read_back(client: &Client, namespaces: &[String]) -> World {
         runs: list(run_resource()).await,
         task_runs: list(task_run_resource()).await,
         pods: list(ApiResource::erase::<Pod>(&())).await,
+        ..World::default()
     }
 }
 

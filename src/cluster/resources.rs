@@ -26,7 +26,7 @@ use crate::contract::{
     annotations,
 };
 use crate::decide::facts::{
-    ClaimFacts, JobEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
+    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
 };
 use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 
@@ -176,6 +176,17 @@ pub fn quota_entry(quota: &ResourceQuota) -> QuotaEntry {
         key: ObjectKey::of(&quota.metadata),
         uid: quota.metadata.uid.clone().unwrap_or_default(),
         limits,
+    }
+}
+
+/// A Namespace's entry: only its workspace-gc annotations are kept.
+pub fn namespace_entry(meta: &ObjectMeta) -> NamespaceEntry {
+    NamespaceEntry {
+        key: ObjectKey::of(meta),
+        annotations: (meta.annotations.iter().flatten())
+            .filter(|(key, _)| key.starts_with(annotations::PREFIX))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
     }
 }
 

@@ -24,8 +24,7 @@ use tracing::info;
 use crate::cluster::cache::{Change, Index, Scope, TaskRunEntry, Update};
 use crate::cluster::resources::{self, OwnerObject};
 use crate::config::{Config, SelectorConfig};
-use crate::contract::annotations;
-use crate::decide::facts::{NamespaceEntry, ObjectKey};
+use crate::decide::facts::ObjectKey;
 use crate::observe::metrics::Kind;
 
 /// One item of the merged watch streams.
@@ -170,13 +169,7 @@ fn namespaces(client: &Client) -> BoxStream<'static, Item> {
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
         watcher::Config::default(),
         None,
-        |meta| NamespaceEntry {
-            key: ObjectKey::of(&meta.metadata),
-            annotations: (meta.metadata.annotations.iter().flatten())
-                .filter(|(key, _)| key.starts_with(annotations::PREFIX))
-                .map(|(key, value)| (key.clone(), value.clone()))
-                .collect(),
-        },
+        |meta| resources::namespace_entry(&meta.metadata),
         Update::Namespace,
     )
 }

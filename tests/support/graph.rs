@@ -7,20 +7,22 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use serde_json::{Value, json};
 use workspace_gc::cluster::cache::{Change, Index, TaskRunEntry, Update};
 use workspace_gc::cluster::resources::{self, PodVolumes};
-use workspace_gc::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, RunEntry};
+use workspace_gc::decide::facts::{
+    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, RunEntry,
+};
 use workspace_gc::decide::linking;
-use workspace_gc::decide::namespace::Policies;
+use workspace_gc::decide::namespace::{Bounds, Policies};
 use workspace_gc::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use workspace_gc::surface::audit;
 
 use super::BUILD_WORKSPACE_LABEL;
-use super::oracle::{self, World};
+use super::oracle::{self, NamespaceBounds, World};
 
 pub const JOB_KIND: &str = "NotebookValidationJob";
 pub const RUN_KIND: &str = "PipelineRun";
@@ -82,7 +84,17 @@ pub fn memory_policy() -> Policy {
 #[derive(Debug, Clone)]
 pub struct Graph {
     pub namespaces: Vec<Space>,
+    /// Namespace annotations count only in memory graphs: the server's namespaces are the
+    /// tests' own.
+    pub namespace_bounds: Option<NamespaceBounds>,
 }
+
+/// What a memory graph's namespaces may set: shorter than the cluster's down to 30 minutes, a
+/// boundary of [`TTLS`].
+pub const MEMORY_BOUNDS: NamespaceBounds = NamespaceBounds {
+    may_shorten: true,
+    min_ttl: Duration::minutes(30),
+};
 
 /// One namespace's objects.
 #[derive(Debug, Clone)]
@@ -92,6 +104,8 @@ pub struct Space {
     pub task_runs: Vec<Run>,
     pub claims: Vec<Claim>,
     pub pods: Vec<Pod>,
+    /// The Namespace's annotations; `None`: no Namespace object (not seen yet).
+    pub annotations: Option<Vec<(String, String)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -167,7 +181,55 @@ pub struct Pod {
 
 /// 1–2 namespaces of a handful of objects each.
 pub fn graph(profile: Profile) -> impl Strategy<Value = Graph> {
-    prop::collection::vec(space(profile), 1..=2).prop_map(|namespaces| Graph { namespaces })
+    let namespace_bounds = match profile {
+        Profile::Memory => Some(MEMORY_BOUNDS),
+        Profile::Server => None,
+    };
+    prop::collection::vec(space(profile), 1..=2).prop_map(move |namespaces| Graph {
+        namespaces,
+        namespace_bounds,
+    })
+}
+
+/// A namespace's annotations, valid, invalid and out of bounds, on the boundaries of [`TTLS`].
+fn namespace_annotations(profile: Profile) -> BoxedStrategy<Option<Vec<(String, String)>>> {
+    if profile == Profile::Server {
+        return Just(Some(Vec::new())).boxed();
+    }
+    let key = |k: &str| format!("workspace-gc.mlops.dev/{k}");
+    let durations = [
+        "2h",
+        "30m",
+        " 1d ",
+        "0s",
+        "10m",
+        "90m",
+        "soon",
+        "300000000y",
+    ];
+    let duration = (
+        select(vec![
+            "ttl-after-finished",
+            "ttl-after-failed",
+            "orphan-grace",
+            "max-age",
+        ]),
+        select(durations.to_vec()),
+    )
+        .prop_map(move |(k, v)| (key(k), v.to_owned()));
+    let other = select(vec![
+        (key("collect"), "false"),
+        (key("collect"), "true"),
+        (key("collect"), "nope"),
+        (key("ttl"), "1h"),
+    ])
+    .prop_map(|(k, v)| (k, v.to_owned()));
+    let annotation = prop_oneof![4 => duration, 1 => other];
+    prop_oneof![
+        1 => Just(None),
+        8 => prop::collection::vec(annotation, 0..=3).prop_map(Some),
+    ]
+    .boxed()
 }
 
 fn space(profile: Profile) -> impl Strategy<Value = Space> {
@@ -205,13 +267,15 @@ fn space(profile: Profile) -> impl Strategy<Value = Space> {
             .map(|name| pod(name, profile))
             .collect::<Vec<_>>()
     });
-    (jobs, runs(RUNS), runs(TASK_RUNS), claims, pods).prop_map(
-        |(jobs, runs, task_runs, claims, pods)| Space {
+    let annotations = namespace_annotations(profile);
+    (jobs, runs(RUNS), runs(TASK_RUNS), claims, pods, annotations).prop_map(
+        |(jobs, runs, task_runs, claims, pods, annotations)| Space {
             jobs,
             runs,
             task_runs,
             claims,
             pods,
+            annotations,
         },
     )
 }
@@ -458,7 +522,10 @@ impl Graph {
     /// The raw objects, namespace `i` named `namespaces[i]`; owners get `uids`' answer as their
     /// UID, and references with the right UID name it too.
     pub fn render(&self, namespaces: &[String], now: DateTime<Utc>, uids: Uids) -> World {
-        let mut world = World::default();
+        let mut world = World {
+            namespace_bounds: self.namespace_bounds,
+            ..World::default()
+        };
         for (space, namespace) in self.namespaces.iter().zip(namespaces) {
             space.render(namespace, now, uids, &mut world);
         }
@@ -468,6 +535,15 @@ impl Graph {
 
 impl Space {
     fn render(&self, ns: &str, now: DateTime<Utc>, uids: Uids, world: &mut World) {
+        if let Some(annotations) = &self.annotations {
+            let annotations: BTreeMap<&str, &str> = (annotations.iter())
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            world.namespaces.push(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "annotations": annotations},
+            }));
+        }
         let at = |secs: i64| rfc3339(now - Duration::seconds(secs));
         let meta = |kind: &str, name: &str| {
             let mut meta = json!({"name": name, "namespace": ns, "creationTimestamp": at(0)});
@@ -611,7 +687,7 @@ pub fn policy_of((ttl, failed, grace, max_age): (&str, &str, &str, &str)) -> Pol
 /// The daemon's index, filled from raw objects the way its watches fill it: each kind converted
 /// by `resources` and delivered as one initial list.
 pub fn daemon_index(world: &World) -> Index {
-    let mut index = Index::default();
+    let mut index = empty_index(world);
     mark_lists(&mut index, false);
     for entry in entries(world) {
         entry.send(&mut index, Event::Listed);
@@ -626,7 +702,7 @@ pub fn daemon_index(world: &World) -> Index {
 /// `after` applied. It must decide as [`daemon_index`] of `after` does: the secondary indices
 /// must follow every change.
 pub fn daemon_index_after_events(before: &World, after: &World) -> Index {
-    let mut index = Index::default();
+    let mut index = empty_index(after);
     mark_lists(&mut index, true);
     for entry in entries(before) {
         entry.send(&mut index, Event::Applied);
@@ -644,6 +720,25 @@ pub fn daemon_index_after_events(before: &World, after: &World) -> Index {
     index
 }
 
+/// The daemon's index before any list: it waits for Namespaces when their annotations count.
+fn empty_index(world: &World) -> Index {
+    match world.namespace_bounds {
+        Some(_) => Index::default().with_namespaces(),
+        None => Index::default(),
+    }
+}
+
+/// The cluster's policy, refined by namespaces as `world` says they may.
+pub fn policies(world: &World, policy: &Policy) -> Policies {
+    Policies {
+        cluster: policy.clone(),
+        namespaces: world.namespace_bounds.map(|b| Bounds {
+            may_shorten: b.may_shorten,
+            min_ttl: b.min_ttl,
+        }),
+    }
+}
+
 /// Starts (`done` false) or ends the initial list of every kind.
 fn mark_lists(index: &mut Index, done: bool) {
     fn marker<E>(done: bool) -> Change<E> {
@@ -659,6 +754,7 @@ fn mark_lists(index: &mut Index, done: bool) {
         Update::Run(marker(done)),
         Update::TaskRun(marker(done)),
         Update::Pod(marker(done)),
+        Update::Namespace(marker(done)),
     ] {
         index.update(update);
     }
@@ -671,6 +767,7 @@ enum Entry {
     Run(RunEntry),
     TaskRun(TaskRunEntry),
     Pod(PodEntry),
+    Namespace(NamespaceEntry),
 }
 
 /// How an entry reaches the index: in an initial list, or as a watch event.
@@ -692,11 +789,14 @@ fn entries(world: &World) -> Vec<Entry> {
         .map(|r| Entry::TaskRun(TaskRunEntry(resources::task_run_entry(&decode(r)))));
     let pods =
         (world.pods.iter()).map(|p| Entry::Pod(resources::pod_entry(&decode::<PodVolumes>(p))));
+    let namespaces = (world.namespaces.iter())
+        .map(|n| Entry::Namespace(resources::namespace_entry(&decode::<Namespace>(n).metadata)));
     claims
         .chain(jobs)
         .chain(runs)
         .chain(task_runs)
         .chain(pods)
+        .chain(namespaces)
         .collect()
 }
 
@@ -714,6 +814,7 @@ impl Entry {
             Entry::Run(e) => Update::Run(change(e, event)),
             Entry::TaskRun(e) => Update::TaskRun(change(e, event)),
             Entry::Pod(e) => Update::Pod(change(e, event)),
+            Entry::Namespace(e) => Update::Namespace(change(e, event)),
         });
     }
 
@@ -725,6 +826,7 @@ impl Entry {
             Entry::Run(_) => Update::Run(Change::Delete(key)),
             Entry::TaskRun(_) => Update::TaskRun(Change::Delete(key)),
             Entry::Pod(_) => Update::Pod(Change::Delete(key)),
+            Entry::Namespace(_) => Update::Namespace(Change::Delete(key)),
         });
     }
 
@@ -736,6 +838,7 @@ impl Entry {
             Entry::Run(e) => (2, e.key.clone()),
             Entry::TaskRun(e) => (3, e.0.key.clone()),
             Entry::Pod(e) => (4, e.key.clone()),
+            Entry::Namespace(e) => (5, e.key.clone()),
         }
     }
 }
@@ -743,14 +846,16 @@ impl Entry {
 /// What the daemon decides for each claim of `index`, by `namespace/name`.
 pub fn daemon_decisions(
     index: &Index,
-    policy: &Policy,
+    policies: &Policies,
     now: DateTime<Utc>,
 ) -> HashMap<ObjectKey, Decision> {
     index
         .claims()
         .map(|claim| {
             let facts = linking::facts(claim, index);
-            (claim.key.clone(), policy::decide(&facts, policy, now))
+            let annotations = index.namespace_annotations(&claim.key.namespace);
+            let policy = policies.for_namespace(annotations).policy;
+            (claim.key.clone(), policy::decide(&facts, &policy, now))
         })
         .collect()
 }
@@ -787,9 +892,9 @@ pub fn check(
     seen: &mut Seen,
 ) -> Result<(), String> {
     let index = daemon_index(world);
-    let decisions = daemon_decisions(&index, policy, now);
+    let policies = policies(world, policy);
+    let decisions = daemon_decisions(&index, &policies, now);
     // The audit is the same decisions, row by row.
-    let policies = Policies::cluster_only(policy.clone());
     for row in audit::rows(&index, &policies, now) {
         let key = ObjectKey::new(&row.namespace, &row.name);
         if decisions.get(&key) != Some(&row.decision) {

@@ -21,6 +21,15 @@
 //! time) and T + ttl ≤ now (ttl: the claim's annotation, else the policy's `ttl_after_failed`
 //! when any present linked owner finished and failed — a job in phase "Failed", a run whose
 //! `Succeeded` condition is "False" — else its `ttl_after_finished`).
+//!
+//! With per-namespace settings on ([`World::namespace_bounds`]), the durations above are the
+//! claim's Namespace's where it sets them: `workspace-gc.mlops.dev/ttl-after-finished`,
+//! `ttl-after-failed`, `orphan-grace` and `max-age`, each counting only when it parses
+//! (humantime, trimmed, at most 100 years) and is at least the cluster's, or, when namespaces
+//! may shorten, at least `min_ttl` and more than zero; should max-age then be under
+//! orphan-grace, the namespace's max-age, then its orphan-grace, count no more. Nothing may be
+//! deleted in a namespace whose `collect` annotation is "false" (trimmed), or whose Namespace
+//! is not among the objects.
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::Value;
@@ -36,6 +45,16 @@ pub struct World {
     pub runs: Vec<Value>,
     pub task_runs: Vec<Value>,
     pub pods: Vec<Value>,
+    pub namespaces: Vec<Value>,
+    /// `None`: namespace annotations do not count.
+    pub namespace_bounds: Option<NamespaceBounds>,
+}
+
+/// What a namespace may set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceBounds {
+    pub may_shorten: bool,
+    pub min_ttl: Duration,
 }
 
 /// The oracle's answer for one claim.
@@ -59,6 +78,10 @@ pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) 
     if !meta["deletionTimestamp"].is_null() {
         return keep;
     }
+    let Some(policy) = namespace_policy(world, namespace, policy) else {
+        return keep;
+    };
+    let policy = &policy;
     let Some(notes) = notes(meta) else {
         return keep;
     };
@@ -102,6 +125,7 @@ pub fn due_at(
 ) -> Option<DateTime<Utc>> {
     let meta = &claim["metadata"];
     let notes = notes(meta)?;
+    let policy = &namespace_policy(world, text(&meta["namespace"]), policy)?;
     let created = instant(&meta["creationTimestamp"]);
     let owners = linked(world, claim);
     let ttl = notes.ttl.unwrap_or_else(|| policy_ttl(&owners, policy));
@@ -115,6 +139,46 @@ pub fn due_at(
         .into_iter()
         .filter(|t| *t > now && judge(world, claim, policy, *t).may_delete)
         .min()
+}
+
+/// The policy in `namespace`; `None` when nothing may be deleted there.
+fn namespace_policy(world: &World, namespace: &str, cluster: &Policy) -> Option<Policy> {
+    let Some(bounds) = world.namespace_bounds else {
+        return Some(cluster.clone());
+    };
+    let object = world
+        .namespaces
+        .iter()
+        .find(|n| text(&n["metadata"]["name"]) == namespace)?;
+    let notes = &object["metadata"]["annotations"];
+    if notes[format!("{PREFIX}collect")].as_str().map(str::trim) == Some("false") {
+        return None;
+    }
+    let setting = |key: &str, theirs: Duration| -> Option<Duration> {
+        let raw = notes[format!("{PREFIX}{key}")].as_str()?;
+        let d = Duration::from_std(humantime::parse_duration(raw.trim()).ok()?).ok()?;
+        let allowed = d <= Duration::days(36_500)
+            && (d >= theirs || (bounds.may_shorten && d >= bounds.min_ttl && d > Duration::zero()));
+        allowed.then_some(d)
+    };
+    let mut policy = cluster.clone();
+    if let Some(d) = setting("ttl-after-finished", cluster.ttl_after_finished) {
+        policy.ttl_after_finished = d;
+    }
+    if let Some(d) = setting("ttl-after-failed", cluster.ttl_after_failed) {
+        policy.ttl_after_failed = d;
+    }
+    let grace = setting("orphan-grace", cluster.orphan_grace);
+    let max_age = setting("max-age", cluster.max_age);
+    policy.orphan_grace = grace.unwrap_or(cluster.orphan_grace);
+    policy.max_age = max_age.unwrap_or(cluster.max_age);
+    if policy.max_age < policy.orphan_grace {
+        policy.max_age = cluster.max_age;
+    }
+    if policy.max_age < policy.orphan_grace {
+        policy.orphan_grace = cluster.orphan_grace;
+    }
+    Some(policy)
 }
 
 /// The policy's TTL for these owners: the failed one when any of them finished and failed.
