@@ -400,6 +400,12 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         "is not a duration",
     ),
     (
+        "deletion",
+        "notice_before",
+        r#""0s""#,
+        "\"0s\" must be greater than zero",
+    ),
+    (
         "namespace_policy",
         "min_ttl",
         r#""0s""#,
@@ -811,6 +817,7 @@ const KEYS: &[&str] = &[
     "deletion.deletes_per_second",
     "deletion.max_deletions_per_window",
     "deletion.window",
+    "deletion.notice_before",
     "leader_election.enabled",
     "leader_election.lease_name",
     "leader_election.lease_namespace",

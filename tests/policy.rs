@@ -11,7 +11,7 @@ use workspace_gc::decide::annotations;
 use workspace_gc::decide::facts::{
     ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerRef, OwnerState, PodUse, Progress, Users,
 };
-use workspace_gc::decide::policy::{Collection, Policy, Reason, Verdict, decide};
+use workspace_gc::decide::policy::{Collection, Policy, Reason, Verdict, decide, scheduled};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
@@ -614,6 +614,20 @@ proptest! {
             prop_assert_eq!(before, verdict);
             let after = decide(&facts, &policy, at).verdict;
             prop_assert_ne!(verdict_key(&after), verdict_key(&verdict));
+        }
+    }
+
+    /// What a notice announces is exact: the claim is not due a nanosecond before the
+    /// instant, and is due at it, for the reason named.
+    #[test]
+    fn the_scheduled_instant_is_when_the_claim_becomes_due(facts in any_facts(), policy in any_policy(), now in any_instant()) {
+        if let Some((at, reason)) = scheduled(&facts, &policy, now) {
+            prop_assert!(at > now);
+            prop_assert!(!decide(&facts, &policy, at - Duration::nanoseconds(1)).verdict.is_delete());
+            let verdict = decide(&facts, &policy, at).verdict;
+            prop_assert!(verdict.is_delete() && verdict.reason() == reason, "{verdict:?}");
+        } else if let Some(at) = decide(&facts, &policy, now).verdict.recheck_at() {
+            prop_assert!(!decide(&facts, &policy, at).verdict.is_delete());
         }
     }
 

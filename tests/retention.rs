@@ -7,7 +7,8 @@ mod support;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use support::{
@@ -208,5 +209,101 @@ async fn namespace_annotations_choose_when_claims_are_due() {
         "removing the annotation makes the claim due"
     );
     assert!(claim_exists(&off, "nb-build-workspace").await);
+    daemon.stop().await;
+}
+
+async fn scheduled_events(ns: &TestNamespace) -> Vec<Event> {
+    (ns.events().await.into_iter())
+        .filter(|e| e.reason.as_deref() == Some("DeletionScheduled"))
+        .collect()
+}
+
+async fn annotate_claim(ns: &TestNamespace, key: &str, value: &str) {
+    ns.api::<PersistentVolumeClaim>()
+        .patch(
+            "nb-build-workspace",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotate the claim: {e}"));
+}
+
+/// `deletion.notice_before` ahead of the instant a claim becomes due, one `DeletionScheduled`
+/// event names that instant, the reason and how to keep the claim, and the claim itself is not
+/// written; a changed deadline gets a new event, and `keep` keeps it.
+#[tokio::test(flavor = "multi_thread")]
+async fn deletion_is_announced_once_per_deadline() {
+    let ns = ns("notice").await;
+    let done = Utc::now().trunc_subsecs(0);
+    finished_build(&ns, "nb", done).await;
+    let created = ns
+        .api::<PersistentVolumeClaim>()
+        .get("nb-build-workspace")
+        .await;
+    let version = created.expect("the claim").metadata.resource_version;
+    let mut config = ns.config();
+    config.policy.ttl_after_finished = secs(12);
+    config.deletion.notice_before = Some(secs(8));
+    let daemon = Daemon::start(ns.client().clone(), config, "notice").await;
+
+    let due = done + chrono::Duration::seconds(12);
+    let stamp = |at: DateTime<Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert!(
+        wait_until(secs(15), || async {
+            !scheduled_events(&ns).await.is_empty()
+        })
+        .await,
+        "a DeletionScheduled event is written"
+    );
+    let events = scheduled_events(&ns).await;
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(note.contains(&stamp(due)), "{note}");
+    assert!(note.contains("ttl-expired"), "{note}");
+    assert!(
+        note.contains("workspace-gc.mlops.dev/keep: \"true\""),
+        "{note}"
+    );
+    let written = events[0].event_time.as_ref().expect("an event time").0;
+    assert!(
+        written.as_second() < due.timestamp(),
+        "written before the claim is due"
+    );
+    let now = ns
+        .api::<PersistentVolumeClaim>()
+        .get("nb-build-workspace")
+        .await;
+    assert_eq!(
+        now.expect("still there").metadata.resource_version,
+        version,
+        "the claim is not written"
+    );
+
+    // A later deadline is announced again, once.
+    annotate_claim(&ns, annotations::TTL, "30s").await;
+    let later = done + chrono::Duration::seconds(30);
+    assert!(
+        wait_until(secs(30), || async {
+            let events = scheduled_events(&ns).await;
+            events
+                .iter()
+                .any(|e| e.note.as_deref().is_some_and(|n| n.contains(&stamp(later))))
+        })
+        .await,
+        "the new deadline is announced: {:#?}",
+        scheduled_events(&ns).await
+    );
+    let events = scheduled_events(&ns).await;
+    assert_eq!(events.len(), 2, "one event per deadline: {events:#?}");
+    assert!(
+        events.iter().all(|e| e.series.is_none()),
+        "never repeated: {events:#?}"
+    );
+    annotate_claim(&ns, annotations::KEEP, "true").await;
+    tokio::time::sleep(secs(10)).await;
+    assert!(
+        claim_exists(&ns, "nb-build-workspace").await,
+        "kept as the notice says"
+    );
     daemon.stop().await;
 }

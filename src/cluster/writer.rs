@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::{Fence, FenceError};
+use crate::contract::annotations::KEEP;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
@@ -44,7 +45,15 @@ pub enum Notice {
     Deleted(Reason),
     WouldDelete(Reason),
     InvalidAnnotation(String),
-    CapReached { max: u32, window: String },
+    CapReached {
+        max: u32,
+        window: String,
+    },
+    /// The claim becomes due at this instant if nothing changes.
+    DeletionScheduled {
+        at: String,
+        reason: Reason,
+    },
 }
 
 /// Why a delete was not sent.
@@ -189,6 +198,20 @@ impl Writer {
                          deleted within {window}, the configured maximum; nothing was deleted"
                     )
                 },
+            ),
+            Notice::DeletionScheduled { at, reason } => (
+                EventType::Normal,
+                "DeletionScheduled",
+                format!(
+                    "{}workspace-gc will delete this claim at {at}: {} ({reason}); to keep it, \
+                     annotate it {KEEP}: \"true\"",
+                    if matches!(self.mode, Mode::Delete) {
+                        ""
+                    } else {
+                        "dry-run: "
+                    },
+                    reason.describe()
+                ),
             ),
         };
         self.publish(type_, reason, note, &reference(claim), &claim.key, metrics)

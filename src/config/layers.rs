@@ -91,6 +91,7 @@ pub(super) struct DeletionLayer {
     pub(super) deletes_per_second: Slot<f64>,
     pub(super) max_deletions_per_window: Slot<u32>,
     pub(super) window: Slot<String>,
+    pub(super) notice_before: Slot<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -316,6 +317,7 @@ impl Layer {
             "deletion.deletes_per_second" => put(&mut d.deletes_per_second, raw, at),
             "deletion.max_deletions_per_window" => put(&mut d.max_deletions_per_window, raw, at),
             "deletion.window" => put(&mut d.window, raw, at),
+            "deletion.notice_before" => put(&mut d.notice_before, raw, at),
             "leader_election.enabled" => put(&mut l.enabled, raw, at),
             "leader_election.lease_name" => put(&mut l.lease_name, raw, at),
             "leader_election.lease_namespace" => put(&mut l.lease_namespace, raw, at),

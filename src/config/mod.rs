@@ -121,6 +121,10 @@ pub struct DeletionConfig {
     pub max_deletions_per_window: u32,
     #[serde(serialize_with = "serialize_duration")]
     pub window: Duration,
+    /// This long before a claim becomes due, the leader writes one `DeletionScheduled` event on
+    /// it; `None`: no notice.
+    #[serde(serialize_with = "serialize_duration_or_empty")]
+    pub notice_before: Option<Duration>,
 }
 
 /// Lease-based leader election; only the leader deletes.
@@ -229,6 +233,7 @@ impl Default for Config {
                 deletes_per_second: 5.0,
                 max_deletions_per_window: 100,
                 window: Duration::from_secs(10 * 60),
+                notice_before: None,
             },
             leader_election: LeaderElectionConfig {
                 enabled: true,

@@ -231,6 +231,13 @@ impl Layer {
                 deletes_per_second: deletes_per_second.value,
                 max_deletions_per_window: max_deletions_per_window.value,
                 window: window.value,
+                notice_before: take(
+                    del.notice_before,
+                    "deletion.notice_before",
+                    d.deletion.notice_before,
+                    optional_positive_duration,
+                )?
+                .value,
             },
             leader_election: LeaderElectionConfig {
                 enabled: enabled.value,
@@ -343,6 +350,14 @@ fn optional_duration(raw: String) -> Result<Option<Duration>, String> {
         return Ok(None);
     }
     duration(raw).map(Some)
+}
+
+/// Empty: off.
+fn optional_positive_duration(raw: String) -> Result<Option<Duration>, String> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    positive_duration(raw).map(Some)
 }
 
 fn positive_duration(raw: String) -> Result<Duration, String> {

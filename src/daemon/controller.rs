@@ -92,10 +92,17 @@ struct Controller {
     rounds: Mutex<Rounds>,
     /// Claims told about the cap in the current episode of it: told once, not at every retry.
     capped: Mutex<BTreeSet<ObjectKey>>,
+    /// How long before a claim becomes due its `DeletionScheduled` event is written; `None`: never.
+    notice_before: Option<chrono::Duration>,
+    /// Per claim, the UID and due instant last announced (leader only): once per deadline.
+    noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
     clock: ServerClock,
 }
+
+/// When a kept claim becomes due and why, with the notice's lead time.
+type Scheduled = Option<((DateTime<Utc>, Reason), chrono::Duration)>;
 
 /// What the DELETE stage did: its result, or why nothing was sent.
 type SendResult = Result<DeleteResult, NotSent>;
@@ -194,6 +201,9 @@ pub async fn run(
         rounds: Mutex::default(),
         capped: Mutex::default(),
         warned: Mutex::default(),
+        notice_before: (config.deletion.notice_before)
+            .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
+        noticed: Mutex::default(),
         clock: options.clock,
     });
 
@@ -481,14 +491,50 @@ impl Controller {
         }
     }
 
-    /// Decides from the cache; `None` once the claim is gone.
-    fn decide_cached(&self, key: &ObjectKey) -> Option<(ClaimFacts, Decision)> {
+    /// Decides from the cache, with when a kept claim becomes due (only with notices on);
+    /// `None` once the claim is gone.
+    fn decide_cached(&self, key: &ObjectKey) -> Option<(ClaimFacts, Decision, Scheduled)> {
         let index = self.read_index();
         let claim = index.claim(key)?;
         let facts = linking::facts(claim, &*index);
         let policy = self.policy_in(&index, &key.namespace);
-        let decision = policy::decide(&facts, &policy, self.clock.now());
-        Some((facts.claim, decision))
+        let now = self.clock.now();
+        let decision = policy::decide(&facts, &policy, now);
+        let scheduled = (self.notice_before)
+            .and_then(|lead| Some((policy::scheduled(&facts, &policy, now)?, lead)));
+        Some((facts.claim, decision, scheduled))
+    }
+
+    /// When a kept claim wakes next: at its recheck instant, or earlier to announce its
+    /// deletion `notice_before` ahead, once per claim and deadline (the leader writes it).
+    async fn notice(
+        &self,
+        claim: &ClaimFacts,
+        recheck_at: Option<DateTime<Utc>>,
+        scheduled: Scheduled,
+    ) -> Option<DateTime<Utc>> {
+        let Some(((due, reason), lead)) = scheduled else {
+            return recheck_at;
+        };
+        let notice_at = due.checked_sub_signed(lead).unwrap_or(due);
+        if self.clock.now() < notice_at {
+            return Some(notice_at);
+        }
+        if !self.is_leader() {
+            return recheck_at;
+        }
+        let first = {
+            let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
+            let this = (claim.uid.clone(), due);
+            noticed.insert(claim.key.clone(), this.clone()) != Some(this)
+        };
+        if first {
+            info!(claim = %claim.key, %due, %reason, "deletion scheduled");
+            let at = due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let notice = Notice::DeletionScheduled { at, reason };
+            self.writer.notify(claim, notice, &self.metrics).await;
+        }
+        recheck_at
     }
 
     async fn reconcile(self: Arc<Self>, key: ObjectKey) -> Outcome {
@@ -502,8 +548,9 @@ impl Controller {
     }
 
     async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
-        let Some((claim, decision)) = self.decide_cached(key) else {
+        let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
+            (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
             return Outcome::Done;
         };
         let bytes = claim.requested_bytes.unwrap_or(0);
@@ -520,8 +567,9 @@ impl Controller {
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
+                let wake = self.notice(&claim, recheck_at, scheduled).await;
                 let recheck =
-                    recheck_at.map_or(Outcome::Done, |at| Outcome::At(self.clock.instant_at(at)));
+                    wake.map_or(Outcome::Done, |at| Outcome::At(self.clock.instant_at(at)));
                 if taken {
                     self.act(claim, Cause::Pressure).await.and(recheck)
                 } else {

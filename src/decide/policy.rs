@@ -378,6 +378,20 @@ pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
     Decision::plain(decide_by_time(facts, &annotations, policy, now))
 }
 
+/// When a kept claim becomes due if no fact changes, and why: its verdict at the instant the
+/// keep verdict changes, when that is a delete. What a notice before deletion announces.
+pub fn scheduled(
+    facts: &Facts,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Option<(DateTime<Utc>, Reason)> {
+    let at = decide(facts, policy, now).verdict.recheck_at()?;
+    match decide(facts, policy, at).verdict {
+        Verdict::Delete { reason, .. } => Some((at, reason)),
+        _ => None,
+    }
+}
+
 /// The deadlines, once nothing protects the claim.
 fn decide_by_time(
     facts: &Facts,
