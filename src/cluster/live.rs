@@ -14,7 +14,7 @@
 //! namespace costs one or two rounds of LISTs, and every re-check still sees the namespace as
 //! it was after it asked. Lists are paged, so no response is held whole.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -246,6 +246,25 @@ pub async fn quotas(client: &Client, namespace: &str, metrics: &Metrics) -> Foun
     )
     .await;
     served(found, "ResourceQuotas")
+}
+
+/// A Namespace's workspace-gc annotations, read live (metadata only) before a delete: its
+/// settings may have changed since the cache saw them (`collect: "false"` just set). `None`
+/// when it could not be read, which keeps its claims.
+pub async fn namespace_annotations(
+    client: &Client,
+    namespace: &str,
+    metrics: &Metrics,
+) -> Option<BTreeMap<String, String>> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    match api.get_metadata_opt(namespace).await {
+        Ok(Some(meta)) => Some(resources::namespace_entry(&meta.metadata).annotations),
+        Ok(None) => None,
+        Err(error) => {
+            metrics.api_error(Operation::Get, &error);
+            None
+        }
+    }
 }
 
 async fn get(api: &Api<OwnerObject>, name: &str, metrics: &Metrics) -> Found<OwnerObject> {

@@ -663,16 +663,25 @@ impl Controller {
         // Whatever may protect the claim is read live: a watch can go silent without an error
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
         // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
-        let read = LiveView::read(&self.client, claim, &self.snapshots, &self.metrics);
-        let Ok(live) = tokio::time::timeout(LIVE_BOUND, read).await else {
+        let read = async {
+            let live = LiveView::read(&self.client, claim, &self.snapshots, &self.metrics).await;
+            // The namespace's settings too, when they count.
+            let policy = match self.policies.namespaces {
+                None => self.policies.cluster.clone(),
+                Some(_) => {
+                    let namespace = &key.namespace;
+                    let notes = live::namespace_annotations(&self.client, namespace, &self.metrics);
+                    self.policies.for_namespace(notes.await.as_ref()).policy
+                }
+            };
+            (live, policy)
+        };
+        let Ok((live, policy)) = tokio::time::timeout(LIVE_BOUND, read).await else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
             return Err(Failure::LiveTooSlow);
         };
         let live_until = live.read_at() + LIVE_BOUND;
         let facts = linking::facts(claim, &live);
-        // The namespace's settings from the cache: they only choose when a claim is due, and
-        // every protection is read live above.
-        let policy = self.policy_in(&self.read_index(), &key.namespace);
         let decision = policy::decide(&facts, &policy, self.clock.now());
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
@@ -687,7 +696,7 @@ impl Controller {
         let Some((reason, due_at)) = confirmed else {
             let unread = matches!(
                 decision.verdict.reason(),
-                Reason::OwnerUnknown | Reason::UsersUnknown
+                Reason::OwnerUnknown | Reason::UsersUnknown | Reason::NamespaceUnknown
             );
             info!(
                 claim = %key,
