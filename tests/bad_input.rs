@@ -392,6 +392,7 @@ fn overdue(annotations: BTreeMap<String, String>) -> Facts {
             deletion_timestamp: None,
             requested_bytes: None,
             storage_class: None,
+            volume_name: None,
         },
         owners: Vec::new(),
         users: Users::Known { pods: Vec::new() },

@@ -818,6 +818,7 @@ const KEYS: &[&str] = &[
     "deletion.max_deletions_per_window",
     "deletion.window",
     "deletion.notice_before",
+    "deletion.read_volumes",
     "leader_election.enabled",
     "leader_election.lease_name",
     "leader_election.lease_namespace",

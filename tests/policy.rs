@@ -31,6 +31,7 @@ fn claim() -> ClaimFacts {
         deletion_timestamp: None,
         requested_bytes: Some(1 << 30),
         storage_class: None,
+        volume_name: None,
     }
 }
 

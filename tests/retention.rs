@@ -7,13 +7,13 @@ mod support;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
-    ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, TestNamespace,
-    claim_exists, finished_build, wait_until,
+    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder,
+    TestNamespace, claim_exists, finished_build, metric, wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::Config;
@@ -306,4 +306,104 @@ async fn deletion_is_announced_once_per_deadline() {
         "kept as the notice says"
     );
     daemon.stop().await;
+}
+
+/// A claim `{job}-build-workspace` bound to a new PersistentVolume with `policy`, and the
+/// finished build it belongs to. Returns the volume's name.
+async fn bound_build(ns: &TestNamespace, job: &str, policy: &str) -> String {
+    let claim = format!("{job}-build-workspace");
+    let volume = format!("{}-{job}", ns.name());
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": policy,
+            "hostPath": {"path": format!("/tmp/{volume}")},
+            "claimRef": {"namespace": ns.name(), "name": claim},
+        },
+    }))
+    .expect("a volume");
+    Api::<PersistentVolume>::all(ns.client().clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .unwrap_or_else(|e| panic!("create volume {volume}: {e}"));
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": claim, "labels": {BUILD_WORKSPACE_LABEL: "true"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": volume, "storageClassName": "",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .expect("a claim");
+    ns.api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap_or_else(|e| panic!("create claim {claim}: {e}"));
+    let done = Utc::now() - chrono::Duration::hours(2);
+    JobBuilder::new(job)
+        .phase("Succeeded")
+        .completed_at(done)
+        .create(ns)
+        .await;
+    volume
+}
+
+/// A claim whose volume a `Retain` policy keeps frees no storage: its bytes count as retained,
+/// not reclaimed, and the Deleted event says the volume was kept; a `Delete` volume's claim is
+/// reclaimed as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn storage_a_retain_volume_keeps_is_reported_as_retained() {
+    let ns = ns("retain").await;
+    let kept = bound_build(&ns, "kept", "Retain").await;
+    let freed = bound_build(&ns, "freed", "Delete").await;
+    let mut config = ns.config();
+    config.deletion.read_volumes = true;
+    let daemon = Daemon::start(ns.client().clone(), config, "retain").await;
+
+    let deleted_note = |claim: &'static str| {
+        let ns = &ns;
+        async move {
+            (ns.events().await.into_iter())
+                .filter(|e| e.reason.as_deref() == Some("Deleted"))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim))
+                .find_map(|e| e.note)
+        }
+    };
+    assert!(
+        wait_until(secs(15), || async {
+            deleted_note("kept-build-workspace").await.is_some()
+                && deleted_note("freed-build-workspace").await.is_some()
+        })
+        .await,
+        "both claims are deleted"
+    );
+    let note = deleted_note("kept-build-workspace")
+        .await
+        .unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "its volume {kept} is kept (reclaim policy Retain)"
+        )),
+        "{note}"
+    );
+    let note = deleted_note("freed-build-workspace")
+        .await
+        .unwrap_or_default();
+    assert!(!note.contains("is kept"), "{note}");
+    let metrics = daemon.metrics().await;
+    let gib = 1_073_741_824.0;
+    assert_eq!(
+        metric(&metrics, "workspace_gc_retained_bytes_total", ""),
+        gib,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "workspace_gc_reclaimed_bytes_total", ""),
+        gib,
+        "{metrics}"
+    );
+    daemon.stop().await;
+    for volume in [kept, freed] {
+        let _ = Api::<PersistentVolume>::all(ns.client().clone())
+            .delete(&volume, &DeleteParams::default())
+            .await;
+    }
 }

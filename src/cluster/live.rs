@@ -267,6 +267,18 @@ pub async fn namespace_annotations(
     }
 }
 
+/// The reclaim policy of PersistentVolume `name`, read live; `None` when it cannot be read.
+pub async fn reclaim_policy(client: &Client, name: &str, metrics: &Metrics) -> Option<String> {
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    match api.get_opt(name).await {
+        Ok(volume) => volume?.spec?.persistent_volume_reclaim_policy,
+        Err(error) => {
+            metrics.api_error(Operation::Get, &error);
+            None
+        }
+    }
+}
+
 async fn get(api: &Api<OwnerObject>, name: &str, metrics: &Metrics) -> Found<OwnerObject> {
     match api.get_opt(name).await {
         Ok(Some(object)) => Found::Yes(object),

@@ -120,6 +120,9 @@ pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
             .and_then(|q| q.0.parse::<Quantity>().ok())
             .map(|q| q.bytes()),
         storage_class: storage_class(claim),
+        volume_name: (claim.spec.as_ref())
+            .and_then(|spec| spec.volume_name.clone())
+            .filter(|name| !name.is_empty()),
     }
 }
 

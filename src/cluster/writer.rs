@@ -42,7 +42,8 @@ pub enum Mode {
 /// What an event on a claim says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    Deleted(Reason),
+    /// Deleted; with the volume a `Retain` reclaim policy keeps, if any.
+    Deleted(Reason, Option<String>),
     WouldDelete(Reason),
     InvalidAnnotation(String),
     CapReached {
@@ -163,12 +164,16 @@ impl Writer {
     /// never fatal.
     pub async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
         let (type_, reason, note) = match notice {
-            Notice::Deleted(why) => (
+            Notice::Deleted(why, retained) => (
                 EventType::Normal,
                 "Deleted",
                 format!(
-                    "workspace-gc deleted this claim: {} ({why})",
-                    why.describe()
+                    "workspace-gc deleted this claim: {} ({why}){}",
+                    why.describe(),
+                    retained.map_or_else(String::new, |volume| format!(
+                        "; its volume {volume} is kept (reclaim policy Retain): no storage \
+                         is freed until it is deleted"
+                    ))
                 ),
             ),
             Notice::WouldDelete(why) => (

@@ -92,6 +92,7 @@ pub(super) struct DeletionLayer {
     pub(super) max_deletions_per_window: Slot<u32>,
     pub(super) window: Slot<String>,
     pub(super) notice_before: Slot<String>,
+    pub(super) read_volumes: Slot<bool>,
 }
 
 #[derive(Default, Deserialize)]
@@ -318,6 +319,7 @@ impl Layer {
             "deletion.max_deletions_per_window" => put(&mut d.max_deletions_per_window, raw, at),
             "deletion.window" => put(&mut d.window, raw, at),
             "deletion.notice_before" => put(&mut d.notice_before, raw, at),
+            "deletion.read_volumes" => put(&mut d.read_volumes, raw, at),
             "leader_election.enabled" => put(&mut l.enabled, raw, at),
             "leader_election.lease_name" => put(&mut l.lease_name, raw, at),
             "leader_election.lease_namespace" => put(&mut l.lease_namespace, raw, at),

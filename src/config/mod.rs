@@ -125,6 +125,9 @@ pub struct DeletionConfig {
     /// it; `None`: no notice.
     #[serde(serialize_with = "serialize_duration_or_empty")]
     pub notice_before: Option<Duration>,
+    /// Read a bound claim's PersistentVolume before its delete, to report the storage a
+    /// `Retain` reclaim policy keeps (needs `get` on PersistentVolumes).
+    pub read_volumes: bool,
 }
 
 /// Lease-based leader election; only the leader deletes.
@@ -234,6 +237,7 @@ impl Default for Config {
                 max_deletions_per_window: 100,
                 window: Duration::from_secs(10 * 60),
                 notice_before: None,
+                read_volumes: false,
             },
             leader_election: LeaderElectionConfig {
                 enabled: true,

@@ -238,6 +238,13 @@ impl Layer {
                     optional_positive_duration,
                 )?
                 .value,
+                read_volumes: take(
+                    del.read_volumes,
+                    "deletion.read_volumes",
+                    d.deletion.read_volumes,
+                    Ok,
+                )?
+                .value,
             },
             leader_election: LeaderElectionConfig {
                 enabled: enabled.value,

@@ -96,6 +96,8 @@ struct Controller {
     notice_before: Option<chrono::Duration>,
     /// Per claim, the UID and due instant last announced (leader only): once per deadline.
     noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
+    /// Whether a bound claim's volume is read before its delete (`deletion.read_volumes`).
+    read_volumes: bool,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
     clock: ServerClock,
@@ -108,9 +110,12 @@ type Scheduled = Option<((DateTime<Utc>, Reason), chrono::Duration)>;
 type SendResult = Result<DeleteResult, NotSent>;
 
 /// What the live re-check confirmed, and until when the DELETE may rest on it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Confirmed {
     reason: Reason,
+    /// The claim's volume, when its reclaim policy is `Retain` (read only with
+    /// `deletion.read_volumes`).
+    retained: Option<String>,
     /// The verdict's due instant, for the reclaim lag.
     due_at: Option<DateTime<Utc>>,
     live_until: Instant,
@@ -204,6 +209,7 @@ pub async fn run(
         notice_before: (config.deletion.notice_before)
             .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
         noticed: Mutex::default(),
+        read_volumes: config.deletion.read_volumes,
         clock: options.clock,
     });
 
@@ -674,9 +680,17 @@ impl Controller {
                     self.policies.for_namespace(notes.await.as_ref()).policy
                 }
             };
-            (live, policy)
+            let volume = claim.volume_name.as_deref().filter(|_| self.read_volumes);
+            let retained = match volume {
+                Some(name) => live::reclaim_policy(&self.client, name, &self.metrics)
+                    .await
+                    .filter(|policy| policy == "Retain")
+                    .map(|_| name.to_owned()),
+                None => None,
+            };
+            (live, policy, retained)
         };
-        let Ok((live, policy)) = tokio::time::timeout(LIVE_BOUND, read).await else {
+        let Ok((live, policy, retained)) = tokio::time::timeout(LIVE_BOUND, read).await else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
             return Err(Failure::LiveTooSlow);
         };
@@ -716,6 +730,7 @@ impl Controller {
         }
         Ok(Confirmed {
             reason,
+            retained,
             due_at,
             live_until,
         })
@@ -778,7 +793,12 @@ impl Controller {
     /// Metrics, logs and events for what the DELETE did, and what comes next for the claim.
     async fn report(&self, claim: &ClaimFacts, confirmed: Confirmed, sent: SendResult) -> Outcome {
         let key = &claim.key;
-        let Confirmed { reason, due_at, .. } = confirmed;
+        let Confirmed {
+            reason,
+            due_at,
+            retained,
+            ..
+        } = confirmed;
         let result = match sent {
             Ok(result) => result,
             Err(error) => {
@@ -806,10 +826,10 @@ impl Controller {
                 if !dry_run {
                     let lag = due_at.map(|due| (self.clock.now() - due).as_seconds_f64());
                     info!(claim = %key, %reason, lag_seconds = lag, "deleted");
-                    (self.metrics).reclaimed(claim.requested_bytes.unwrap_or(0), lag);
-                    (self.writer)
-                        .notify(claim, Notice::Deleted(reason), &self.metrics)
-                        .await;
+                    let bytes = claim.requested_bytes.unwrap_or(0);
+                    (self.metrics).reclaimed(bytes, retained.is_some(), lag);
+                    let notice = Notice::Deleted(reason, retained);
+                    self.writer.notify(claim, notice, &self.metrics).await;
                 }
                 Outcome::Done
             }

@@ -74,6 +74,8 @@ pub struct ClaimFacts {
     /// quota evaluator reads it; `None` when it names none (such a claim counts toward no
     /// class-scoped quota).
     pub storage_class: Option<String>,
+    /// `spec.volumeName`: the PersistentVolume it is bound to, if any.
+    pub volume_name: Option<String>,
 }
 
 impl ClaimFacts {
@@ -97,6 +99,7 @@ impl ClaimFacts {
             deletion_timestamp: None,
             requested_bytes: None,
             storage_class: None,
+            volume_name: None,
         }
     }
 }

@@ -236,6 +236,7 @@ pub struct Metrics {
     deletions: Family<DeletionLabels, Counter>,
     would_delete: Family<WouldDeleteLabels, Counter>,
     reclaimed_bytes: Counter,
+    retained_bytes: Counter,
     reconcile_duration: Histogram,
     reclaim_lag: Histogram,
     api_errors: Family<ApiErrorLabels, Counter>,
@@ -264,6 +265,7 @@ impl Metrics {
             deletions: Family::default(),
             would_delete: Family::default(),
             reclaimed_bytes: Counter::default(),
+            retained_bytes: Counter::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             reclaim_lag: Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
             api_errors: Family::default(),
@@ -304,8 +306,15 @@ impl Metrics {
         );
         r.register(
             "reclaimed_bytes",
-            "Storage requested by the claims deleted",
+            "Storage requested by the claims deleted, but for those whose volume a Retain \
+             reclaim policy keeps",
             metrics.reclaimed_bytes.clone(),
+        );
+        r.register(
+            "retained_bytes",
+            "Storage requested by the claims deleted whose volume a Retain reclaim policy keeps \
+             (Released, still allocated)",
+            metrics.retained_bytes.clone(),
         );
         r.register(
             "reconcile_duration_seconds",
@@ -464,8 +473,14 @@ impl Metrics {
             .inc();
     }
 
-    pub fn reclaimed(&self, bytes: u64, lag_seconds: Option<f64>) {
-        self.reclaimed_bytes.inc_by(bytes);
+    /// A claim deleted: its bytes are freed, unless `retained` (its volume's reclaim policy is
+    /// `Retain`).
+    pub fn reclaimed(&self, bytes: u64, retained: bool, lag_seconds: Option<f64>) {
+        if retained {
+            self.retained_bytes.inc_by(bytes);
+        } else {
+            self.reclaimed_bytes.inc_by(bytes);
+        }
         if let Some(lag) = lag_seconds {
             self.reclaim_lag.observe(lag.max(0.0));
         }
@@ -628,12 +643,13 @@ mod tests {
     fn the_classic_format_names_counters_by_their_total_sample() {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        metrics.reclaimed(1024, Some(2.0));
+        metrics.reclaimed(1024, false, Some(2.0));
         let openmetrics = exposition(&registry);
         let classic = classic_text(&openmetrics);
         assert!(openmetrics.contains("# TYPE workspace_gc_reclaimed_bytes counter\n"));
         assert!(classic.contains(
-            "# HELP workspace_gc_reclaimed_bytes_total Storage requested by the claims deleted.\n\
+            "# HELP workspace_gc_reclaimed_bytes_total Storage requested by the claims deleted, \
+             but for those whose volume a Retain reclaim policy keeps.\n\
              # TYPE workspace_gc_reclaimed_bytes_total counter\n\
              workspace_gc_reclaimed_bytes_total 1024\n"
         ));
@@ -665,7 +681,7 @@ mod tests {
         metrics.track(&key, Some((&protected, 1024)));
         metrics.deletion("team-a", Reason::Orphaned, DeleteResult::Deleted);
         metrics.would_delete("team-a", Reason::Orphaned);
-        metrics.reclaimed(1024, Some(1.0));
+        metrics.reclaimed(1024, false, Some(1.0));
         metrics.reconciled(0.001);
         metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
         metrics.watch_restart(Kind::Claims);

@@ -365,6 +365,7 @@ mod tests {
             deletion_timestamp: None,
             requested_bytes: Some(1 << 30),
             storage_class: None,
+            volume_name: None,
         }
     }
 
