@@ -1077,6 +1077,31 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 // ---------------------------------------------------------------------------------------------
 // Limits that hold across restarts and hand-overs, and a leader that stops in time
 
+/// `count` claims named `{prefix}{i}-build-workspace`, all overdue, and the variables of an
+/// elected replica (4 s lease) with a cap of `max` deletions per `window`.
+async fn overdue_under_a_cap(
+    ns: &TestNamespace,
+    prefix: &str,
+    count: usize,
+    max: u32,
+    window: &str,
+) -> (Vec<(&'static str, String)>, Vec<String>) {
+    let mut vars = elected_vars(ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        &max.to_string(),
+    );
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", window);
+    let names: Vec<String> = (0..count)
+        .map(|i| format!("{prefix}{i}-build-workspace"))
+        .collect();
+    for name in &names {
+        expiring(name, in_secs(-60)).create(ns).await;
+    }
+    (vars, names)
+}
+
 /// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
 /// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
 /// count of the window lives on the Lease, so each new leader starts from it.
@@ -1084,17 +1109,7 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 async fn the_cap_holds_across_restarts_and_hand_overs() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "cap").await;
-    let mut vars = elected_vars(&ns, "4s");
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "2",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
-    let names: Vec<String> = (0..6).map(|i| format!("due{i}-build-workspace")).collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(&ns).await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "due", 6, 2, "1h").await;
     let logs = log_dir();
     let kubeconfig = cp.kubeconfig_path();
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
@@ -1454,17 +1469,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
 async fn a_dry_run_spends_none_of_the_real_cap() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "dry-cap").await;
-    let mut vars = elected_vars(&ns, "4s");
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "3",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
-    let names: Vec<String> = (0..6).map(|i| format!("dry{i}-build-workspace")).collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(&ns).await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "dry", 6, 3, "1h").await;
     let logs = log_dir();
     let kubeconfig = cp.kubeconfig_path();
 
@@ -1525,17 +1530,7 @@ async fn a_dry_run_spends_none_of_the_real_cap() {
 async fn a_saturated_cap_tells_each_held_claim_once() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "cap-noise").await;
-    let mut vars = binary_vars(&ns);
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "2",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "10s");
-    let names: Vec<String> = (0..6).map(|i| format!("held{i}-build-workspace")).collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(&ns).await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "held", 6, 2, "10s").await;
     let logs = log_dir();
     let daemon = Process::spawn(
         cp.kubeconfig_path(),
@@ -1572,16 +1567,8 @@ async fn replica_through(
         .await
         .expect("role");
     ns.bind_role(name, name).await;
-    let direct = cp.service_account_kubeconfig(ns.name(), name).await;
-    let server = cp.config().cluster_url.to_string();
-    let text = std::fs::read_to_string(&direct).expect("read the kubeconfig");
-    let via = direct.with_extension("via-proxy");
-    std::fs::write(
-        &via,
-        text.replace(server.trim_end_matches('/'), &proxy.url()),
-    )
-    .expect("write the kubeconfig");
-    via
+    cp.service_account_kubeconfig_via(ns.name(), name, &proxy.url())
+        .await
 }
 
 /// A saturated API Priority and Fairness level answers a DELETE 429 with `Retry-After`. kube's
