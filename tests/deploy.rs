@@ -29,7 +29,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use serde_json::{Value, json};
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, TestNamespace, free_port, http_get,
@@ -60,6 +60,9 @@ const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "resourcequotas", &["list", "watch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
+
+/// The admission guard's policy and binding (manifests/components/admission-guard).
+const GUARD: &str = "workspace-gc-guard";
 
 /// Serializes the daemons that use the Lease `workspace-gc` in namespace `workspace-gc` (the
 /// base's and the namespaced overlay's): a second one would stand by and never delete.
@@ -334,6 +337,9 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         key("Deployment", NAMESPACE, "workspace-gc"),
         key("Service", NAMESPACE, "workspace-gc"),
         key("PodDisruptionBudget", NAMESPACE, "workspace-gc"),
+        // Cluster-scoped; kustomize writes the namespace in, the API server ignores it.
+        key("ValidatingAdmissionPolicy", NAMESPACE, GUARD),
+        key("ValidatingAdmissionPolicyBinding", NAMESPACE, GUARD),
     ]);
     assert_eq!(keys, expected);
 
@@ -470,6 +476,23 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         Some(0),
         "cluster-wide, as the ClusterRole allows"
     );
+
+    // The admission guard guards this ServiceAccount, with every refusal in force
+    // (tests/admission.rs checks it was printed from this config.toml and what it refuses).
+    let policy = base.get("ValidatingAdmissionPolicy", GUARD);
+    let account = base.only("ServiceAccount");
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        format!(
+            "request.userInfo.username == 'system:serviceaccount:{}:{}'",
+            account["metadata"]["namespace"].as_str().unwrap(),
+            account["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let guard_binding = base.get("ValidatingAdmissionPolicyBinding", GUARD);
+    assert_eq!(guard_binding["spec"]["policyName"], GUARD);
+    assert_eq!(guard_binding["spec"]["validationActions"], json!(["Deny"]));
 }
 
 #[test]
@@ -579,7 +602,11 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
     expected.retain(|(kind, _, _), _| {
         !matches!(
             kind.as_str(),
-            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
         )
     });
     assert_eq!(rest, expected);
@@ -787,6 +814,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
         "WorkspaceGCNotReady",
         "WorkspaceGCReclaimLagHigh",
         "WorkspaceGCQuotaPressureUnrelieved",
+        "WorkspaceGCAdmissionDenied",
     ] {
         assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
     }
@@ -1626,6 +1654,66 @@ async fn base_grants_its_service_account_what_the_daemon_needs_and_nothing_more(
         .cloned()
         .collect();
     assert_eq!(rules_in(control_plane, &sa, NAMESPACE).await, own);
+}
+
+/// The guard, applied with the base as shipped, is in force for the ServiceAccount: a delete of
+/// an unlabelled claim, which RBAC allows, is refused by the API server with the rule's message
+/// (for real and as a server-side dry run), and the account's own kind of delete passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn base_guard_applied_refuses_the_service_accounts_delete_of_an_unlabelled_claim() {
+    let control_plane = ControlPlane::shared();
+    apply_base(control_plane).await;
+    let ns = TestNamespace::new(control_plane, "deploy-guard").await;
+    let sa = control_plane
+        .service_account_client(NAMESPACE, "workspace-gc")
+        .await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    let plain = ClaimBuilder::plain("user-data").create(&ns).await;
+    let preconditions = |claim: &PersistentVolumeClaim, dry_run: bool| DeleteParams {
+        dry_run,
+        preconditions: Some(Preconditions {
+            uid: claim.metadata.uid.clone(),
+            resource_version: claim.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    let refusal = |answer: Result<_, kube::Error>| match answer {
+        Err(kube::Error::Api(status)) => Some(status.message),
+        Ok(_) => None,
+        Err(other) => panic!("{other}"),
+    };
+    // The API server loads a new policy a moment after it is created.
+    let rule = "workspace-gc admission guard: rule label-selector:";
+    assert!(
+        wait_until(secs(30), || async {
+            refusal(
+                claims
+                    .delete("user-data", &preconditions(&plain, true))
+                    .await,
+            )
+            .is_some_and(|message| message.contains(rule))
+        })
+        .await,
+        "the guard refuses a dry-run delete of an unlabelled claim"
+    );
+    let message = refusal(
+        claims
+            .delete("user-data", &preconditions(&plain, false))
+            .await,
+    );
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains(rule)),
+        "{message:?}"
+    );
+    assert!(!claim_is_gone(&control_plane.client(), ns.name(), "user-data").await);
+
+    let labelled = ClaimBuilder::build_workspace("due-build-workspace")
+        .create(&ns)
+        .await;
+    claims
+        .delete("due-build-workspace", &preconditions(&labelled, true))
+        .await
+        .expect("the daemon's kind of delete is admitted");
 }
 
 /// The Namespace enforces the "restricted" Pod Security Standard, and the Deployment's pods pass
