@@ -28,7 +28,7 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use support::{
-    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, TestNamespace, metric, policy_rule,
+    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Process, TestNamespace, metric, policy_rule,
     wait_until,
 };
 use workspace_gc::config::labels::LabelSelector;
@@ -535,58 +535,80 @@ async fn the_guards_label_selector_matches_exactly_the_daemons() {
 }
 
 /// A daemon whose guard disagrees with it (the guard excludes the namespace it watches) sends
-/// its delete, which the API server refuses: it counts `admission-denied`, fails the delete and
-/// keeps the claim.
+/// its delete, which the API server refuses: it counts `admission-denied`, logs the policy's
+/// message, fails the delete and keeps the claim.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     let control_plane = ControlPlane::shared();
     let admin = control_plane.client();
-    let (ns, sa) = guarded_namespace(control_plane, "guard-daemon").await;
+    let ns = TestNamespace::new(control_plane, "guard-daemon").await;
+    let kubeconfig = control_plane
+        .service_account_kubeconfig(ns.name(), ACCOUNT)
+        .await;
+    grant(&ns, &ns).await;
+    let sa = control_plane
+        .service_account_client(ns.name(), ACCOUNT)
+        .await;
     ClaimBuilder::build_workspace("probe-build-workspace")
         .create(&ns)
         .await;
     let guard = guard_for("", &ns, &[&format!("--exclude-namespace={}", ns.name())]);
     install(&admin, &guard, &format!("guard-{}", ns.name())).await;
-    let claims = Api::<PersistentVolumeClaim>::namespaced(sa.clone(), ns.name());
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
     wait_for_guard(&claims, "probe-build-workspace").await;
 
     let claim = "orphan-build-workspace";
     ClaimBuilder::build_workspace(claim).create(&ns).await;
-    let mut config = ns.config();
-    config.policy.orphan_grace = secs(1);
-    let daemon = Daemon::start(sa, config, "guarded").await;
-    let denied = r#"operation="delete",category="admission-denied""#;
-    assert!(
-        wait_until(secs(30), || async {
-            metric(
-                &daemon.metrics().await,
-                "workspace_gc_api_errors_total",
-                denied,
-            ) >= 1.0
-        })
-        .await,
-        "the refusal is counted:\n{}",
-        daemon.metrics().await
+    let logs = tempfile::tempdir().unwrap();
+    let vars = [
+        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
+        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".to_owned()),
+        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s".to_owned()),
+    ];
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &vars,
+        "guarded",
+        &logs.path().join("daemon.log"),
     );
-    let metrics = daemon.metrics().await;
+    // The log names the claim and carries the policy's message, with the rule broken.
+    let refusal_logged = || {
+        daemon.logs().lines().any(|line| {
+            line.contains("delete refused by admission, claim kept")
+                && line.contains(&format!("/{claim} "))
+                && line.contains("rule excluded-namespace")
+        })
+    };
+    assert!(
+        wait_until(secs(30), || async { refusal_logged() }).await,
+        "the refusal is logged:\n{}",
+        daemon.logs()
+    );
+    // Both claims, the probe too, refused and counted (each is retried; the counts only grow).
+    let denied = r#"operation="delete",category="admission-denied""#;
     let failed = format!(
         r#"namespace="{}",reason="orphaned",result="failed""#,
         ns.name()
     );
     assert!(
-        metric(&metrics, "workspace_gc_deletions_total", &failed) >= 1.0,
-        "{metrics}"
+        wait_until(secs(30), || async {
+            let metrics = daemon.metrics().await;
+            metric(&metrics, "workspace_gc_api_errors_total", denied) >= 2.0
+                && metric(&metrics, "workspace_gc_deletions_total", &failed) >= 2.0
+        })
+        .await,
+        "both refusals are counted:\n{}",
+        daemon.metrics().await
     );
+    let metrics = daemon.metrics().await;
+    let deleted = failed.replace("failed", "deleted");
     assert_eq!(
-        metric(
-            &metrics,
-            "workspace_gc_deletions_total",
-            &failed.replace("failed", "deleted")
-        ),
+        metric(&metrics, "workspace_gc_deletions_total", &deleted),
         0.0,
         "{metrics}"
     );
     assert!(untouched(&ns, claim).await, "the claim is kept");
     assert!(untouched(&ns, "probe-build-workspace").await);
-    daemon.stop().await;
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
 }
