@@ -495,6 +495,52 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
     assert_eq!(guard_binding["spec"]["validationActions"], json!(["Deny"]));
 }
 
+/// The README's way to change the guard with the configuration: print it for your config.toml
+/// and patch it over the shipped one; the printed rules replace the shipped ones, none is left.
+#[test]
+fn a_printed_guard_patched_in_an_overlay_replaces_the_shipped_rules() {
+    let scratch = scratch();
+    let config = scratch.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[selector]\nlabel_selector = \"team=ml\"\nexclude_namespaces = [\"kube-system\"]\n",
+    )
+    .unwrap();
+    let printed = Command::new(BINARY)
+        .arg("--config")
+        .arg(&config)
+        .arg("admission-policy")
+        .env_clear()
+        .output()
+        .expect("run admission-policy");
+    assert!(printed.status.success(), "{printed:?}");
+    let overlay = Overlay::new(&["base"], &[], "patches:\n  - path: guard.yaml\n");
+    std::fs::write(overlay.path().join("guard.yaml"), &printed.stdout).unwrap();
+    let rendered = overlay.render();
+    let messages: Vec<String> =
+        rendered.get("ValidatingAdmissionPolicy", GUARD)["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["message"].as_str().unwrap().to_owned())
+            .collect();
+    let rules: Vec<&str> = messages
+        .iter()
+        .map(|m| m.split("rule ").nth(1).unwrap().split(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "no-update",
+            "uid-precondition",
+            "excluded-namespace",
+            "label-selector"
+        ]
+    );
+    assert!(messages[3].contains("team=ml"), "{messages:?}");
+    assert!(!messages[3].contains("build-workspace"), "{messages:?}");
+}
+
 #[test]
 fn audit_overlay_only_switches_on_server_side_dry_run() {
     let base = Rendered::of(&manifests("base"));
