@@ -337,6 +337,7 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         key("Deployment", NAMESPACE, "workspace-gc"),
         key("Service", NAMESPACE, "workspace-gc"),
         key("PodDisruptionBudget", NAMESPACE, "workspace-gc"),
+        key("NetworkPolicy", NAMESPACE, "workspace-gc"),
         // Cluster-scoped; kustomize writes the namespace in, the API server ignores it.
         key("ValidatingAdmissionPolicy", NAMESPACE, GUARD),
         key("ValidatingAdmissionPolicyBinding", NAMESPACE, GUARD),
@@ -437,6 +438,21 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
     let budget = base.only("PodDisruptionBudget");
     assert_eq!(budget["spec"]["minAvailable"], 1);
     assert_eq!(&budget["spec"]["selector"]["matchLabels"], selector);
+
+    // Inbound: only the container's one port, which serves metrics and the probes (the pod's
+    // node may always reach it); everything else is denied. Egress is left open.
+    let network = base.only("NetworkPolicy");
+    assert_eq!(&network["spec"]["podSelector"]["matchLabels"], selector);
+    assert_eq!(network["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        network["spec"]["ingress"],
+        json!([{ "ports": [{ "port": "http", "protocol": "TCP" }] }])
+    );
+    assert_eq!(
+        container["ports"].as_array().map(Vec::len),
+        Some(1),
+        "a new port needs a rule"
+    );
 
     // RBAC: the ClusterRole is the reviewed table; the Lease Role names the configured Lease.
     let cluster_role = base.get("ClusterRole", "workspace-gc");
