@@ -168,8 +168,8 @@ impl Rendered {
     /// The ConfigMap the Deployment mounts (its name carries kustomize's content hash).
     fn mounted_config_map(&self) -> &Value {
         let volumes = &self.deployment()["spec"]["template"]["spec"]["volumes"];
-        let name = volumes[0]["configMap"]["name"]
-            .as_str()
+        let name = (volumes.as_array().into_iter().flatten())
+            .find_map(|volume| volume["configMap"]["name"].as_str())
             .expect("a ConfigMap volume");
         self.get("ConfigMap", name)
     }
@@ -786,6 +786,10 @@ fn every_overlay_runs_under_openshift_restricted_v2() {
             Rendered::of(&manifests("overlays/namespaced")),
         ),
         ("base + components/prometheus", monitoring()),
+        (
+            "base + components/metrics-https",
+            Overlay::new(&["base"], &["components/metrics-https"], "").render(),
+        ),
     ];
     for (name, rendered) in &overlays {
         let pod = &rendered.deployment()["spec"]["template"]["spec"];
@@ -899,6 +903,134 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
     // promtool checks and unit-tests the rules (`alerts_pass_promtool_check_and_unit_tests`), and
     // a real Prometheus evaluates them on the daemon's series
     // (`prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel`).
+}
+
+/// HTTPS metrics as the components ship them: the daemon serves them on a port of its own with
+/// the mounted serving certificate, which OpenShift's service CA writes for the Service; the
+/// NetworkPolicy admits that port; the daemon may make the reviews; and the ServiceMonitor
+/// scrapes that port with the token of an account bound to the reader role, verifying the
+/// certificate for the Service's name.
+#[test]
+fn metrics_https_components_serve_tls_to_the_reader_role_and_scrape_it() {
+    let overlay = Overlay::new(
+        &["base"],
+        &[
+            "components/metrics-https",
+            "components/prometheus",
+            "components/prometheus-https",
+        ],
+        "",
+    );
+    let rendered = overlay.render();
+    let container = rendered.container();
+    let scratch = scratch();
+    let config = rendered.effective_config(scratch.path());
+    let secure = config["http"]["secure_listen"].as_str().unwrap();
+    let https_port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "https")
+        .expect("a port named https");
+    assert_eq!(
+        secure.rsplit_once(':').unwrap().1,
+        https_port["containerPort"].to_string()
+    );
+    // The probes stay plain.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "http", "{probe}");
+    }
+    // The certificate and key come from the mounted Secret the Service annotation names.
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "metrics-tls")
+        .expect("the TLS mount");
+    assert_eq!(mount["readOnly"], true);
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(
+        config["http"]["tls_cert_file"].as_str(),
+        Some(format!("{dir}/tls.crt").as_str())
+    );
+    assert_eq!(
+        config["http"]["tls_key_file"].as_str(),
+        Some(format!("{dir}/tls.key").as_str())
+    );
+    let volume = rendered.deployment()["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "metrics-tls")
+        .unwrap()
+        .clone();
+    let service = rendered.only("Service");
+    assert_eq!(
+        service["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"],
+        volume["secret"]["secretName"]
+    );
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["targetPort"] == "https")
+        .expect("a Service port for https")
+        .clone();
+    let network = rendered.only("NetworkPolicy");
+    assert_eq!(
+        network["spec"]["ingress"][0]["ports"],
+        json!([{ "port": "http", "protocol": "TCP" }, { "port": "https", "protocol": "TCP" }])
+    );
+
+    // RBAC: the reader may get /metrics and nothing else; the daemon may ask the reviews.
+    let reader = rendered.get("ClusterRole", "workspace-gc-metrics-reader");
+    assert_eq!(
+        reader["rules"],
+        json!([{ "nonResourceURLs": ["/metrics"], "verbs": ["get"] }])
+    );
+    let auth = rendered.get("ClusterRole", "workspace-gc-metrics-auth");
+    assert_eq!(
+        grants(&auth["rules"]),
+        table_grants(&[
+            ("authentication.k8s.io", "tokenreviews", &["create"]),
+            ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+        ])
+    );
+    let daemon_account =
+        json!([{ "kind": "ServiceAccount", "name": "workspace-gc", "namespace": NAMESPACE }]);
+    assert_eq!(
+        rendered.get("ClusterRoleBinding", "workspace-gc-metrics-auth")["subjects"],
+        daemon_account
+    );
+
+    // The ServiceMonitor: that port, over TLS for the Service's name, with the scraper's token.
+    let endpoints = rendered.only("ServiceMonitor")["spec"]["endpoints"].clone();
+    assert_eq!(endpoints.as_array().map(Vec::len), Some(1));
+    let endpoint = &endpoints[0];
+    assert_eq!(endpoint["port"], service_port["name"]);
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(endpoint["honorLabels"], true);
+    assert_eq!(
+        endpoint["tlsConfig"]["serverName"],
+        format!(
+            "{}.{NAMESPACE}.svc",
+            service["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    let secret_name = endpoint["authorization"]["credentials"]["name"]
+        .as_str()
+        .unwrap();
+    let secret = rendered.get("Secret", secret_name);
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    let scraper = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        .as_str()
+        .unwrap();
+    let binding = rendered.get("ClusterRoleBinding", "workspace-gc-metrics-scraper");
+    assert_eq!(binding["roleRef"]["name"], "workspace-gc-metrics-reader");
+    assert_eq!(
+        binding["subjects"],
+        json!([{ "kind": "ServiceAccount", "name": scraper, "namespace": NAMESPACE }])
+    );
 }
 
 fn alert_rules(rendered: &Rendered) -> Vec<Value> {
@@ -1405,7 +1537,10 @@ impl Launch {
     fn from(rendered: &Rendered, pod_name: &str, dir: &Path) -> Launch {
         let deployment = rendered.deployment();
         let container = rendered.container();
-        let mount = &container["volumeMounts"][0];
+        // The configuration's mount (components may add others, e.g. the TLS Secret).
+        let mount = (container["volumeMounts"].as_array().into_iter().flatten())
+            .find(|mount| mount["name"] == "config")
+            .expect("the config volume is mounted");
         let mount_path = mount["mountPath"].as_str().expect("a mounted volume");
         let config_map = rendered.mounted_config_map();
         for (file, content) in config_map["data"].as_object().unwrap() {
