@@ -5,10 +5,10 @@
 //! and authorises ([`access`](super::access)), as kubebuilder's controllers serve it.
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
@@ -17,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -81,8 +83,48 @@ pub enum TlsError {
     Config(#[from] rustls::Error),
 }
 
-/// A TLS server configuration (HTTP/1.1) from a PEM certificate chain and key.
+/// A TLS server configuration (HTTP/1.1) from a PEM certificate chain and key, which it reads
+/// again when they change.
 pub fn tls_config(cert_file: &Path, key_file: &Path) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let files = (cert_file.to_owned(), key_file.to_owned());
+    let key = load_certificate(&files, &provider)?;
+    let resolver = Reloading {
+        state: Mutex::new(Loaded {
+            key: Arc::new(key),
+            stamp: stamp(&files),
+            checked: Instant::now(),
+        }),
+        files,
+        provider: provider.clone(),
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// How often the files are checked for a renewal: OpenShift's service CA renews the Secret,
+/// and the kubelet swaps the mounted files, while the daemon runs.
+const RELOAD_CHECK: Duration = Duration::from_secs(10);
+
+/// The certificate chain and key files.
+type Files = (PathBuf, PathBuf);
+
+/// The files' modification times: a renewal changes them.
+type Stamp = (Option<SystemTime>, Option<SystemTime>);
+
+fn stamp((cert, key): &Files) -> Stamp {
+    let modified = |file: &Path| std::fs::metadata(file).and_then(|m| m.modified()).ok();
+    (modified(cert), modified(key))
+}
+
+fn load_certificate(
+    (cert_file, key_file): &Files,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let read = |file: &Path| {
@@ -99,13 +141,46 @@ pub fn tls_config(cert_file: &Path, key_file: &Path) -> Result<rustls::ServerCon
         });
     }
     let key = PrivateKeyDer::from_pem_file(key_file).map_err(read(key_file))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+    Ok(CertifiedKey::from_der(chain, key, provider)?)
+}
+
+/// Serves the certificate last loaded, loading it again when the files change; a renewal that
+/// cannot be used (half-written, mismatched) keeps the previous one and is retried.
+#[derive(Debug)]
+struct Reloading {
+    files: Files,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    state: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    stamp: Stamp,
+    checked: Instant,
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = Instant::now();
+            let stamp = stamp(&self.files);
+            if stamp != state.stamp {
+                match load_certificate(&self.files, &self.provider) {
+                    Ok(key) => {
+                        info!("loaded the renewed serving certificate");
+                        state.key = Arc::new(key);
+                        state.stamp = stamp;
+                    }
+                    Err(error) => {
+                        warn!(%error, "the renewed serving certificate cannot be used yet; serving the previous one");
+                    }
+                }
+            }
+        }
+        Some(state.key.clone())
+    }
 }
 
 /// Binds `addr` (so a port in use fails start-up), and `secure.addr` when given, and serves
