@@ -2,8 +2,8 @@
 //! API server: the daemon, running as a ServiceAccount with the component's review rights,
 //! answers 401 without a token or with one the API server refuses, 403 to a ServiceAccount
 //! without the reader role, and 200 to one bound to `workspace-gc-metrics-reader`; the plain
-//! endpoint and the probes stay as they are; and a real Prometheus scrapes it with a bearer
-//! token over TLS, verifying the certificate.
+//! endpoint and the probes stay as they are; a real Prometheus scrapes it with a bearer token
+//! over TLS, verifying the certificate; and a renewed certificate is served without a restart.
 
 mod support;
 
