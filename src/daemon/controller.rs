@@ -33,6 +33,7 @@ use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self, Found};
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
+use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
 
@@ -72,6 +73,8 @@ pub enum RunError {
     /// than run half alive.
     #[error("the {0} stopped unexpectedly; exiting so that the pod restarts")]
     TaskEnded(&'static str),
+    #[error("http.tls_cert_file, http.tls_key_file: {0}")]
+    Tls(#[from] http::TlsError),
 }
 
 /// Everything a reconcile reads, built once.
@@ -131,12 +134,28 @@ pub async fn run(
         warn!(%error, "cannot read the API server's clock yet; nothing is due until it is known");
     }
     let health = Arc::new(Health::default());
-    let server = http::serve(options.listen, registry, health.clone(), stop.clone())
-        .await
-        .map_err(|source| RunError::Listen {
-            addr: options.listen,
-            source,
-        })?;
+    let secure = match (
+        &config.http.secure_listen,
+        &config.http.tls_cert_file,
+        &config.http.tls_key_file,
+    ) {
+        (Some(addr), Some(cert), Some(key)) => Some(http::Secure {
+            addr: *addr,
+            tls: Arc::new(http::tls_config(cert, key)?),
+            gate: Gate::new(client.clone()),
+        }),
+        // Validation sets the three together.
+        _ => None,
+    };
+    let server = http::serve(
+        options.listen,
+        secure,
+        registry,
+        health.clone(),
+        stop.clone(),
+    )
+    .await
+    .map_err(|(addr, source)| RunError::Listen { addr, source })?;
 
     let lease_namespace = config
         .leader_election
