@@ -735,7 +735,7 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
     // The log line and the counter are two writes: either may come first.
     let names_the_denial = || async {
         daemon.logs().lines().any(|line| {
-            line.contains("delete failed")
+            line.contains("delete refused")
                 && line.contains("denied-build-workspace")
                 && line.contains("forbidden")
         })
