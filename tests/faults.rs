@@ -24,14 +24,16 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
-    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
-    capped, deleted, deleted_count, elected_vars, finished_build, leads_within_the_cap, metric,
-    metric_sum, notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit,
-    set_var, wait_until,
+    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, DeleteInvariant, Fault,
+    JobBuilder, PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary,
+    binary_vars, capped, deleted, deleted_count, elected_vars, finished_build,
+    invariant_audit_rules, leads_within_the_cap, metric, metric_sum,
+    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, set_var,
+    wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
+use workspace_gc::daemon::controller::LIVE_BOUND;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -1286,22 +1288,14 @@ async fn only_the_leader_writes_events() {
 
 /// Claim deletes with their request (the precondition names the claim's UID) and every write
 /// of a Lease, with who sent it.
-const FENCING_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Request
-    verbs: [delete]
-    resources:
-      - group: \"\"
-        resources: [persistentvolumeclaims]
-  - level: Metadata
-    verbs: [create, update, patch]
-    resources:
-      - group: coordination.k8s.io
-        resources: [leases]
-  - level: None
-";
+/// What the fencing test's audit log records: what [`DeleteInvariant`] reads, for every user (the
+/// namespace, and so the replicas' names, is made after the API server starts).
+fn fencing_audit_policy() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{}  - level: None\n",
+        invariant_audit_rules(&[])
+    )
+}
 
 /// The daemon's Role in the test namespace, with the Lease rights old and new election need.
 fn elected_role(name: &str) -> Role {
@@ -1326,7 +1320,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
     let work = tempfile::tempdir().expect("a directory for the audit log");
     let audit_log = work.path().join("audit.log");
     let audit_policy = work.path().join("audit-policy.yaml");
-    std::fs::write(&audit_policy, FENCING_AUDIT_POLICY).expect("write the audit policy");
+    std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
     let cp = ControlPlane::start_with(&ControlPlaneOptions {
         controller_manager: true,
         apiserver_args: vec![
@@ -1456,6 +1450,15 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         successes.values().all(|n| *n == 1),
         "no claim deleted twice: {successes:?}"
     );
+    // Every DELETE fenced, re-checked live within the bound, preconditioned, once per decision.
+    let mut invariant = DeleteInvariant::new(
+        &[old.clone(), new.clone()],
+        Some((ns.name(), "workspace-gc")),
+        lease,
+    );
+    invariant.bound = LIVE_BOUND;
+    let violations = invariant.check(&audited, &[]);
+    assert!(violations.is_empty(), "{violations:#?}");
     for name in &names {
         assert!(deleted(&ns, name).await, "{name} is deleted");
     }
