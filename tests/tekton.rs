@@ -169,9 +169,26 @@ impl Build {
         );
     }
 
+    /// The pods of the affinity assistant, whose StatefulSet Tekton deletes when the run ends
+    /// (the garbage collector then deletes the pod): until then the claim is in use.
+    async fn assistant_pods(&self) -> Vec<String> {
+        (self.ns.api::<Pod>().list(&Default::default()).await)
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter_map(|pod| pod.metadata.name)
+            .filter(|name| name.starts_with("affinity-assistant-"))
+            .collect()
+    }
+
     /// The run has finished: within the TTL the claim is kept, past it the audit would delete
     /// it, and the daemon does, counting it as `ttl-expired`.
     async fn assert_reclaimed_after_ttl(&self) {
+        assert!(
+            wait_until(TEKTON, || async { self.assistant_pods().await.is_empty() }).await,
+            "the affinity assistant's pod is deleted after the run: {:?}",
+            self.assistant_pods().await
+        );
         self.assert_verdict("finished, within the TTL", LONG_TTL, "keep", "within-ttl")
             .await;
         // Completion times have whole seconds: past a 1 s TTL for certain two seconds later.
