@@ -382,8 +382,27 @@ async fn a_retried_build_keeps_its_claim_between_attempts() {
         PodState::Failed { exit_code: 1 },
     )
     .await;
-    // The first attempt failed: the TaskRun waits to be retried, still running as a build.
+    // The first attempt failed: Tekton records it in the TaskRun's retriesStatus and starts a
+    // second pod; the TaskRun stays unfinished meanwhile.
     build.wait_for_pod("nb-build-build-pod-retry1").await;
+    let attempts = || async {
+        let task_run = build.get(&task_run_resource(), "nb-build-build").await;
+        let retries = task_run.map(|t| t.data["status"]["retriesStatus"].clone());
+        retries.and_then(|r| r.as_array().map(Vec::len))
+    };
+    assert!(
+        wait_until(TEKTON, || async { attempts().await == Some(1) }).await,
+        "the TaskRun records one failed attempt: {:?}",
+        attempts().await
+    );
+    assert_eq!(
+        build
+            .condition(&task_run_resource(), "nb-build-build")
+            .await
+            .map(|c| c.0),
+        Some("Unknown".to_owned()),
+        "the TaskRun is not finished between attempts"
+    );
     build
         .assert_verdict("between attempts", SHORT_TTL, "protected", "in-use")
         .await;
