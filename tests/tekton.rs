@@ -488,3 +488,49 @@ async fn a_pending_build_and_an_unschedulable_pod_keep_their_claim() {
     build.wait_for(None, "True", "Succeeded").await;
     build.assert_reclaimed_after_ttl().await;
 }
+
+/// The pid recorded for `name` in a control plane's directory (`scripts/control-plane`).
+fn recorded_pid(dir: &std::path::Path, name: &str) -> u32 {
+    let text = std::fs::read_to_string(dir.join(format!("{name}.pid")))
+        .unwrap_or_else(|e| panic!("read {name}.pid: {e}"));
+    let pid = text.split_whitespace().next().unwrap_or_default();
+    pid.parse()
+        .unwrap_or_else(|e| panic!("{name}.pid holds {text:?}: {e}"))
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(") ")
+            .next()
+            .is_some_and(|rest| !rest.starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tekton_controller_runs_in_a_network_namespace_of_its_own_and_stops_with_down() {
+    let control_plane = ControlPlane::start_tekton();
+    let netns = recorded_pid(control_plane.dir(), "tekton-controller");
+    let children = std::fs::read_to_string(format!("/proc/{netns}/task/{netns}/children"))
+        .expect("read the children of tekton-netns");
+    let controller: u32 = (children.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .expect("tekton-netns runs the controller as its child");
+    let namespace = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+    assert!(
+        namespace(&controller.to_string()).is_some(),
+        "the controller's network namespace is readable"
+    );
+    assert_ne!(
+        namespace(&controller.to_string()),
+        namespace("self"),
+        "the controller's fixed ports (8080, 9090, 8008) are in a namespace of its own"
+    );
+    drop(control_plane);
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            !alive(netns) && !alive(controller)
+        })
+        .await,
+        "down stops tekton-netns and the controller"
+    );
+}

@@ -98,6 +98,18 @@ impl ControlPlane {
         })
     }
 
+    /// A dedicated control plane with kube-controller-manager and the real Tekton controller
+    /// (see [`Self::shared_tekton`]), stopped on drop.
+    pub fn start_tekton() -> ControlPlane {
+        Self::launch(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                ..ControlPlaneOptions::default()
+            },
+            true,
+        )
+    }
+
     /// A dedicated control plane with the given options, stopped on drop.
     pub fn start_with(options: &ControlPlaneOptions) -> ControlPlane {
         Self::launch(options, false)
