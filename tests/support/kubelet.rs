@@ -21,8 +21,8 @@ pub enum PodState {
     Running,
     /// Every step exited 0.
     Succeeded,
-    /// The first step exited with `exit_code` (not 0); the steps after it were never run and
-    /// are reported terminated with exit code 1, as Tekton's entrypoint leaves them.
+    /// The first step exited with `exit_code` (not 0); the steps after it (Tekton's entrypoint
+    /// skips them) are reported terminated with exit code 1.
     Failed { exit_code: i32 },
 }
 
