@@ -707,7 +707,9 @@ fn daemon_role(can_delete: bool) -> Role {
 
 /// The daemon may read everything but not delete claims: each delete gets 403. It logs a clear
 /// error naming the claim, counts it under `operation="delete",category="forbidden"`, stays
-/// alive and ready, and deletes the claim once the right is granted.
+/// alive and ready, and deletes the claim once the right is granted. Its events reach the API
+/// server a second late (through the fault proxy), as on a loaded one: nothing is asserted
+/// before the write it depends on has landed.
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_denied_by_rbac_is_reported_and_recovers() {
     let cp = ControlPlane::shared();
@@ -721,9 +723,23 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         .await
         .expect("role");
     ns.bind_role("workspace-gc", "workspace-gc").await;
-    let kubeconfig = cp
+    let direct = cp
         .service_account_kubeconfig(ns.name(), "workspace-gc")
         .await;
+    let proxy = Proxy::http(cp).await;
+    proxy.add(support::Rule::new(
+        "",
+        "events",
+        support::Fault::DelayRequest(secs(1)),
+    ));
+    let server = cp.config().cluster_url.to_string();
+    let kubeconfig = direct.with_extension("slow-events");
+    let text = std::fs::read_to_string(&direct).expect("read the kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        text.replace(server.trim_end_matches('/'), &proxy.url()),
+    )
+    .expect("write the kubeconfig");
     let logs = log_dir();
     let daemon = Process::spawn(
         &kubeconfig,
