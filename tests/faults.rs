@@ -732,14 +732,7 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         "events",
         support::Fault::DelayRequest(secs(1)),
     ));
-    let server = cp.config().cluster_url.to_string();
-    let kubeconfig = direct.with_extension("slow-events");
-    let text = std::fs::read_to_string(&direct).expect("read the kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        text.replace(server.trim_end_matches('/'), &proxy.url()),
-    )
-    .expect("write the kubeconfig");
+    let kubeconfig = proxy.kubeconfig(cp, &direct);
     let logs = log_dir();
     let daemon = Process::spawn(
         &kubeconfig,

@@ -1213,14 +1213,6 @@ impl Replica {
     }
 }
 
-/// A kubeconfig like `path` that reaches the API server at `url` instead.
-fn kubeconfig_via(path: &Path, server: &str, url: &str, dir: &Path, name: &str) -> PathBuf {
-    let text = std::fs::read_to_string(path).expect("read the kubeconfig");
-    let out = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&out, text.replace(server, url)).expect("write the kubeconfig");
-    out
-}
-
 // --- faults ------------------------------------------------------------------------------
 
 #[derive(Debug, Clone)]
@@ -1614,15 +1606,13 @@ async fn soak(args: Args) -> bool {
     for ns in NAMESPACES {
         TestNamespace::named(&cp, ns).await;
     }
-    let server = cp.config().cluster_url.to_string();
-    let server = server.trim_end_matches('/').to_owned();
     let mut replicas = Vec::new();
     for (index, (name, account)) in REPLICAS.into_iter().enumerate() {
         let account = cp
             .service_account_kubeconfig(LEASE_NAMESPACE, account)
             .await;
         let proxy = Proxy::http(&cp).await;
-        let kubeconfig = kubeconfig_via(&account, &server, &proxy.url(), &work, name);
+        let kubeconfig = proxy.kubeconfig(&cp, &account);
         let clock = match (&args.clock_offset, index) {
             (Some(offset), 1) => faketime(offset),
             _ => Vec::new(),
