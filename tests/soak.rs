@@ -1271,7 +1271,8 @@ impl Faults {
 
     /// Bursts of one kind of refusal on the leader's connection, on for seconds and off for
     /// seconds, for 10 to 30 s: as an API server whose priority level is saturated answers.
-    /// The kinds take turns, DELETEs first, so that a short run has the one that matters most.
+    /// The kinds take turns, DELETEs first, so that a short run has the one that matters most;
+    /// each opens with 10 claims due at once.
     async fn throttle(&mut self, rng: &mut Rng) {
         let target = self.leader().await.unwrap_or(0);
         let retry_after = rng.between(1, 3);
@@ -1315,8 +1316,13 @@ impl Faults {
         );
         let proxy = &self.replicas[target].proxy;
         let end = tokio::time::Instant::now() + Duration::from_secs(rng.between(10, 30));
+        let mut first = true;
         while tokio::time::Instant::now() < end {
             let burst = proxy.add(rule.clone());
+            if std::mem::take(&mut first) {
+                // Claims due at once: the refusals meet deletion work whenever they come.
+                self.driver.burst(10).await;
+            }
             tokio::time::sleep(Duration::from_secs(rng.between(2, 6))).await;
             proxy.remove(burst);
             tokio::time::sleep(Duration::from_secs(rng.between(1, 3))).await;
