@@ -1745,6 +1745,18 @@ impl Daemon {
         self.get("/metrics").await.1
     }
 
+    /// Waits until `/metrics` shows `series` at `value`: a counter is bumped after the write it
+    /// counts, so it may lag what the API server already shows. Returns the last scrape.
+    async fn metrics_when(&self, series: &str, value: f64) -> String {
+        let reached = wait_until(secs(10), || async {
+            sample(&self.metrics().await, series) == Some(value)
+        })
+        .await;
+        let metrics = self.metrics().await;
+        assert!(reached, "{series} reaches {value}:\n{metrics}");
+        metrics
+    }
+
     /// SIGTERM, as the kubelet sends, and the exit status.
     async fn stop(mut self) -> (ExitStatus, String) {
         let pid = self.child.id().expect("the daemon is running");
@@ -2036,12 +2048,11 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
         Some(pod_name)
     );
 
-    let metrics = daemon.metrics().await;
     let deleted = format!(
         "workspace_gc_deletions_total{{namespace=\"{}\",reason=\"orphaned\",result=\"deleted\"}}",
         ns.name()
     );
-    assert_eq!(sample(&metrics, &deleted), Some(1.0), "{metrics}");
+    let metrics = daemon.metrics_when(&deleted, 1.0).await;
     assert_eq!(sample(&metrics, "workspace_gc_leader"), Some(1.0));
     assert_nothing_forbidden(&metrics);
 
@@ -2099,12 +2110,11 @@ async fn audit_overlay_applied_exercises_rbac_with_dry_run_deletes_and_deletes_n
         "a WouldDelete event:\n{}",
         daemon.log()
     );
-    let metrics = daemon.metrics().await;
     let would = format!(
         "workspace_gc_dry_run_would_delete_total{{namespace=\"{}\",reason=\"orphaned\"}}",
         ns.name()
     );
-    assert_eq!(sample(&metrics, &would), Some(1.0), "{metrics}");
+    let metrics = daemon.metrics_when(&would, 1.0).await;
     assert_nothing_forbidden(&metrics);
     assert!(
         !metrics.contains("workspace_gc_deletions_total{"),

@@ -202,7 +202,8 @@ async fn client_through(
     name: &str,
     proxy: &Proxy,
 ) -> Client {
-    let via = (cp.service_account_kubeconfig_via(ns.name(), name, &proxy.url())).await;
+    let direct = cp.service_account_kubeconfig(ns.name(), name).await;
+    let via = proxy.kubeconfig(cp, &direct);
     Client::try_from(config(&via)).expect("a client through the proxy")
 }
 

@@ -693,7 +693,9 @@ fn daemon_role(can_delete: bool) -> Role {
 
 /// The daemon may read everything but not delete claims: each delete gets 403. It logs a clear
 /// error naming the claim, counts it under `operation="delete",category="forbidden"`, stays
-/// alive and ready, and deletes the claim once the right is granted.
+/// alive and ready, and deletes the claim once the right is granted. Its events reach the API
+/// server a second late (through the fault proxy), as on a loaded one: nothing is asserted
+/// before the write it depends on has landed.
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_denied_by_rbac_is_reported_and_recovers() {
     let cp = ControlPlane::shared();
@@ -707,9 +709,16 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         .await
         .expect("role");
     ns.bind_role("workspace-gc", "workspace-gc").await;
-    let kubeconfig = cp
+    let direct = cp
         .service_account_kubeconfig(ns.name(), "workspace-gc")
         .await;
+    let proxy = Proxy::http(cp).await;
+    proxy.add(support::Rule::new(
+        "",
+        "events",
+        support::Fault::DelayRequest(secs(1)),
+    ));
+    let kubeconfig = proxy.kubeconfig(cp, &direct);
     let logs = log_dir();
     let daemon = Process::spawn(
         &kubeconfig,
@@ -1570,8 +1579,8 @@ async fn replica_through(
         .await
         .expect("role");
     ns.bind_role(name, name).await;
-    cp.service_account_kubeconfig_via(ns.name(), name, &proxy.url())
-        .await
+    let direct = cp.service_account_kubeconfig(ns.name(), name).await;
+    proxy.kubeconfig(cp, &direct)
 }
 
 /// A saturated API Priority and Fairness level answers a DELETE 429 with `Retry-After`. kube's

@@ -354,24 +354,6 @@ current-context: workspace-gc-test
 
     /// A client authenticating as ServiceAccount `namespace/name`; see
     /// [`Self::service_account_kubeconfig`].
-    /// The kubeconfig of ServiceAccount `name` of `namespace` (see
-    /// [`ControlPlane::service_account_kubeconfig`]), naming `url` (a proxy) as the server.
-    pub async fn service_account_kubeconfig_via(
-        &self,
-        namespace: &str,
-        name: &str,
-        url: &str,
-    ) -> PathBuf {
-        let direct = self.service_account_kubeconfig(namespace, name).await;
-        let server = self.config.cluster_url.to_string();
-        let text = std::fs::read_to_string(&direct)
-            .unwrap_or_else(|e| panic!("read {}: {e}", direct.display()));
-        let via = direct.with_extension("via-proxy");
-        std::fs::write(&via, text.replace(server.trim_end_matches('/'), url))
-            .unwrap_or_else(|e| panic!("write {}: {e}", via.display()));
-        via
-    }
-
     pub async fn service_account_client(&self, namespace: &str, name: &str) -> Client {
         let path = self.service_account_kubeconfig(namespace, name).await;
         Client::try_from(load_config(&path)).expect("build a service-account client")
