@@ -23,6 +23,7 @@ async fn main() {
         Command::Audit(args) => commands::audit(config, args).await,
         Command::Create(args) => commands::create(&config, args).await,
         Command::CheckConfig(_) => commands::check_config(&config),
+        Command::AdmissionPolicy(args) => commands::admission_policy(&config, args),
     };
     std::process::exit(code);
 }

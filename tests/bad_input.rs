@@ -456,13 +456,37 @@ fn status_json() -> impl Strategy<Value = Value> {
         "reason",
         "other",
     ]);
-    leaf.prop_recursive(4, 32, 4, move |inner| {
+    let tree = leaf.clone().prop_recursive(4, 32, 4, move |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
             prop::collection::btree_map(key.clone().prop_map(String::from), inner, 0..5)
                 .prop_map(|map| Value::Object(map.into_iter().collect())),
         ]
-    })
+    });
+    // Statuses shaped as the real ones, so that both directions of "finished" come up often:
+    // a phase, and conditions of the types and statuses that matter (or odd values).
+    let condition_word =
+        prop::sample::select(vec!["Succeeded", "Ready", "True", "False", "Unknown", ""]);
+    let odd = || prop_oneof![4 => condition_word.clone().prop_map(Value::from), 1 => leaf.clone()];
+    let condition = (odd(), odd(), odd()).prop_map(
+        |(type_, status, reason)| json!({"type": type_, "status": status, "reason": reason}),
+    );
+    let shaped = (
+        prop::option::of(odd()),
+        prop::collection::vec(condition, 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|(phase, conditions, completed)| {
+            let mut status = json!({ "conditions": conditions });
+            if let Some(phase) = phase {
+                status["phase"] = phase;
+            }
+            if completed {
+                status["completionTime"] = json!("2026-01-01T00:00:00Z");
+            }
+            status
+        });
+    prop_oneof![tree, shaped]
 }
 
 fn owner(kind: &str, api_version: &str, status: &Value) -> resources::OwnerObject {

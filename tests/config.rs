@@ -824,6 +824,9 @@ const KEYS: &[&str] = &[
     "leader_election.lease_namespace",
     "leader_election.lease_duration",
     "http.listen",
+    "http.secure_listen",
+    "http.tls_cert_file",
+    "http.tls_key_file",
     "logging.format",
     "logging.level",
     "creator.storage",
@@ -1107,5 +1110,33 @@ enabled = false
             .quota
             .waters(),
         None
+    );
+}
+
+/// The HTTPS metrics keys come together: an address without its certificate and key (or the
+/// files without an address) is refused, naming the key.
+#[test]
+fn secure_metrics_keys_are_set_together() {
+    let ok = file(
+        "[http]\nsecure_listen = \"0.0.0.0:8443\"\ntls_cert_file = \"/tls/tls.crt\"\n\
+         tls_key_file = \"/tls/tls.key\"\n",
+    )
+    .unwrap();
+    assert_eq!(ok.http.secure_listen, Some("0.0.0.0:8443".parse().unwrap()));
+    assert_eq!(ok.http.tls_key_file, Some(PathBuf::from("/tls/tls.key")));
+    rejected(
+        file("[http]\nsecure_listen = \"0.0.0.0:8443\"\ntls_cert_file = \"/tls/tls.crt\"\n"),
+        "config.toml:2: http.secure_listen: ",
+        "http.tls_key_file is empty",
+    );
+    rejected(
+        vars(&[("WORKSPACE_GC_HTTP_TLS_CERT_FILE", "/tls/tls.crt")]),
+        "$WORKSPACE_GC_HTTP_TLS_CERT_FILE: http.tls_cert_file: ",
+        "set together",
+    );
+    rejected(
+        file("[http]\nsecure_listen = \"8443\"\n"),
+        "config.toml:2: http.secure_listen: ",
+        "not a socket address",
     );
 }

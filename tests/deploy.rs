@@ -29,7 +29,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use serde_json::{Value, json};
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, TestNamespace, free_port, http_get,
@@ -60,6 +60,9 @@ const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "resourcequotas", &["list", "watch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
+
+/// The admission guard's policy and binding (manifests/components/admission-guard).
+const GUARD: &str = "workspace-gc-guard";
 
 /// Serializes the daemons that use the Lease `workspace-gc` in namespace `workspace-gc` (the
 /// base's and the namespaced overlay's): a second one would stand by and never delete.
@@ -165,8 +168,8 @@ impl Rendered {
     /// The ConfigMap the Deployment mounts (its name carries kustomize's content hash).
     fn mounted_config_map(&self) -> &Value {
         let volumes = &self.deployment()["spec"]["template"]["spec"]["volumes"];
-        let name = volumes[0]["configMap"]["name"]
-            .as_str()
+        let name = (volumes.as_array().into_iter().flatten())
+            .find_map(|volume| volume["configMap"]["name"].as_str())
             .expect("a ConfigMap volume");
         self.get("ConfigMap", name)
     }
@@ -334,6 +337,10 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         key("Deployment", NAMESPACE, "workspace-gc"),
         key("Service", NAMESPACE, "workspace-gc"),
         key("PodDisruptionBudget", NAMESPACE, "workspace-gc"),
+        key("NetworkPolicy", NAMESPACE, "workspace-gc"),
+        // Cluster-scoped; kustomize writes the namespace in, the API server ignores it.
+        key("ValidatingAdmissionPolicy", NAMESPACE, GUARD),
+        key("ValidatingAdmissionPolicyBinding", NAMESPACE, GUARD),
     ]);
     assert_eq!(keys, expected);
 
@@ -432,6 +439,21 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
     assert_eq!(budget["spec"]["minAvailable"], 1);
     assert_eq!(&budget["spec"]["selector"]["matchLabels"], selector);
 
+    // Inbound: only the container's one port, which serves metrics and the probes (the pod's
+    // node may always reach it); everything else is denied. Egress is left open.
+    let network = base.only("NetworkPolicy");
+    assert_eq!(&network["spec"]["podSelector"]["matchLabels"], selector);
+    assert_eq!(network["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        network["spec"]["ingress"],
+        json!([{ "ports": [{ "port": "http", "protocol": "TCP" }] }])
+    );
+    assert_eq!(
+        container["ports"].as_array().map(Vec::len),
+        Some(1),
+        "a new port needs a rule"
+    );
+
     // RBAC: the ClusterRole is the reviewed table; the Lease Role names the configured Lease.
     let cluster_role = base.get("ClusterRole", "workspace-gc");
     assert_eq!(grants(&cluster_role["rules"]), table_grants(CLUSTER_RULES));
@@ -470,6 +492,69 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         Some(0),
         "cluster-wide, as the ClusterRole allows"
     );
+
+    // The admission guard guards this ServiceAccount, with every refusal in force
+    // (tests/admission.rs checks it was printed from this config.toml and what it refuses).
+    let policy = base.get("ValidatingAdmissionPolicy", GUARD);
+    let account = base.only("ServiceAccount");
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        format!(
+            "request.userInfo.username == 'system:serviceaccount:{}:{}'",
+            account["metadata"]["namespace"].as_str().unwrap(),
+            account["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let guard_binding = base.get("ValidatingAdmissionPolicyBinding", GUARD);
+    assert_eq!(guard_binding["spec"]["policyName"], GUARD);
+    assert_eq!(guard_binding["spec"]["validationActions"], json!(["Deny"]));
+}
+
+/// The README's way to change the guard with the configuration: print it for your config.toml
+/// and patch it over the shipped one; the printed rules replace the shipped ones, none is left.
+#[test]
+fn a_printed_guard_patched_in_an_overlay_replaces_the_shipped_rules() {
+    let scratch = scratch();
+    let config = scratch.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[selector]\nlabel_selector = \"team=ml\"\nexclude_namespaces = [\"kube-system\"]\n",
+    )
+    .unwrap();
+    let printed = Command::new(BINARY)
+        .arg("--config")
+        .arg(&config)
+        .arg("admission-policy")
+        .env_clear()
+        .output()
+        .expect("run admission-policy");
+    assert!(printed.status.success(), "{printed:?}");
+    let overlay = Overlay::new(&["base"], &[], "patches:\n  - path: guard.yaml\n");
+    std::fs::write(overlay.path().join("guard.yaml"), &printed.stdout).unwrap();
+    let rendered = overlay.render();
+    let messages: Vec<String> =
+        rendered.get("ValidatingAdmissionPolicy", GUARD)["spec"]["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["message"].as_str().unwrap().to_owned())
+            .collect();
+    let rules: Vec<&str> = messages
+        .iter()
+        .map(|m| m.split("rule ").nth(1).unwrap().split(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "no-update",
+            "uid-precondition",
+            "excluded-namespace",
+            "label-selector"
+        ]
+    );
+    assert!(messages[3].contains("team=ml"), "{messages:?}");
+    assert!(!messages[3].contains("build-workspace"), "{messages:?}");
 }
 
 #[test]
@@ -579,7 +664,11 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
     expected.retain(|(kind, _, _), _| {
         !matches!(
             kind.as_str(),
-            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
         )
     });
     assert_eq!(rest, expected);
@@ -697,6 +786,10 @@ fn every_overlay_runs_under_openshift_restricted_v2() {
             Rendered::of(&manifests("overlays/namespaced")),
         ),
         ("base + components/prometheus", monitoring()),
+        (
+            "base + components/metrics-https",
+            Overlay::new(&["base"], &["components/metrics-https"], "").render(),
+        ),
     ];
     for (name, rendered) in &overlays {
         let pod = &rendered.deployment()["spec"]["template"]["spec"];
@@ -788,6 +881,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
         "WorkspaceGCReclaimLagHigh",
         "WorkspaceGCQuotaPressureUnrelieved",
         "WorkspaceGCClockOffset",
+        "WorkspaceGCAdmissionDenied",
     ] {
         assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
     }
@@ -810,6 +904,134 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
     // promtool checks and unit-tests the rules (`alerts_pass_promtool_check_and_unit_tests`), and
     // a real Prometheus evaluates them on the daemon's series
     // (`prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel`).
+}
+
+/// HTTPS metrics as the components ship them: the daemon serves them on a port of its own with
+/// the mounted serving certificate, which OpenShift's service CA writes for the Service; the
+/// NetworkPolicy admits that port; the daemon may make the reviews; and the ServiceMonitor
+/// scrapes that port with the token of an account bound to the reader role, verifying the
+/// certificate for the Service's name.
+#[test]
+fn metrics_https_components_serve_tls_to_the_reader_role_and_scrape_it() {
+    let overlay = Overlay::new(
+        &["base"],
+        &[
+            "components/metrics-https",
+            "components/prometheus",
+            "components/prometheus-https",
+        ],
+        "",
+    );
+    let rendered = overlay.render();
+    let container = rendered.container();
+    let scratch = scratch();
+    let config = rendered.effective_config(scratch.path());
+    let secure = config["http"]["secure_listen"].as_str().unwrap();
+    let https_port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "https")
+        .expect("a port named https");
+    assert_eq!(
+        secure.rsplit_once(':').unwrap().1,
+        https_port["containerPort"].to_string()
+    );
+    // The probes stay plain.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "http", "{probe}");
+    }
+    // The certificate and key come from the mounted Secret the Service annotation names.
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "metrics-tls")
+        .expect("the TLS mount");
+    assert_eq!(mount["readOnly"], true);
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(
+        config["http"]["tls_cert_file"].as_str(),
+        Some(format!("{dir}/tls.crt").as_str())
+    );
+    assert_eq!(
+        config["http"]["tls_key_file"].as_str(),
+        Some(format!("{dir}/tls.key").as_str())
+    );
+    let volume = rendered.deployment()["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "metrics-tls")
+        .unwrap()
+        .clone();
+    let service = rendered.only("Service");
+    assert_eq!(
+        service["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"],
+        volume["secret"]["secretName"]
+    );
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["targetPort"] == "https")
+        .expect("a Service port for https")
+        .clone();
+    let network = rendered.only("NetworkPolicy");
+    assert_eq!(
+        network["spec"]["ingress"][0]["ports"],
+        json!([{ "port": "http", "protocol": "TCP" }, { "port": "https", "protocol": "TCP" }])
+    );
+
+    // RBAC: the reader may get /metrics and nothing else; the daemon may ask the reviews.
+    let reader = rendered.get("ClusterRole", "workspace-gc-metrics-reader");
+    assert_eq!(
+        reader["rules"],
+        json!([{ "nonResourceURLs": ["/metrics"], "verbs": ["get"] }])
+    );
+    let auth = rendered.get("ClusterRole", "workspace-gc-metrics-auth");
+    assert_eq!(
+        grants(&auth["rules"]),
+        table_grants(&[
+            ("authentication.k8s.io", "tokenreviews", &["create"]),
+            ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
+        ])
+    );
+    let daemon_account =
+        json!([{ "kind": "ServiceAccount", "name": "workspace-gc", "namespace": NAMESPACE }]);
+    assert_eq!(
+        rendered.get("ClusterRoleBinding", "workspace-gc-metrics-auth")["subjects"],
+        daemon_account
+    );
+
+    // The ServiceMonitor: that port, over TLS for the Service's name, with the scraper's token.
+    let endpoints = rendered.only("ServiceMonitor")["spec"]["endpoints"].clone();
+    assert_eq!(endpoints.as_array().map(Vec::len), Some(1));
+    let endpoint = &endpoints[0];
+    assert_eq!(endpoint["port"], service_port["name"]);
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(endpoint["honorLabels"], true);
+    assert_eq!(
+        endpoint["tlsConfig"]["serverName"],
+        format!(
+            "{}.{NAMESPACE}.svc",
+            service["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    let secret_name = endpoint["authorization"]["credentials"]["name"]
+        .as_str()
+        .unwrap();
+    let secret = rendered.get("Secret", secret_name);
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    let scraper = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        .as_str()
+        .unwrap();
+    let binding = rendered.get("ClusterRoleBinding", "workspace-gc-metrics-scraper");
+    assert_eq!(binding["roleRef"]["name"], "workspace-gc-metrics-reader");
+    assert_eq!(
+        binding["subjects"],
+        json!([{ "kind": "ServiceAccount", "name": scraper, "namespace": NAMESPACE }])
+    );
 }
 
 fn alert_rules(rendered: &Rendered) -> Vec<Value> {
@@ -1316,7 +1538,10 @@ impl Launch {
     fn from(rendered: &Rendered, pod_name: &str, dir: &Path) -> Launch {
         let deployment = rendered.deployment();
         let container = rendered.container();
-        let mount = &container["volumeMounts"][0];
+        // The configuration's mount (components may add others, e.g. the TLS Secret).
+        let mount = (container["volumeMounts"].as_array().into_iter().flatten())
+            .find(|mount| mount["name"] == "config")
+            .expect("the config volume is mounted");
         let mount_path = mount["mountPath"].as_str().expect("a mounted volume");
         let config_map = rendered.mounted_config_map();
         for (file, content) in config_map["data"].as_object().unwrap() {
@@ -1520,6 +1745,18 @@ impl Daemon {
         self.get("/metrics").await.1
     }
 
+    /// Waits until `/metrics` shows `series` at `value`: a counter is bumped after the write it
+    /// counts, so it may lag what the API server already shows. Returns the last scrape.
+    async fn metrics_when(&self, series: &str, value: f64) -> String {
+        let reached = wait_until(secs(10), || async {
+            sample(&self.metrics().await, series) == Some(value)
+        })
+        .await;
+        let metrics = self.metrics().await;
+        assert!(reached, "{series} reaches {value}:\n{metrics}");
+        metrics
+    }
+
     /// SIGTERM, as the kubelet sends, and the exit status.
     async fn stop(mut self) -> (ExitStatus, String) {
         let pid = self.child.id().expect("the daemon is running");
@@ -1627,6 +1864,66 @@ async fn base_grants_its_service_account_what_the_daemon_needs_and_nothing_more(
         .cloned()
         .collect();
     assert_eq!(rules_in(control_plane, &sa, NAMESPACE).await, own);
+}
+
+/// The guard, applied with the base as shipped, is in force for the ServiceAccount: a delete of
+/// an unlabelled claim, which RBAC allows, is refused by the API server with the rule's message
+/// (for real and as a server-side dry run), and the account's own kind of delete passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn base_guard_applied_refuses_the_service_accounts_delete_of_an_unlabelled_claim() {
+    let control_plane = ControlPlane::shared();
+    apply_base(control_plane).await;
+    let ns = TestNamespace::new(control_plane, "deploy-guard").await;
+    let sa = control_plane
+        .service_account_client(NAMESPACE, "workspace-gc")
+        .await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    let plain = ClaimBuilder::plain("user-data").create(&ns).await;
+    let preconditions = |claim: &PersistentVolumeClaim, dry_run: bool| DeleteParams {
+        dry_run,
+        preconditions: Some(Preconditions {
+            uid: claim.metadata.uid.clone(),
+            resource_version: claim.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    let refusal = |answer: Result<_, kube::Error>| match answer {
+        Err(kube::Error::Api(status)) => Some(status.message),
+        Ok(_) => None,
+        Err(other) => panic!("{other}"),
+    };
+    // The API server loads a new policy a moment after it is created.
+    let rule = "workspace-gc admission guard: rule label-selector:";
+    assert!(
+        wait_until(secs(30), || async {
+            refusal(
+                claims
+                    .delete("user-data", &preconditions(&plain, true))
+                    .await,
+            )
+            .is_some_and(|message| message.contains(rule))
+        })
+        .await,
+        "the guard refuses a dry-run delete of an unlabelled claim"
+    );
+    let message = refusal(
+        claims
+            .delete("user-data", &preconditions(&plain, false))
+            .await,
+    );
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains(rule)),
+        "{message:?}"
+    );
+    assert!(!claim_is_gone(&control_plane.client(), ns.name(), "user-data").await);
+
+    let labelled = ClaimBuilder::build_workspace("due-build-workspace")
+        .create(&ns)
+        .await;
+    claims
+        .delete("due-build-workspace", &preconditions(&labelled, true))
+        .await
+        .expect("the daemon's kind of delete is admitted");
 }
 
 /// The Namespace enforces the "restricted" Pod Security Standard, and the Deployment's pods pass
@@ -1751,12 +2048,11 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
         Some(pod_name)
     );
 
-    let metrics = daemon.metrics().await;
     let deleted = format!(
         "workspace_gc_deletions_total{{namespace=\"{}\",reason=\"orphaned\",result=\"deleted\"}}",
         ns.name()
     );
-    assert_eq!(sample(&metrics, &deleted), Some(1.0), "{metrics}");
+    let metrics = daemon.metrics_when(&deleted, 1.0).await;
     assert_eq!(sample(&metrics, "workspace_gc_leader"), Some(1.0));
     assert_nothing_forbidden(&metrics);
 
@@ -1814,12 +2110,11 @@ async fn audit_overlay_applied_exercises_rbac_with_dry_run_deletes_and_deletes_n
         "a WouldDelete event:\n{}",
         daemon.log()
     );
-    let metrics = daemon.metrics().await;
     let would = format!(
         "workspace_gc_dry_run_would_delete_total{{namespace=\"{}\",reason=\"orphaned\"}}",
         ns.name()
     );
-    assert_eq!(sample(&metrics, &would), Some(1.0), "{metrics}");
+    let metrics = daemon.metrics_when(&would, 1.0).await;
     assert_nothing_forbidden(&metrics);
     assert!(
         !metrics.contains("workspace_gc_deletions_total{"),

@@ -203,14 +203,7 @@ async fn client_through(
     proxy: &Proxy,
 ) -> Client {
     let direct = cp.service_account_kubeconfig(ns.name(), name).await;
-    let server = cp.config().cluster_url.to_string();
-    let text = std::fs::read_to_string(&direct).expect("read the kubeconfig");
-    let via = direct.with_extension("via-proxy");
-    std::fs::write(
-        &via,
-        text.replace(server.trim_end_matches('/'), &proxy.url()),
-    )
-    .expect("write the kubeconfig");
+    let via = proxy.kubeconfig(cp, &direct);
     Client::try_from(config(&via)).expect("a client through the proxy")
 }
 

@@ -24,14 +24,16 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
-    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
-    capped, deleted, deleted_count, elected_vars, finished_build, leads_within_the_cap, metric,
-    metric_sum, notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit,
-    set_var, wait_until,
+    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, DeleteInvariant, Fault,
+    JobBuilder, PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary,
+    binary_vars, capped, deleted, deleted_count, elected_vars, finished_build,
+    invariant_audit_rules, leads_within_the_cap, metric, metric_sum,
+    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, set_var,
+    wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
+use workspace_gc::daemon::controller::LIVE_BOUND;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -691,7 +693,9 @@ fn daemon_role(can_delete: bool) -> Role {
 
 /// The daemon may read everything but not delete claims: each delete gets 403. It logs a clear
 /// error naming the claim, counts it under `operation="delete",category="forbidden"`, stays
-/// alive and ready, and deletes the claim once the right is granted.
+/// alive and ready, and deletes the claim once the right is granted. Its events reach the API
+/// server a second late (through the fault proxy), as on a loaded one: nothing is asserted
+/// before the write it depends on has landed.
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_denied_by_rbac_is_reported_and_recovers() {
     let cp = ControlPlane::shared();
@@ -705,9 +709,16 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         .await
         .expect("role");
     ns.bind_role("workspace-gc", "workspace-gc").await;
-    let kubeconfig = cp
+    let direct = cp
         .service_account_kubeconfig(ns.name(), "workspace-gc")
         .await;
+    let proxy = Proxy::http(cp).await;
+    proxy.add(support::Rule::new(
+        "",
+        "events",
+        support::Fault::DelayRequest(secs(1)),
+    ));
+    let kubeconfig = proxy.kubeconfig(cp, &direct);
     let logs = log_dir();
     let daemon = Process::spawn(
         &kubeconfig,
@@ -735,7 +746,7 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
     // The log line and the counter are two writes: either may come first.
     let names_the_denial = || async {
         daemon.logs().lines().any(|line| {
-            line.contains("delete failed")
+            line.contains("delete refused")
                 && line.contains("denied-build-workspace")
                 && line.contains("forbidden")
         })
@@ -1077,6 +1088,31 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 // ---------------------------------------------------------------------------------------------
 // Limits that hold across restarts and hand-overs, and a leader that stops in time
 
+/// `count` claims named `{prefix}{i}-build-workspace`, all overdue, and the variables of an
+/// elected replica (4 s lease) with a cap of `max` deletions per `window`.
+async fn overdue_under_a_cap(
+    ns: &TestNamespace,
+    prefix: &str,
+    count: usize,
+    max: u32,
+    window: &str,
+) -> (Vec<(&'static str, String)>, Vec<String>) {
+    let mut vars = elected_vars(ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        &max.to_string(),
+    );
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", window);
+    let names: Vec<String> = (0..count)
+        .map(|i| format!("{prefix}{i}-build-workspace"))
+        .collect();
+    for name in &names {
+        expiring(name, in_secs(-60)).create(ns).await;
+    }
+    (vars, names)
+}
+
 /// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
 /// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
 /// count of the window lives on the Lease, so each new leader starts from it.
@@ -1084,17 +1120,7 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 async fn the_cap_holds_across_restarts_and_hand_overs() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "cap").await;
-    let mut vars = elected_vars(&ns, "4s");
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "2",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
-    let names: Vec<String> = (0..6).map(|i| format!("due{i}-build-workspace")).collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(&ns).await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "due", 6, 2, "1h").await;
     let logs = log_dir();
     let kubeconfig = cp.kubeconfig_path();
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
@@ -1271,22 +1297,14 @@ async fn only_the_leader_writes_events() {
 
 /// Claim deletes with their request (the precondition names the claim's UID) and every write
 /// of a Lease, with who sent it.
-const FENCING_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Request
-    verbs: [delete]
-    resources:
-      - group: \"\"
-        resources: [persistentvolumeclaims]
-  - level: Metadata
-    verbs: [create, update, patch]
-    resources:
-      - group: coordination.k8s.io
-        resources: [leases]
-  - level: None
-";
+/// What the fencing test's audit log records: what [`DeleteInvariant`] reads, for every user (the
+/// namespace, and so the replicas' names, is made after the API server starts).
+fn fencing_audit_policy() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{}  - level: None\n",
+        invariant_audit_rules(&[])
+    )
+}
 
 /// The daemon's Role in the test namespace, with the Lease rights old and new election need.
 fn elected_role(name: &str) -> Role {
@@ -1311,7 +1329,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
     let work = tempfile::tempdir().expect("a directory for the audit log");
     let audit_log = work.path().join("audit.log");
     let audit_policy = work.path().join("audit-policy.yaml");
-    std::fs::write(&audit_policy, FENCING_AUDIT_POLICY).expect("write the audit policy");
+    std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
     let cp = ControlPlane::start_with(&ControlPlaneOptions {
         controller_manager: true,
         apiserver_args: vec![
@@ -1441,6 +1459,15 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         successes.values().all(|n| *n == 1),
         "no claim deleted twice: {successes:?}"
     );
+    // Every DELETE fenced, re-checked live within the bound, preconditioned, once per decision.
+    let mut invariant = DeleteInvariant::new(
+        &[old.clone(), new.clone()],
+        Some((ns.name(), "workspace-gc")),
+        lease,
+    );
+    invariant.bound = LIVE_BOUND;
+    let violations = invariant.check(&audited, &[]);
+    assert!(violations.is_empty(), "{violations:#?}");
     for name in &names {
         assert!(deleted(&ns, name).await, "{name} is deleted");
     }
@@ -1454,17 +1481,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
 async fn a_dry_run_spends_none_of_the_real_cap() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "dry-cap").await;
-    let mut vars = elected_vars(&ns, "4s");
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "3",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
-    let names: Vec<String> = (0..6).map(|i| format!("dry{i}-build-workspace")).collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(&ns).await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "dry", 6, 3, "1h").await;
     let logs = log_dir();
     let kubeconfig = cp.kubeconfig_path();
 
@@ -1525,17 +1542,7 @@ async fn a_dry_run_spends_none_of_the_real_cap() {
 async fn a_saturated_cap_tells_each_held_claim_once() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "cap-noise").await;
-    let mut vars = binary_vars(&ns);
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "2",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "10s");
-    let names: Vec<String> = (0..6).map(|i| format!("held{i}-build-workspace")).collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(&ns).await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "held", 6, 2, "10s").await;
     let logs = log_dir();
     let daemon = Process::spawn(
         cp.kubeconfig_path(),
@@ -1573,15 +1580,7 @@ async fn replica_through(
         .expect("role");
     ns.bind_role(name, name).await;
     let direct = cp.service_account_kubeconfig(ns.name(), name).await;
-    let server = cp.config().cluster_url.to_string();
-    let text = std::fs::read_to_string(&direct).expect("read the kubeconfig");
-    let via = direct.with_extension("via-proxy");
-    std::fs::write(
-        &via,
-        text.replace(server.trim_end_matches('/'), &proxy.url()),
-    )
-    .expect("write the kubeconfig");
-    via
+    proxy.kubeconfig(cp, &direct)
 }
 
 /// A saturated API Priority and Fairness level answers a DELETE 429 with `Retry-After`. kube's

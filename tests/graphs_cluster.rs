@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream};
@@ -21,7 +20,7 @@ use proptest::test_runner::TestRunner;
 use serde_json::Value;
 use support::graph::{self, Graph, Profile, SERVER_POLICIES, Seen};
 use support::oracle::World;
-use support::{ControlPlane, TestNamespace, binary};
+use support::{ControlPlane, TestNamespace, audit_rows};
 use workspace_gc::cluster::resources::{job_resource, run_resource, task_run_resource};
 use workspace_gc::decide::facts::ObjectKey;
 
@@ -72,7 +71,7 @@ async fn the_binary_audits_generated_graphs_as_the_model_does() {
 
     let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
     for durations in SERVER_POLICIES {
-        let rows = audit(&control_plane, &all, durations).await;
+        let rows = audit_rows(&control_plane, &all, durations).await;
         let now = Utc::now();
         let policy = graph::policy_of(durations);
         let index = graph::daemon_index(&world);
@@ -222,45 +221,6 @@ async fn read_back(client: &Client, namespaces: &[String]) -> World {
         pods: list(ApiResource::erase::<Pod>(&())).await,
         ..World::default()
     }
-}
-
-/// `workspace-gc audit --output json` over `namespaces` under a policy, as rows.
-async fn audit(
-    control_plane: &ControlPlane,
-    namespaces: &[String],
-    (ttl, failed, grace, max_age): (&str, &str, &str, &str),
-) -> Vec<Value> {
-    let mut command = tokio::process::Command::new(binary());
-    command.args(["audit", "--output", "json"]);
-    for ns in namespaces {
-        command.args(["--namespace", ns]);
-    }
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("WORKSPACE_GC_") {
-            command.env_remove(key);
-        }
-    }
-    let output = command
-        .env("KUBECONFIG", control_plane.kubeconfig_path())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", ttl)
-        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", failed)
-        .env("WORKSPACE_GC_POLICY_ORPHAN_GRACE", grace)
-        .env("WORKSPACE_GC_POLICY_MAX_AGE", max_age)
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(60), output)
-        .await
-        .expect("the audit ends within a minute")
-        .expect("run workspace-gc audit");
-    assert!(
-        output.status.success(),
-        "audit failed ({}):\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("the audit prints JSON rows")
 }
 
 fn claim_of(world: &World, key: &ObjectKey) -> String {

@@ -6,8 +6,10 @@
 //! - **The cluster**: etcd, kube-apiserver (watch cache off, so that compacting etcd expires
 //!   the resourceVersions watches resume from; an audit log of every claim delete) and
 //!   kube-controller-manager (garbage collector, PVC protection).
-//! - **The daemon**: two replicas of the real binary with leader election, as the shipped
-//!   ServiceAccount with the shipped RBAC (manifests/base), each through its own [`Proxy`].
+//! - **The daemon**: two replicas of the real binary with leader election, with the shipped
+//!   RBAC (manifests/base), each as its own ServiceAccount (bound by the shipped bindings) so
+//!   that the audit log tells them apart, each through its own HTTP fault [`Proxy`]. With
+//!   `--clock-offset`, the second runs under libfaketime with its wall clock that far off.
 //! - **The workload**: builds created, finished, failed and deleted (job and run), claims owned
 //!   by reference, orphan claims, pods starting and stopping on claims, the keep, ttl and
 //!   expires annotations set and removed, invalid annotations, claims deleted and re-created
@@ -16,17 +18,23 @@
 //!   compacted under both replicas, the leader alone partitioned, the leader's watches stalled
 //!   silently, the leader killed with SIGKILL (and started again), and a restart storm: a
 //!   burst of [`CAP`] claims due at once, then the leader killed and restarted again and again
-//!   within one [`WINDOW`] of the tight blast-radius cap.
+//!   within one [`WINDOW`] of the tight blast-radius cap; throttling bursts on the leader's
+//!   connection: its DELETEs, its live re-check LISTs or its Lease writes answered 429 with
+//!   `Retry-After`, everything answered 503, or its re-check LISTs answered too late to be live.
 //! - **The ground truth**: for every claim incarnation (UID), the history of the states that
 //!   decide its fate, each bracketed by the times before and after the API call that made it.
 //!   Protections (a pod, `keep`, a later deadline) are only ever added to a claim that is not
 //!   due and will not be for [`MARGIN`], so that a delete that races the change is not mistaken
 //!   for a wrong one.
 //! - **The check**: every delete in the API server's audit log sent by the daemon's
-//!   ServiceAccount that succeeded must name a claim that was due and unprotected at that moment
+//!   ServiceAccounts that succeeded must name a claim that was due and unprotected at that moment
 //!   (wrong deletions: zero), no claim may be deleted twice, every claim that has been due
 //!   for [`BOUND`] must be gone (missed deletions: zero), and no rolling [`WINDOW`] may hold
-//!   more than [`CAP`] of them (cap exceeded: never). Exit status 1 otherwise.
+//!   more than [`CAP`] of them (cap exceeded: never). Every claim that went away must have its
+//!   successful DELETE in the audit log (an empty or partial log fails the run), and every
+//!   DELETE the daemon sent must meet the audit-log invariant ([`DeleteInvariant`]: from the
+//!   Lease holder within its renew deadline, after a live re-check within [`RECHECK_BOUND`],
+//!   once per decision, counting the attempts the proxies refused). Exit status 1 otherwise.
 
 mod support;
 
@@ -47,9 +55,10 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use support::{
-    AuditEvent, BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, ControlPlaneOptions, JobBuilder,
-    PipelineRunBuilder, Process, Proxy, TestNamespace, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, read_audit,
+    AuditEvent, BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, ControlPlaneOptions,
+    DEFAULT_RECHECK_BOUND, DeleteInvariant, Fault, JobBuilder, PipelineRunBuilder, Process, Proxy,
+    Rule, TestNamespace, invariant_audit_rules, metric_sum, notebook_validation_job_resource,
+    pipeline_run_resource, read_audit, service_account,
 };
 use tokio::sync::{Mutex, RwLock};
 
@@ -68,10 +77,28 @@ const WINDOW: i64 = 30;
 /// down for 15 s, then kube-runtime's watch backoff of up to 30 s) with room to spare, plus a
 /// window in which the cap may hold it back.
 const BOUND: i64 = 90 + WINDOW;
-/// The daemon's ServiceAccount, as the audit log names it.
-const DAEMON_USER: &str = "system:serviceaccount:workspace-gc:workspace-gc";
+/// The replicas and their ServiceAccounts: the shipped one, and a second the shipped bindings
+/// also name.
+const REPLICAS: [(&str, &str); 2] = [
+    ("replica-a", "workspace-gc"),
+    ("replica-b", "workspace-gc-b"),
+];
 const NAMESPACES: [&str; 3] = ["soak-a", "soak-b", "soak-c"];
 const LEASE_NAMESPACE: &str = "workspace-gc";
+const LEASE_NAME: &str = "workspace-gc";
+const LEASE_DURATION: Duration = Duration::from_secs(6);
+/// How old the live re-check a DELETE rests on may be, by the API server's clock.
+const RECHECK_BOUND: Duration = DEFAULT_RECHECK_BOUND;
+/// Longer than [`RECHECK_BOUND`]: a re-check answered this late is not live.
+const SLOW_LIST: Duration = Duration::from_secs(12);
+
+/// The daemon's usernames, as the audit log names them.
+fn daemon_users() -> Vec<String> {
+    REPLICAS
+        .iter()
+        .map(|(_, account)| service_account(LEASE_NAMESPACE, account))
+        .collect()
+}
 
 #[derive(Debug, Parser)]
 #[command(about = "The randomized safety run; see RELIABILITY.md")]
@@ -95,6 +122,10 @@ struct Args {
     /// assumes, so its orphan deletions come too early and the run must report them as wrong.
     #[arg(long)]
     sabotage: bool,
+    /// Runs the second replica under libfaketime with its wall clock this far off
+    /// (libfaketime's syntax: "+2h", "-90m").
+    #[arg(long, allow_hyphen_values = true)]
+    clock_offset: Option<String>,
 }
 
 /// SplitMix64: reproducible choices without a dependency.
@@ -1132,6 +1163,8 @@ impl Driver {
 struct Replica {
     name: &'static str,
     orphan_grace: i64,
+    /// libfaketime's variables, for a replica with a skewed clock.
+    clock: Vec<(&'static str, String)>,
     proxy: Proxy,
     kubeconfig: PathBuf,
     logs: PathBuf,
@@ -1161,8 +1194,12 @@ impl Replica {
                 "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
                 LEASE_NAMESPACE.into(),
             ),
-            ("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", "6s".into()),
+            (
+                "WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION",
+                format!("{}s", LEASE_DURATION.as_secs()),
+            ),
         ];
+        let vars = [vars, self.clock.clone()].concat();
         self.process = Some(Process::spawn(&self.kubeconfig, &vars, self.name, &log));
     }
 
@@ -1174,14 +1211,6 @@ impl Replica {
             }
         }
     }
-}
-
-/// A kubeconfig like `path` that reaches the API server at `url` instead.
-fn kubeconfig_via(path: &Path, server: &str, url: &str, dir: &Path, name: &str) -> PathBuf {
-    let text = std::fs::read_to_string(path).expect("read the kubeconfig");
-    let out = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&out, text.replace(server, url)).expect("write the kubeconfig");
-    out
 }
 
 // --- faults ------------------------------------------------------------------------------
@@ -1199,6 +1228,8 @@ struct Faults {
     replicas: Vec<Replica>,
     windows: Vec<Window>,
     crashes: u32,
+    /// Throttling bursts so far.
+    throttles: usize,
     /// The fault kinds left in this round.
     order: Vec<usize>,
 }
@@ -1238,19 +1269,79 @@ impl Faults {
         replica.spawn();
     }
 
+    /// Bursts of one kind of refusal on the leader's connection, on for seconds and off for
+    /// seconds, for 10 to 30 s: as an API server whose priority level is saturated answers.
+    /// The kinds take turns, DELETEs first, so that a short run has the one that matters most;
+    /// each opens with 10 claims due at once.
+    async fn throttle(&mut self, rng: &mut Rng) {
+        let target = self.leader().await.unwrap_or(0);
+        let retry_after = rng.between(1, 3);
+        self.throttles += 1;
+        let (what, rule) = match (self.throttles - 1) % 5 {
+            0 => (
+                "DELETEs 429",
+                Rule::new(
+                    "delete",
+                    "persistentvolumeclaims",
+                    Fault::throttle(retry_after),
+                ),
+            ),
+            1 => (
+                "re-check LISTs 429",
+                Rule::new("list", "pods", Fault::throttle(retry_after)),
+            ),
+            2 => (
+                "Lease writes 429",
+                Rule::new("patch", "leases", Fault::throttle(retry_after)),
+            ),
+            3 => (
+                "everything 503",
+                Rule::new(
+                    "",
+                    "",
+                    Fault::Refuse {
+                        status: 503,
+                        retry_after: Some(retry_after),
+                    },
+                ),
+            ),
+            _ => (
+                "re-check LISTs answered late",
+                Rule::new("list", "pods", Fault::DelayResponse(SLOW_LIST)),
+            ),
+        };
+        println!(
+            "soak: throttling {} ({what}, Retry-After {retry_after} s)",
+            self.replicas[target].name
+        );
+        let proxy = &self.replicas[target].proxy;
+        let end = tokio::time::Instant::now() + Duration::from_secs(rng.between(10, 30));
+        let mut first = true;
+        while tokio::time::Instant::now() < end {
+            let burst = proxy.add(rule.clone());
+            if std::mem::take(&mut first) {
+                // Claims due at once: the refusals meet deletion work whenever they come.
+                self.driver.burst(10).await;
+            }
+            tokio::time::sleep(Duration::from_secs(rng.between(2, 6))).await;
+            proxy.remove(burst);
+            tokio::time::sleep(Duration::from_secs(rng.between(1, 3))).await;
+        }
+    }
+
     /// Injects the next fault: each kind in turn, in an order shuffled per round, so a run of
-    /// seven faults or more has every kind.
+    /// eight faults or more has every kind.
     async fn inject(&mut self, rng: &mut Rng) {
         if self.order.is_empty() {
-            let mut kinds: Vec<usize> = (0..7).collect();
+            let mut kinds: Vec<usize> = (0..8).collect();
             for i in (1..kinds.len()).rev() {
                 kinds.swap(i, rng.below(i + 1));
             }
             if self.windows.is_empty() {
-                // The first round opens with the restart storm and the leader's partition, so
-                // that even a short run has both.
-                kinds.retain(|&k| k != 6 && k != 3);
-                kinds.extend([3, 6]);
+                // The first round opens with a throttling burst, the restart storm and the
+                // leader's partition, so that even a short run has them.
+                kinds.retain(|&k| k != 7 && k != 6 && k != 3);
+                kinds.extend([3, 6, 7]);
             }
             self.order = kinds;
         }
@@ -1315,6 +1406,10 @@ impl Faults {
                     .await;
                 "leader-kill"
             }
+            7 => {
+                self.throttle(rng).await;
+                "throttle"
+            }
             _ => {
                 // A burst that meets the cap, then whoever leads is killed and restarted four
                 // times within one window: each new process must count from the Lease.
@@ -1353,7 +1448,11 @@ async fn install_daemon_identity(client: &Client) {
         .create(&post, &ns)
         .await
         .expect("the daemon's namespace");
-    for name in ["workspace-gc", "default"] {
+    for name in REPLICAS
+        .iter()
+        .map(|(_, account)| *account)
+        .chain(["default"])
+    {
         let account = ServiceAccount {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -1365,14 +1464,23 @@ async fn install_daemon_identity(client: &Client) {
             .create(&post, &account)
             .await;
     }
-    // The shipped RBAC, with the binding subjects' namespace that kustomize would set.
+    // The shipped RBAC, with the binding subjects' namespace that kustomize would set, and
+    // each binding naming every replica's account.
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/base");
     for file in ["rbac-cluster.yaml", "rbac-lease.yaml"] {
         let text = std::fs::read_to_string(base.join(file)).expect("read the shipped RBAC");
         for mut value in serde_saphyr::from_multiple::<Value>(&text).expect("YAML documents") {
             if let Some(subjects) = value.get_mut("subjects").and_then(Value::as_array_mut) {
-                for subject in subjects {
+                for subject in subjects.iter_mut() {
                     subject["namespace"] = LEASE_NAMESPACE.into();
+                }
+                let shipped = subjects.clone();
+                for (_, account) in &REPLICAS[1..] {
+                    subjects.extend(shipped.iter().map(|subject| {
+                        let mut subject = subject.clone();
+                        subject["name"] = (*account).into();
+                        subject
+                    }));
                 }
             }
             match value["kind"].as_str() {
@@ -1412,17 +1520,38 @@ async fn install_daemon_identity(client: &Client) {
     }
 }
 
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+/// Every claim delete with its preconditions, and what the invariant reads besides.
+fn audit_policy_yaml() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
-  - level: Request
-    verbs: [delete, deletecollection]
-    resources:
-      - group: \"\"
-        resources: [persistentvolumeclaims]
-  - level: None
-";
+{}  - level: None
+",
+        invariant_audit_rules(&daemon_users())
+    )
+}
+
+/// libfaketime's variables that set the wall clock `offset` off ("+2h"); the monotonic clock
+/// (timers, the fence) stays true, as on a node whose RTC is wrong.
+fn faketime(offset: &str) -> Vec<(&'static str, String)> {
+    let library = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+        "/usr/local/lib/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|path| Path::new(path).exists())
+    .expect("--clock-offset needs libfaketime (Debian's faketime package)");
+    vec![
+        ("LD_PRELOAD", library.to_owned()),
+        ("FAKETIME", offset.to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ("FAKETIME_DONT_RESET", "1".to_owned()),
+    ]
+}
 
 // --- the check ---------------------------------------------------------------------------
 
@@ -1444,7 +1573,7 @@ fn randomized_safety_run() {
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     assert!(
         !runtime.block_on(soak(args)),
-        "wrong, repeated or missed deletions, an exceeded cap or a crash: see the report above"
+        "wrong, repeated or missed deletions, an exceeded cap, a crash, an audit log that misses deletions or a breach of its invariant: see the report above"
     );
 }
 
@@ -1464,7 +1593,7 @@ async fn soak(args: Args) -> bool {
         .keep();
     let audit_log = work.join("audit.log");
     let audit_policy = work.join("audit-policy.yaml");
-    std::fs::write(&audit_policy, AUDIT_POLICY).expect("write the audit policy");
+    std::fs::write(&audit_policy, audit_policy_yaml()).expect("write the audit policy");
     let cp = Arc::new(ControlPlane::start_with(&ControlPlaneOptions {
         controller_manager: true,
         apiserver_args: vec![
@@ -1483,15 +1612,17 @@ async fn soak(args: Args) -> bool {
     for ns in NAMESPACES {
         TestNamespace::named(&cp, ns).await;
     }
-    let account = cp
-        .service_account_kubeconfig(LEASE_NAMESPACE, "workspace-gc")
-        .await;
-    let server = cp.config().cluster_url.to_string();
-    let server = server.trim_end_matches('/').to_owned();
     let mut replicas = Vec::new();
-    for name in ["replica-a", "replica-b"] {
-        let proxy = Proxy::start(cp.api_address()).await;
-        let kubeconfig = kubeconfig_via(&account, &server, &proxy.url(), &work, name);
+    for (index, (name, account)) in REPLICAS.into_iter().enumerate() {
+        let account = cp
+            .service_account_kubeconfig(LEASE_NAMESPACE, account)
+            .await;
+        let proxy = Proxy::http(&cp).await;
+        let kubeconfig = proxy.kubeconfig(&cp, &account);
+        let clock = match (&args.clock_offset, index) {
+            (Some(offset), 1) => faketime(offset),
+            _ => Vec::new(),
+        };
         let mut replica = Replica {
             name,
             orphan_grace: if args.sabotage {
@@ -1499,6 +1630,7 @@ async fn soak(args: Args) -> bool {
             } else {
                 ORPHAN_GRACE
             },
+            clock,
             proxy,
             kubeconfig,
             logs: work.clone(),
@@ -1522,6 +1654,7 @@ async fn soak(args: Args) -> bool {
         replicas,
         windows: Vec::new(),
         crashes: 0,
+        throttles: 0,
         order: Vec::new(),
     };
     let started = now();
@@ -1593,8 +1726,10 @@ async fn soak(args: Args) -> bool {
     let checked_at = now();
 
     // The verdict.
-    let audited: Vec<AuditEvent> = read_audit(&audit_log)
-        .into_iter()
+    let users = daemon_users();
+    let events = read_audit(&audit_log);
+    let audited: Vec<&AuditEvent> = events
+        .iter()
         .filter(|e| e.verb == "delete" && e.resource == "persistentvolumeclaims")
         .collect();
     let world = driver.world.lock().await;
@@ -1611,7 +1746,7 @@ async fn soak(args: Args) -> bool {
     let mut by_gc = 0;
     let mut unmapped = 0;
     for delete in &audited {
-        if delete.user != DAEMON_USER {
+        if !users.contains(&delete.user) {
             if delete.user.contains("kube-controller-manager") && (200..300).contains(&delete.code)
             {
                 by_gc += 1;
@@ -1669,7 +1804,7 @@ async fn soak(args: Args) -> bool {
     // The cap: successful daemon deletes in any rolling window, by the API server's clock.
     let mut sent: Vec<DateTime<Utc>> = audited
         .iter()
-        .filter(|d| d.user == DAEMON_USER && (200..300).contains(&d.code))
+        .filter(|d| users.contains(&d.user) && d.succeeded())
         .map(|d| d.at)
         .collect();
     sent.sort();
@@ -1706,6 +1841,41 @@ async fn soak(args: Args) -> bool {
         }
     }
 
+    // The audit log must account for every claim that went away: a log that recorded nothing,
+    // or lost part of the run, would let every delete, wrong ones included, drop out of the
+    // check above.
+    let audited_uids: std::collections::HashSet<&str> = audited
+        .iter()
+        .filter(|d| d.succeeded())
+        .filter_map(|d| d.uid.as_deref())
+        .collect();
+    let unaudited: Vec<String> = world
+        .incarnations
+        .iter()
+        .filter(|i| i.gone && !i.driver_deleted && !i.tainted)
+        .filter(|i| !audited_uids.contains(i.uid.as_str()))
+        .map(|i| {
+            format!(
+                "{}/{} (uid {}) went away without a successful DELETE in the audit log",
+                i.namespace, i.name, i.uid
+            )
+        })
+        .collect();
+    // Every DELETE the daemon sent: fenced, re-checked, once per decision, counting the
+    // attempts the proxies refused (the API server never saw those).
+    let refused: Vec<AuditEvent> = faults
+        .replicas
+        .iter()
+        .flat_map(|r| r.proxy.faulted())
+        .filter(|f| f.fault.refuses())
+        .map(|f| f.as_audit_event())
+        .collect();
+    let invariant = DeleteInvariant {
+        bound: RECHECK_BOUND,
+        ..DeleteInvariant::new(&users, Some((LEASE_NAMESPACE, LEASE_NAME)), LEASE_DURATION)
+    };
+    let violations = invariant.check(&events, &refused);
+
     lags.sort_by(f64::total_cmp);
     let restarts = |fault: &str| faults.windows.iter().filter(|w| w.fault == fault).count();
     let watch_restarts: f64 = faults
@@ -1715,6 +1885,7 @@ async fn soak(args: Args) -> bool {
         .sum();
     let created = world.incarnations.len();
     let daemon_deletes: u32 = daemon_deleted.values().sum();
+    let audit_empty = daemon_deletes == 0;
     println!();
     println!(
         "soak: seed {seed}; workload {} s, drain {} s after settling at {}",
@@ -1727,7 +1898,7 @@ async fn soak(args: Args) -> bool {
         world.actions, world.failures
     );
     println!(
-        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms; {} daemon crashes",
+        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms, {} throttling bursts; {} daemon crashes",
         restarts("apiserver-restart"),
         restarts("etcd-restart"),
         restarts("compaction"),
@@ -1735,6 +1906,7 @@ async fn soak(args: Args) -> bool {
         restarts("stall"),
         restarts("leader-kill"),
         restarts("restart-storm"),
+        restarts("throttle"),
         faults.crashes
     );
     let faulted: i64 = faults
@@ -1774,20 +1946,60 @@ async fn soak(args: Args) -> bool {
         if cap_exceeded { " CAP EXCEEDED" } else { "" }
     );
     println!(
+        "soak: audit log: {} events, {} claim DELETEs{}; {} claims went away without one",
+        events.len(),
+        audited.len(),
+        if audit_empty {
+            ", NONE of them a successful one by the daemon"
+        } else {
+            ""
+        },
+        unaudited.len()
+    );
+    let refused_by = |r: &Replica| r.proxy.refused();
+    println!(
+        "soak: the proxies refused {:?} requests, {} of them DELETE attempts",
+        faults
+            .replicas
+            .iter()
+            .map(|r| (r.name, refused_by(r)))
+            .collect::<Vec<_>>(),
+        refused
+            .iter()
+            .filter(|e| e.verb == "delete" && e.resource == "persistentvolumeclaims")
+            .count()
+    );
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for violation in &violations {
+        *by_kind.entry(format!("{:?}", violation.kind)).or_default() += 1;
+    }
+    println!(
+        "soak: audit-log invariant (renew deadline {:?}, re-check bound {:?}): {} violations {by_kind:?}",
+        invariant.renew_deadline,
+        invariant.bound,
+        violations.len()
+    );
+    for violation in violations.iter().take(40) {
+        println!("soak:   {violation}");
+    }
+    println!(
         "soak: WRONG deletions: {}; deleted twice: {}; MISSED deletions: {}; tainted: {}",
         wrong.len(),
         twice.len(),
         missed.len(),
         world.incarnations.iter().filter(|i| i.tainted).count()
     );
-    for line in wrong.iter().chain(missed.iter()) {
+    for line in wrong.iter().chain(&missed).chain(unaudited.iter().take(20)) {
         println!("soak:   {line}");
     }
     let failed = !wrong.is_empty()
         || !twice.is_empty()
         || !missed.is_empty()
         || cap_exceeded
-        || faults.crashes > 0;
+        || faults.crashes > 0
+        || audit_empty
+        || !unaudited.is_empty()
+        || !violations.is_empty();
     drop(world);
     for replica in &mut faults.replicas {
         if let Some(process) = replica.process.take() {

@@ -26,7 +26,7 @@ use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
 use crate::decide::quota::Pressure;
-use crate::observe::metrics::{DeleteResult, Metrics, Operation};
+use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics, Operation};
 
 /// How deletes are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +144,13 @@ impl Writer {
             Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
             Ok(Err(error @ kube::Error::Api(_))) => {
                 metrics.api_error(Operation::Delete, &error);
-                warn!(claim = %claim.key, %error, "delete refused");
+                if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
+                    // The message names the policy and the rule broken.
+                    warn!(claim = %claim.key, %error, "delete refused by admission, claim kept: \
+                          the daemon and its admission guard disagree");
+                } else {
+                    warn!(claim = %claim.key, %error, "delete refused");
+                }
                 DeleteResult::Failed
             }
             Ok(Err(error)) => {

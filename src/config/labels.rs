@@ -137,6 +137,50 @@ impl LabelSelector {
     }
 }
 
+impl LabelSelector {
+    /// The selector as a CEL expression over `labels`, a CEL `map(string, string)`, with the
+    /// semantics of [`LabelSelector::matches`]: what the admission guard evaluates on the API
+    /// server (`src/surface/admission.rs`).
+    pub fn to_cel(&self, labels: &str) -> String {
+        let has = |key: &str| format!("{} in {labels}", cel_string(key));
+        let value = |key: &str| format!("{labels}[{}]", cel_string(key));
+        let terms: Vec<String> = self
+            .0
+            .iter()
+            .map(|Requirement { key, op }| match op {
+                Op::Equals(v) => format!("({} && {} == {})", has(key), value(key), cel_string(v)),
+                Op::NotEquals(v) => {
+                    format!("(!({}) || {} != {})", has(key), value(key), cel_string(v))
+                }
+                Op::In(set) => format!("({} && {} in {})", has(key), value(key), cel_list(set)),
+                Op::NotIn(set) => {
+                    format!(
+                        "(!({}) || !({} in {}))",
+                        has(key),
+                        value(key),
+                        cel_list(set)
+                    )
+                }
+                Op::Exists => format!("({})", has(key)),
+                Op::DoesNotExist => format!("!({})", has(key)),
+            })
+            .collect();
+        terms.join(" && ")
+    }
+}
+
+/// A CEL list of string literals.
+pub(crate) fn cel_list<'a>(values: impl IntoIterator<Item = &'a String>) -> String {
+    let items: Vec<String> = values.into_iter().map(|v| cel_string(v)).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A CEL string literal. Label keys, values and namespace names need no escape; escaping anyway
+/// keeps a literal a literal whatever it holds.
+pub(crate) fn cel_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
 impl fmt::Display for LabelSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let set = |values: &BTreeSet<String>| {
@@ -317,5 +361,24 @@ fn parse_set(tokens: &mut Tokens<'_>) -> Result<BTreeSet<String>, String> {
             Some(Token::Close) => return Ok(values),
             _ => return Err("expected ',' or ')' in a value set".to_owned()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CEL of every operator, with `!=` and `notin` true where the key is absent, as the API
+    /// server's matching is; tests/admission.rs evaluates it on the real server.
+    #[test]
+    fn selectors_become_cel_with_the_api_servers_semantics() {
+        let selector: LabelSelector = "a=1,b!=2,c in (y,x),d notin (z),e,!f".parse().unwrap();
+        assert_eq!(
+            selector.to_cel("l"),
+            "('a' in l && l['a'] == '1') && (!('b' in l) || l['b'] != '2') && \
+             ('c' in l && l['c'] in ['x', 'y']) && (!('d' in l) || !(l['d'] in ['z'])) && \
+             ('e' in l) && !('f' in l)"
+        );
+        assert_eq!(cel_string(r"it's \ odd"), r"'it\'s \\ odd'");
     }
 }

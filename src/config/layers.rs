@@ -108,6 +108,9 @@ pub(super) struct LeaderElectionLayer {
 #[serde(default, deny_unknown_fields)]
 pub(super) struct HttpLayer {
     pub(super) listen: Slot<String>,
+    pub(super) secure_listen: Slot<String>,
+    pub(super) tls_cert_file: Slot<String>,
+    pub(super) tls_key_file: Slot<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -325,6 +328,9 @@ impl Layer {
             "leader_election.lease_namespace" => put(&mut l.lease_namespace, raw, at),
             "leader_election.lease_duration" => put(&mut l.lease_duration, raw, at),
             "http.listen" => put(&mut h.listen, raw, at),
+            "http.secure_listen" => put(&mut h.secure_listen, raw, at),
+            "http.tls_cert_file" => put(&mut h.tls_cert_file, raw, at),
+            "http.tls_key_file" => put(&mut h.tls_key_file, raw, at),
             "logging.format" => put(&mut g.format, raw, at),
             "logging.level" => put(&mut g.level, raw, at),
             "creator.storage" => put(&mut c.storage, raw, at),

@@ -158,6 +158,11 @@ impl LeaderElectionConfig {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HttpConfig {
     pub listen: SocketAddr,
+    /// HTTPS `/metrics` with TokenReview and SubjectAccessReview; `None`: off.
+    pub secure_listen: Option<SocketAddr>,
+    /// The serving certificate chain and key (PEM) of `secure_listen`; set exactly when it is.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -247,6 +252,9 @@ impl Default for Config {
             },
             http: HttpConfig {
                 listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+                secure_listen: None,
+                tls_cert_file: None,
+                tls_key_file: None,
             },
             logging: LoggingConfig {
                 format: LogFormat::Human,

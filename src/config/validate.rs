@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::labels::{LabelSelector, dns1123_label, dns1123_subdomain, label_key, label_value};
-use super::layers::{At, Layer, Problem, QuotaLayer, Slot, Val};
+use super::layers::{At, HttpLayer, Layer, Problem, QuotaLayer, Slot, Val};
 use super::{
     Config, CreatorConfig, DeletionConfig, HttpConfig, LeaderElectionConfig, LogFormat,
     LoggingConfig, MAX_DURATION, NamespacePolicyConfig, PolicyConfig, QuotaConfig, SelectorConfig,
@@ -162,7 +163,14 @@ impl Layer {
             lease_seconds,
         )?;
 
-        let listen = take(http.listen, "http.listen", d.http.listen, socket_address)?;
+        let HttpLayer {
+            listen,
+            secure_listen,
+            tls_cert_file,
+            tls_key_file,
+        } = http;
+        let listen = take(listen, "http.listen", d.http.listen, socket_address)?;
+        let secure = resolve_secure_metrics([secure_listen, tls_cert_file, tls_key_file])?;
         let format = take(log.format, "logging.format", d.logging.format, log_format)?;
         let level = take(log.level, "logging.level", d.logging.level, log_filter)?;
 
@@ -254,6 +262,7 @@ impl Layer {
             },
             http: HttpConfig {
                 listen: listen.value,
+                ..secure
             },
             logging: LoggingConfig {
                 format: format.value,
@@ -290,6 +299,35 @@ fn resolve_quota(layer: QuotaLayer, d: QuotaConfig) -> Result<QuotaConfig, Probl
         enabled: enabled.value,
         high_water: high.value,
         low_water: low.value,
+    })
+}
+
+/// The HTTPS metrics keys: an address and both files, or none of them ("" is none).
+fn resolve_secure_metrics(
+    [secure_listen, tls_cert_file, tls_key_file]: [Slot<String>; 3],
+) -> Result<HttpConfig, Problem> {
+    let optional = |raw: String| Ok((!raw.is_empty()).then_some(raw));
+    let listen = take(secure_listen, "http.secure_listen", None, |raw| {
+        optional(raw)?.map(socket_address).transpose()
+    })?;
+    let cert = take(tls_cert_file, "http.tls_cert_file", None, optional)?;
+    let key = take(tls_key_file, "http.tls_key_file", None, optional)?;
+    for (name, file) in [("http.tls_cert_file", &cert), ("http.tls_key_file", &key)] {
+        if listen.value.is_some() != file.value.is_some() {
+            let (blamed, at) = blame((name, &file.at), ("http.secure_listen", &listen.at));
+            let message = format!(
+                "http.secure_listen, http.tls_cert_file and http.tls_key_file are set together \
+                 or not at all; {name} is {}",
+                if file.value.is_some() { "set" } else { "empty" }
+            );
+            return Err(problem(blamed, at, message));
+        }
+    }
+    Ok(HttpConfig {
+        secure_listen: listen.value,
+        tls_cert_file: cert.value.map(PathBuf::from),
+        tls_key_file: key.value.map(PathBuf::from),
+        ..Config::default().http
     })
 }
 

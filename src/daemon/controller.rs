@@ -20,19 +20,21 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cluster::cache::{Change, Index, Update};
-use crate::cluster::leader::{Fence, FenceError, Leadership};
-use crate::cluster::live::{self, LiveView, Snapshots};
+use crate::cluster::leader::{FenceError, Leadership};
+use crate::cluster::live::Snapshots;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::limiter::{Admission, Limiter, Reservation};
-use crate::daemon::scheduler::{Failure, Outcome};
+use crate::daemon::ports::{Clock, Cluster, KubeCluster};
+use crate::daemon::scheduler::{Failure, Outcome, Schedule, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self, Found};
 use crate::decide::namespace::Policies;
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
+use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
 
@@ -72,21 +74,21 @@ pub enum RunError {
     /// than run half alive.
     #[error("the {0} stopped unexpectedly; exiting so that the pod restarts")]
     TaskEnded(&'static str),
+    #[error("http.tls_cert_file, http.tls_key_file: {0}")]
+    Tls(#[from] http::TlsError),
 }
 
 /// Everything a reconcile reads, built once.
-struct Controller {
-    client: Client,
+struct Controller<C, K> {
+    cluster: C,
+    clock: K,
     policies: Policies,
     index: RwLock<Index>,
     metrics: Arc<Metrics>,
-    writer: Writer,
     limiter: Mutex<Limiter>,
     cap: (u32, String),
-    schedule: crate::daemon::scheduler::Schedule,
+    schedule: Schedule,
     leading: watch::Receiver<bool>,
-    fence: Fence,
-    snapshots: Snapshots,
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
     rounds: Mutex<Rounds>,
@@ -100,7 +102,6 @@ struct Controller {
     read_volumes: bool,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
-    clock: ServerClock,
 }
 
 /// When a kept claim becomes due and why, with the notice's lead time.
@@ -148,12 +149,28 @@ pub async fn run(
         warn!(%error, "cannot read the API server's clock yet; nothing is due until it is known");
     }
     let health = Arc::new(Health::default());
-    let server = http::serve(options.listen, registry, health.clone(), stop.clone())
-        .await
-        .map_err(|source| RunError::Listen {
-            addr: options.listen,
-            source,
-        })?;
+    let secure = match (
+        &config.http.secure_listen,
+        &config.http.tls_cert_file,
+        &config.http.tls_key_file,
+    ) {
+        (Some(addr), Some(cert), Some(key)) => Some(http::Secure {
+            addr: *addr,
+            tls: Arc::new(http::tls_config(cert, key)?),
+            gate: Gate::new(client.clone()),
+        }),
+        // Validation sets the three together.
+        _ => None,
+    };
+    let server = http::serve(
+        options.listen,
+        secure,
+        registry,
+        health.clone(),
+        stop.clone(),
+    )
+    .await
+    .map_err(|(addr, source)| RunError::Listen { addr, source })?;
 
     let lease_namespace = config
         .leader_election
@@ -167,51 +184,34 @@ pub async fn run(
         metrics.clone(),
     );
 
-    let deletion = &config.deletion;
-    let mode = if deletion.dry_run {
+    let mode = if config.deletion.dry_run {
         Mode::DryRun {
-            server_side: deletion.server_side_dry_run,
+            server_side: config.deletion.server_side_dry_run,
         }
     } else {
         Mode::Delete
     };
     info!(?mode, "starting");
-    let (schedule, scheduler) = crate::daemon::scheduler::Scheduler::new();
-    let controller = Arc::new(Controller {
-        policies: config.policies(),
-        index: RwLock::new(watches::index(&config)),
-        metrics: metrics.clone(),
+    let (schedule, scheduler) = Scheduler::new();
+    let cluster = KubeCluster {
         writer: Writer::new(
             client.clone(),
             mode,
             Some(options.identity),
             leadership.fence(),
         ),
-        limiter: Mutex::new(Limiter::new(
-            // Validation refused every rate without an interval; the slowest pace otherwise.
-            deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
-            deletion.max_deletions_per_window,
-            deletion.window,
-        )),
-        cap: (
-            deletion.max_deletions_per_window,
-            humantime::format_duration(deletion.window).to_string(),
-        ),
-        schedule,
-        leading: leadership.subscribe(),
         fence: leadership.fence(),
         snapshots: Snapshots::default(),
         client: client.clone(),
-        quota: config.quota.waters(),
-        rounds: Mutex::default(),
-        capped: Mutex::default(),
-        warned: Mutex::default(),
-        notice_before: (config.deletion.notice_before)
-            .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
-        noticed: Mutex::default(),
-        read_volumes: config.deletion.read_volumes,
-        clock: options.clock,
-    });
+    };
+    let controller = Arc::new(Controller::new(
+        &config,
+        cluster,
+        options.clock,
+        metrics.clone(),
+        schedule,
+        leadership.subscribe(),
+    ));
 
     // Fused, so that a task already seen to end is not polled again below.
     let feeder = tokio::spawn(feed(
@@ -282,8 +282,8 @@ pub async fn run(
 
 /// Applies watch updates to the cache and schedules the claims each one affects. Nothing is
 /// scheduled until every watch has listed once; then every claim is.
-async fn feed(
-    controller: Arc<Controller>,
+async fn feed<C: Cluster, K: Clock>(
+    controller: Arc<Controller<C, K>>,
     mut updates: futures::stream::BoxStream<'static, watches::Item>,
     health: Arc<Health>,
 ) {
@@ -294,8 +294,7 @@ async fn feed(
             tokio::select! {
                 item = updates.next() => item,
                 () = tokio::time::sleep(PROBE_EVERY) => {
-                    let probe = controller.client.apiserver_version();
-                    if let Ok(Ok(_)) = tokio::time::timeout(PROBE_EVERY, probe).await {
+                    if controller.cluster.answers().await {
                         reachable(&controller, &health, true);
                     }
                     continue;
@@ -383,7 +382,11 @@ fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
 }
 
 /// Records whether the API server can be reached: `/readyz` and the `ready` gauge follow it.
-fn reachable(controller: &Controller, health: &Health, reachable: bool) {
+fn reachable<C: Cluster, K: Clock>(
+    controller: &Controller<C, K>,
+    health: &Health,
+    reachable: bool,
+) {
     let unreachable = !reachable;
     if health.is_unreachable() == unreachable {
         return;
@@ -410,7 +413,10 @@ fn cannot_connect(error: &watcher::Error) -> bool {
 
 /// Publishes leadership to metrics and, on winning the lease, re-evaluates every claim: the
 /// standby decided but did not act.
-async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
+async fn follow_leadership<C: Cluster, K: Clock>(
+    controller: Arc<Controller<C, K>>,
+    health: Arc<Health>,
+) {
     let mut leading = controller.leading.clone();
     loop {
         let is_leader = *leading.borrow_and_update();
@@ -450,7 +456,45 @@ async fn follow_leadership(controller: Arc<Controller>, health: Arc<Health>) {
     }
 }
 
-impl Controller {
+impl<C: Cluster, K: Clock> Controller<C, K> {
+    fn new(
+        config: &Config,
+        cluster: C,
+        clock: K,
+        metrics: Arc<Metrics>,
+        schedule: Schedule,
+        leading: watch::Receiver<bool>,
+    ) -> Self {
+        let deletion = &config.deletion;
+        Controller {
+            cluster,
+            clock,
+            policies: config.policies(),
+            index: RwLock::new(watches::index(config)),
+            metrics,
+            limiter: Mutex::new(Limiter::new(
+                // Validation refused every rate without an interval; the slowest pace otherwise.
+                deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
+                deletion.max_deletions_per_window,
+                deletion.window,
+            )),
+            cap: (
+                deletion.max_deletions_per_window,
+                humantime::format_duration(deletion.window).to_string(),
+            ),
+            schedule,
+            leading,
+            quota: config.quota.waters(),
+            rounds: Mutex::default(),
+            capped: Mutex::default(),
+            warned: Mutex::default(),
+            notice_before: (config.deletion.notice_before)
+                .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
+            noticed: Mutex::default(),
+            read_volumes: config.deletion.read_volumes,
+        }
+    }
+
     fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -491,7 +535,7 @@ impl Controller {
             for problem in &ignored {
                 warn!(%namespace, %problem, "namespace annotation ignored");
             }
-            (self.writer)
+            (self.cluster)
                 .notify_namespace(namespace, &ignored, &self.metrics)
                 .await;
         }
@@ -538,7 +582,7 @@ impl Controller {
             info!(claim = %claim.key, %due, %reason, "deletion scheduled");
             let at = due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
             let notice = Notice::DeletionScheduled { at, reason };
-            self.writer.notify(claim, notice, &self.metrics).await;
+            self.cluster.notify(claim, notice, &self.metrics).await;
         }
         recheck_at
     }
@@ -569,7 +613,7 @@ impl Controller {
                 if reason == Reason::InvalidAnnotation {
                     let detail = decision.detail.unwrap_or_default();
                     warn!(claim = %key, %detail, "keeping a claim with an invalid annotation");
-                    self.writer
+                    self.cluster
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
@@ -625,8 +669,8 @@ impl Controller {
         let key = &claim.key;
         let (admission, full) = {
             let mut limiter = self.lock_limiter();
-            let admission = limiter.reserve(Instant::now(), Utc::now());
-            (admission, limiter.full(Utc::now()))
+            let admission = limiter.reserve(Instant::now(), self.clock.wall());
+            (admission, limiter.full(self.clock.wall()))
         };
         match admission {
             Admission::At(reservation) => {
@@ -654,7 +698,7 @@ impl Controller {
                         max: *max,
                         window: window.clone(),
                     };
-                    self.writer.notify(claim, notice, &self.metrics).await;
+                    self.cluster.notify(claim, notice, &self.metrics).await;
                 }
                 Err(Outcome::At(until))
             }
@@ -670,31 +714,31 @@ impl Controller {
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
         // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
         let read = async {
-            let live = LiveView::read(&self.client, claim, &self.snapshots, &self.metrics).await;
+            let (live, read_at) = self.cluster.read_live(claim, &self.metrics).await;
             // The namespace's settings too, when they count.
             let policy = match self.policies.namespaces {
                 None => self.policies.cluster.clone(),
                 Some(_) => {
                     let namespace = &key.namespace;
-                    let notes = live::namespace_annotations(&self.client, namespace, &self.metrics);
+                    let notes = self.cluster.namespace_annotations(namespace, &self.metrics);
                     self.policies.for_namespace(notes.await.as_ref()).policy
                 }
             };
             let volume = claim.volume_name.as_deref().filter(|_| self.read_volumes);
             let retained = match volume {
-                Some(name) => live::reclaim_policy(&self.client, name, &self.metrics)
-                    .await
+                Some(name) => (self.cluster.reclaim_policy(name, &self.metrics).await)
                     .filter(|policy| policy == "Retain")
                     .map(|_| name.to_owned()),
                 None => None,
             };
-            (live, policy, retained)
+            (live, read_at, policy, retained)
         };
-        let Ok((live, policy, retained)) = tokio::time::timeout(LIVE_BOUND, read).await else {
+        let Ok((live, read_at, policy, retained)) = tokio::time::timeout(LIVE_BOUND, read).await
+        else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
             return Err(Failure::LiveTooSlow);
         };
-        let live_until = live.read_at() + LIVE_BOUND;
+        let live_until = read_at + LIVE_BOUND;
         let facts = linking::facts(claim, &live);
         let decision = policy::decide(&facts, &policy, self.clock.now());
         let confirmed = match (cause, decision.verdict) {
@@ -745,7 +789,7 @@ impl Controller {
         live_until: Instant,
     ) -> SendResult {
         let pressure = matches!(cause, Cause::Pressure);
-        let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+        let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
         // Every delete of ours in a namespace under pressure is counted in its round, and
         // goes on the Lease with the ledger (a would-delete only under pressure: nothing
         // leaves then, so it would hold the round forever).
@@ -759,11 +803,11 @@ impl Controller {
         // (a restart inside a window then cannot open room for one delete too many).
         let reservation = self
             .lock_limiter()
-            .count_from(reservation, Utc::now() + self.fence.reach());
+            .count_from(reservation, self.clock.wall() + self.cluster.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
         let sent = match &ledger {
             Some(ledger) => {
-                (self.writer)
+                (self.cluster)
                     .delete(claim, ledger, live_until, &self.metrics)
                     .await
             }
@@ -781,7 +825,8 @@ impl Controller {
         match &sent {
             // Received by the time it was answered, at the latest.
             Ok(DeleteResult::Deleted) => {
-                self.lock_limiter().count_from(reservation, Utc::now());
+                self.lock_limiter()
+                    .count_from(reservation, self.clock.wall());
             }
             // It may have been carried out: it stays counted.
             Ok(DeleteResult::Unanswered) => {}
@@ -809,12 +854,12 @@ impl Controller {
                 });
             }
         };
-        let dry_run = matches!(self.writer.mode(), Mode::DryRun { .. });
+        let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
         if dry_run {
             if result == DeleteResult::Deleted {
                 info!(claim = %key, %reason, "dry-run: would delete");
                 self.metrics.would_delete(&key.namespace, reason);
-                (self.writer)
+                (self.cluster)
                     .notify(claim, Notice::WouldDelete(reason), &self.metrics)
                     .await;
             }
@@ -829,7 +874,7 @@ impl Controller {
                     let bytes = claim.requested_bytes.unwrap_or(0);
                     (self.metrics).reclaimed(bytes, retained.is_some(), lag);
                     let notice = Notice::Deleted(reason, retained);
-                    self.writer.notify(claim, notice, &self.metrics).await;
+                    self.cluster.notify(claim, notice, &self.metrics).await;
                 }
                 Outcome::Done
             }
@@ -859,7 +904,7 @@ impl Controller {
         }
         let mut rounds = self.rounds();
         rounds.record(Sent::of(claim));
-        self.fence.stage_rounds(rounds.to_annotation());
+        self.cluster.stage_rounds(rounds.to_annotation());
     }
 
     /// Takes over the pressure rounds found on the Lease just won. What cannot be read holds
@@ -868,8 +913,8 @@ impl Controller {
         let Some(waters) = self.quota else {
             return;
         };
-        let found = self.fence.found_rounds();
-        if let Err(error) = self.rounds().recover(found.as_deref(), Utc::now()) {
+        let found = self.cluster.found_rounds();
+        if let Err(error) = self.rounds().recover(found.as_deref(), self.clock.wall()) {
             warn!(%error, doubt = %humantime::format_duration(quota::DOUBT.to_std().unwrap_or_default()), "the quota pressure rounds on the Lease cannot be trusted; no pressure deletes in a namespace until its quotas are seen to recount, or for the doubt period");
         }
         let index = self.read_index();
@@ -914,7 +959,7 @@ impl Controller {
             &self.policy_in(index, namespace),
             self.clock.now(),
         );
-        let plan = rounds.plan(namespace, &quotas, &claims, waters, Utc::now());
+        let plan = rounds.plan(namespace, &quotas, &claims, waters, self.clock.wall());
         drop(rounds);
         for victim in plan.victims {
             self.schedule.now(victim);
@@ -933,7 +978,7 @@ impl Controller {
             &self.policy_in(&index, namespace),
             self.clock.now(),
         );
-        let plan = (self.rounds()).plan(namespace, &quotas, &claims, waters, Utc::now());
+        let plan = (self.rounds()).plan(namespace, &quotas, &claims, waters, self.clock.wall());
         (!plan.pressed.is_empty()).then_some(plan)
     }
 
@@ -960,7 +1005,7 @@ impl Controller {
                 deleting = plan.victims.len(),
                 "quota pressure remains and no more finished workspaces may be deleted"
             );
-            self.writer
+            self.cluster
                 .notify_quota_pressure(worst, &self.metrics)
                 .await;
         }
@@ -988,7 +1033,7 @@ impl Controller {
             return false;
         };
         let namespace = &facts.claim.key.namespace;
-        let Found::Yes(quotas) = live::quotas(&self.client, namespace, &self.metrics).await else {
+        let Found::Yes(quotas) = self.cluster.quotas(namespace, &self.metrics).await else {
             return false;
         };
         let plan = {
@@ -1004,7 +1049,14 @@ impl Controller {
             let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
             // The round's pressed resources and what it owes, over the quotas listed live.
             let rounds = self.rounds();
-            rounds.plan_live(namespace, &quotas, &present, &claims, waters, Utc::now())
+            rounds.plan_live(
+                namespace,
+                &quotas,
+                &present,
+                &claims,
+                waters,
+                self.clock.wall(),
+            )
         };
         plan.victims.contains(&facts.claim.key)
     }
@@ -1024,14 +1076,340 @@ impl Controller {
     /// Counts the cap from the ledger found on the Lease just won; fails closed for a window
     /// when it cannot be read.
     fn recover_cap(&self) {
-        let found = self.fence.found();
+        let found = self.cluster.found_ledger();
         if let Err(error) =
             self.lock_limiter()
-                .recover(found.as_deref(), Utc::now(), self.fence.reach())
+                .recover(found.as_deref(), self.clock.wall(), self.cluster.reach())
         {
             warn!(%error, "the count of deletions in the current window is not known; counting the cap as reached for one window");
             self.metrics.set_cap_unknown(true);
             self.metrics.ledger_fault(error.fault());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The controller against a fake cluster and a fake clock (tokio's paused time): what each
+    //! stage sends, in what order, and what the reconcile asks the scheduler for next.
+
+    use std::collections::VecDeque;
+
+    use super::*;
+    use crate::cluster::cache::TaskRunEntry;
+    use crate::cluster::cap_ledger::Ledger;
+    use crate::decide::facts::{JobEntry, PodEntry, RunEntry};
+    use crate::decide::namespace::Ignored;
+    use crate::decide::quota::{Pressure, QuotaEntry};
+
+    /// A synced index holding `claims` and `pods`, as the watches would leave it.
+    fn synced(claims: &[ClaimFacts], pods: &[PodEntry]) -> Index {
+        let mut index = Index::default();
+        index.update(Update::Claim(Change::InitDone(None)));
+        index.update(Update::Job(Change::<JobEntry>::InitDone(None)));
+        index.update(Update::Run(Change::<RunEntry>::InitDone(None)));
+        index.update(Update::TaskRun(Change::<TaskRunEntry>::InitDone(None)));
+        index.update(Update::Pod(Change::<PodEntry>::InitDone(None)));
+        for claim in claims {
+            index.update(Update::Claim(Change::Apply(claim.clone())));
+        }
+        for pod in pods {
+            index.update(Update::Pod(Change::Apply(pod.clone())));
+        }
+        index
+    }
+
+    fn pod_mounting(claim: &str) -> PodEntry {
+        PodEntry {
+            key: ObjectKey::new("ml", "build-pod"),
+            phase: Some("Running".into()),
+            claims: vec![claim.into()],
+        }
+    }
+
+    /// One DELETE the controller sent.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Sent {
+        claim: ObjectKey,
+        uid: String,
+        deadline: Instant,
+    }
+
+    #[derive(Default)]
+    struct FakeCluster {
+        /// The pods the live re-check finds.
+        live_pods: Mutex<Vec<PodEntry>>,
+        /// How long a live re-check takes.
+        read_takes: Mutex<Duration>,
+        /// When each live re-check's first read was sent.
+        reads: Mutex<Vec<Instant>>,
+        /// The answers to the next DELETEs; `Deleted` once none is left.
+        answers: Mutex<VecDeque<SendResult>>,
+        sent: Mutex<Vec<Sent>>,
+        notices: Mutex<Vec<Notice>>,
+        dry_run: bool,
+    }
+
+    fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        mutex.lock().unwrap()
+    }
+
+    impl Cluster for FakeCluster {
+        type Live = Index;
+
+        async fn read_live(&self, claim: &ClaimFacts, _: &Metrics) -> (Index, Instant) {
+            let read_at = Instant::now();
+            lock(&self.reads).push(read_at);
+            let takes = *lock(&self.read_takes);
+            tokio::time::sleep(takes).await;
+            let pods = lock(&self.live_pods).clone();
+            (synced(std::slice::from_ref(claim), &pods), read_at)
+        }
+
+        async fn quotas(&self, _: &str, _: &Metrics) -> Found<Vec<QuotaEntry>> {
+            Found::Yes(Vec::new())
+        }
+
+        async fn delete(
+            &self,
+            claim: &ClaimFacts,
+            _: &Ledger,
+            deadline: Instant,
+            _: &Metrics,
+        ) -> SendResult {
+            lock(&self.sent).push(Sent {
+                claim: claim.key.clone(),
+                uid: claim.uid.clone(),
+                deadline,
+            });
+            lock(&self.answers)
+                .pop_front()
+                .unwrap_or(Ok(DeleteResult::Deleted))
+        }
+
+        async fn notify(&self, _: &ClaimFacts, notice: Notice, _: &Metrics) {
+            lock(&self.notices).push(notice);
+        }
+
+        async fn notify_quota_pressure(&self, _: &Pressure, _: &Metrics) {}
+
+        async fn notify_namespace(&self, _: &str, _: &[Ignored], _: &Metrics) {}
+
+        async fn namespace_annotations(
+            &self,
+            _: &str,
+            _: &Metrics,
+        ) -> Option<BTreeMap<String, String>> {
+            None
+        }
+
+        async fn reclaim_policy(&self, _: &str, _: &Metrics) -> Option<String> {
+            None
+        }
+
+        async fn answers(&self) -> bool {
+            true
+        }
+
+        fn mode(&self) -> Mode {
+            if self.dry_run {
+                Mode::DryRun { server_side: false }
+            } else {
+                Mode::Delete
+            }
+        }
+
+        fn reach(&self) -> Duration {
+            Duration::from_secs(10)
+        }
+
+        fn found_ledger(&self) -> Option<String> {
+            None
+        }
+
+        fn found_rounds(&self) -> Option<String> {
+            None
+        }
+
+        fn stage_rounds(&self, _: String) {}
+    }
+
+    /// Wall time that moves with tokio's (paused) clock, from a fixed start.
+    struct FakeClock {
+        start: Instant,
+        wall: DateTime<Utc>,
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> DateTime<Utc> {
+            let elapsed = chrono::Duration::from_std(self.start.elapsed()).unwrap();
+            self.wall + elapsed
+        }
+
+        fn wall(&self) -> DateTime<Utc> {
+            self.now()
+        }
+
+        fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {
+            Instant::now() + (deadline - self.now()).to_std().unwrap_or(Duration::ZERO)
+        }
+    }
+
+    /// The claims are orphans long past the orphan grace: due.
+    fn due(name: &str) -> ClaimFacts {
+        ClaimFacts::example(name)
+    }
+
+    /// A leading controller on `cluster`, with at most `cap` deletions an hour, whose cache
+    /// holds `claims`.
+    fn controller(
+        cluster: FakeCluster,
+        cap: u32,
+        claims: &[ClaimFacts],
+        leading: bool,
+    ) -> Arc<Controller<FakeCluster, FakeClock>> {
+        let mut config = Config::default();
+        config.deletion.max_deletions_per_window = cap;
+        config.deletion.window = Duration::from_secs(3600);
+        config.deletion.deletes_per_second = 1000.0;
+        config.quota.enabled = false;
+        let clock = FakeClock {
+            start: Instant::now(),
+            wall: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+        };
+        let (schedule, _scheduler) = Scheduler::new();
+        let (_, leading) = watch::channel(leading);
+        let metrics = Arc::new(Metrics::register(&mut Registry::default()));
+        let controller = Controller::new(&config, cluster, clock, metrics, schedule, leading);
+        *controller.write_index() = synced(claims, &[]);
+        controller.recover_cap();
+        Arc::new(controller)
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("ml", name)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_due_claim_is_deleted_once_before_its_live_re_check_is_too_old() {
+        let c = controller(FakeCluster::default(), 10, &[due("a")], true);
+        let outcome = c.clone().reconcile(key("a")).await;
+        assert_eq!(outcome, Outcome::Done);
+        let sent = lock(&c.cluster.sent).clone();
+        let reads = lock(&c.cluster.reads).clone();
+        assert_eq!(reads.len(), 1);
+        assert_eq!(
+            sent,
+            vec![Sent {
+                claim: key("a"),
+                uid: "a-uid".into(),
+                deadline: reads[0] + LIVE_BOUND,
+            }]
+        );
+        assert_eq!(
+            lock(&c.cluster.notices).clone(),
+            vec![Notice::Deleted(Reason::Orphaned, None)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_user_the_live_re_check_finds_keeps_the_claim_and_frees_its_slot() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.live_pods).push(pod_mounting("a"));
+        let c = controller(cluster, 1, &[due("a"), due("b")], true);
+        let outcome = c.clone().reconcile(key("a")).await;
+        assert_eq!(outcome, Outcome::Retry(Failure::LiveDisagrees));
+        assert!(lock(&c.cluster.sent).is_empty());
+        // The slot `a` took is free again: `b` (whose live view has no user) gets the cap's one.
+        lock(&c.cluster.live_pods).clear();
+        assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_delete_goes_back_through_the_whole_path() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Failed));
+        let c = controller(cluster, 1, &[due("a")], true);
+        let outcome = c.clone().reconcile(key("a")).await;
+        assert_eq!(outcome, Outcome::Retry(Failure::Refused));
+        assert_eq!(lock(&c.cluster.sent).len(), 1, "sent once, never re-sent");
+        // The retry admits it again within the cap of one (the refusal was not counted) and
+        // re-checks it live before the second DELETE.
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.reads).len(), 2);
+        assert_eq!(lock(&c.cluster.sent).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_live_re_check_slower_than_its_bound_is_not_live() {
+        let cluster = FakeCluster::default();
+        *lock(&cluster.read_takes) = LIVE_BOUND + Duration::from_secs(1);
+        let c = controller(cluster, 10, &[due("a")], true);
+        let outcome = c.clone().reconcile(key("a")).await;
+        assert_eq!(outcome, Outcome::Retry(Failure::LiveTooSlow));
+        assert!(lock(&c.cluster.sent).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_delete_stays_counted_against_the_cap() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        let c = controller(cluster, 1, &[due("a"), due("b")], true);
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::Unanswered)
+        );
+        // It may have been carried out: the cap of one holds `b` back.
+        let outcome = c.clone().reconcile(key("b")).await;
+        assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_claim_held_back_by_the_cap_is_told_once() {
+        let claims = [due("a"), due("b"), due("c")];
+        let c = controller(FakeCluster::default(), 1, &claims, true);
+        for name in ["a", "b", "c", "b", "c", "b"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        let capped = lock(&c.cluster.notices)
+            .iter()
+            .filter(|notice| matches!(notice, Notice::CapReached { .. }))
+            .count();
+        assert_eq!(capped, 2);
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dry_run_reports_would_delete_and_never_deleted() {
+        let cluster = FakeCluster {
+            dry_run: true,
+            ..FakeCluster::default()
+        };
+        let c = controller(cluster, 10, &[due("a")], true);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(
+            lock(&c.cluster.notices).clone(),
+            vec![Notice::WouldDelete(Reason::Orphaned)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_decides_but_sends_nothing() {
+        let c = controller(FakeCluster::default(), 10, &[due("a")], false);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert!(lock(&c.cluster.reads).is_empty());
+        assert!(lock(&c.cluster.sent).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_in_use_in_the_cache_is_never_re_checked_or_sent() {
+        let c = controller(FakeCluster::default(), 10, &[due("a")], true);
+        c.write_index()
+            .update(Update::Pod(Change::Apply(pod_mounting("a"))));
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert!(lock(&c.cluster.reads).is_empty());
+        assert!(lock(&c.cluster.sent).is_empty());
     }
 }

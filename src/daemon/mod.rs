@@ -4,4 +4,5 @@
 
 pub mod controller;
 pub mod limiter;
+pub mod ports;
 pub mod scheduler;

@@ -1,21 +1,29 @@
 //! The HTTP endpoint: `/metrics` (OpenMetrics text when asked for, as Prometheus does, else the
 //! Prometheus text format), `/healthz` (the process is alive) and
-//! `/readyz` (every watch has synced once, and the API server can be reached).
+//! `/readyz` (every watch has synced once, and the API server can be reached). Optionally
+//! `/metrics` over HTTPS on an address of its own, for callers the API server authenticates
+//! and authorises ([`access`](super::access)), as kubebuilder's controllers serve it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+
+use crate::observe::access::{Access, Gate};
 
 /// What the probes report, set by the controller.
 #[derive(Debug, Default)]
@@ -54,21 +62,167 @@ struct Shared {
     health: Arc<Health>,
 }
 
-/// Binds `addr` (so a port in use fails start-up) and serves until `stop` is cancelled.
+/// The HTTPS `/metrics`: where, with which certificate, and who may read it.
+pub struct Secure {
+    pub addr: SocketAddr,
+    pub tls: Arc<rustls::ServerConfig>,
+    pub gate: Gate,
+}
+
+/// Why the serving certificate cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {file}: {source}")]
+    Read {
+        file: String,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{file} holds no certificate")]
+    NoCertificate { file: String },
+    #[error("the certificate and key do not make a TLS server: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// A TLS server configuration (HTTP/1.1) from a PEM certificate chain and key, which it reads
+/// again when they change.
+pub fn tls_config(cert_file: &Path, key_file: &Path) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let files = (cert_file.to_owned(), key_file.to_owned());
+    let key = load_certificate(&files, &provider)?;
+    let resolver = Reloading {
+        state: Mutex::new(Loaded {
+            key: Arc::new(key),
+            stamp: stamp(&files),
+            checked: Instant::now(),
+        }),
+        files,
+        provider: provider.clone(),
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// How often the files are checked for a renewal: OpenShift's service CA renews the Secret,
+/// and the kubelet swaps the mounted files, while the daemon runs.
+const RELOAD_CHECK: Duration = Duration::from_secs(10);
+
+/// The certificate chain and key files.
+type Files = (PathBuf, PathBuf);
+
+/// The files' modification times: a renewal changes them.
+type Stamp = (Option<SystemTime>, Option<SystemTime>);
+
+fn stamp((cert, key): &Files) -> Stamp {
+    let modified = |file: &Path| std::fs::metadata(file).and_then(|m| m.modified()).ok();
+    (modified(cert), modified(key))
+}
+
+fn load_certificate(
+    (cert_file, key_file): &Files,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let read = |file: &Path| {
+        let file = file.display().to_string();
+        move |source| TlsError::Read { file, source }
+    };
+    let chain = CertificateDer::pem_file_iter(cert_file)
+        .map_err(read(cert_file))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(read(cert_file))?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            file: cert_file.display().to_string(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file).map_err(read(key_file))?;
+    Ok(CertifiedKey::from_der(chain, key, provider)?)
+}
+
+/// Serves the certificate last loaded, loading it again when the files change; a renewal that
+/// cannot be used (half-written, mismatched) keeps the previous one and is retried.
+#[derive(Debug)]
+struct Reloading {
+    files: Files,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    state: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    stamp: Stamp,
+    checked: Instant,
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = Instant::now();
+            let stamp = stamp(&self.files);
+            if stamp != state.stamp {
+                match load_certificate(&self.files, &self.provider) {
+                    Ok(key) => {
+                        info!("loaded the renewed serving certificate");
+                        state.key = Arc::new(key);
+                        state.stamp = stamp;
+                    }
+                    Err(error) => {
+                        warn!(%error, "the renewed serving certificate cannot be used yet; serving the previous one");
+                    }
+                }
+            }
+        }
+        Some(state.key.clone())
+    }
+}
+
+/// Binds `addr` (so a port in use fails start-up), and `secure.addr` when given, and serves
+/// until `stop` is cancelled.
 pub async fn serve(
     addr: SocketAddr,
+    secure: Option<Secure>,
     registry: Registry,
     health: Arc<Health>,
     stop: CancellationToken,
-) -> std::io::Result<JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+) -> Result<JoinHandle<()>, (SocketAddr, std::io::Error)> {
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|error| (addr, error))
+    };
+    let listener = bind(addr).await?;
+    info!(%addr, "serving /metrics, /healthz and /readyz");
+    let secure_listener = match &secure {
+        Some(secure) => {
+            let listener = bind(secure.addr).await?;
+            info!(addr = %secure.addr, "serving /metrics over HTTPS, to authorised callers");
+            Some(listener)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared { registry, health });
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .with_state(shared);
+        .with_state(shared.clone());
+    let secure_task = secure.zip(secure_listener).map(|(secure, listener)| {
+        let acceptor = tokio_rustls::TlsAcceptor::from(secure.tls);
+        let app = Router::new()
+            .route("/metrics", get(secure_metrics))
+            .with_state(Arc::new(Guarded {
+                shared,
+                gate: secure.gate,
+            }));
+        tokio::spawn(serve_tls(listener, acceptor, app, stop.clone()))
+    });
     Ok(tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -76,10 +230,83 @@ pub async fn serve(
         if let Err(error) = served {
             warn!(%error, "the HTTP server failed");
         }
+        if let Some(task) = secure_task {
+            let _ = task.await;
+        }
     }))
 }
 
-async fn metrics(headers: HeaderMap, State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+/// A handshake that takes longer is dropped, so a silent client holds nothing for long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts TLS connections until `stop`; each is handshaken and served on a task of its own.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(connection) => connection,
+            Err(error) => {
+                // Out of file descriptors, typically: wait instead of spinning.
+                warn!(%error, "HTTPS accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (acceptor, app, stop) = (acceptor.clone(), app.clone(), stop.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => return debug!(%peer, %error, "TLS handshake failed"),
+                Err(_) => return debug!(%peer, "TLS handshake timed out"),
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
+            tokio::select! {
+                served = connection => if let Err(error) = served {
+                    debug!(%peer, %error, "HTTPS connection ended");
+                },
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+struct Guarded {
+    shared: Arc<Shared>,
+    gate: Gate,
+}
+
+/// `/metrics` to a caller the API server authenticates (TokenReview) and allows to `get`
+/// `/metrics` (SubjectAccessReview).
+async fn secure_metrics(headers: HeaderMap, State(guarded): State<Arc<Guarded>>) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    match guarded.gate.check(authorization).await {
+        Access::Allowed => render_metrics(&headers, &guarded.shared),
+        Access::Unauthenticated => (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response(),
+        Access::Forbidden => (StatusCode::FORBIDDEN, "Forbidden\n").into_response(),
+        Access::Unknown(error) => {
+            warn!(%error, "cannot tell whether a /metrics caller may read it");
+            (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error\n").into_response()
+        }
+    }
+}
+
+async fn metrics(headers: HeaderMap, State(shared): State<Arc<Shared>>) -> Response {
+    render_metrics(&headers, &shared)
+}
+
+fn render_metrics(headers: &HeaderMap, shared: &Shared) -> Response {
     let mut body = String::new();
     if encode(&mut body, &shared.registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();

@@ -122,6 +122,9 @@ impl DeleteResult {
 /// The bounded category of an API error: the `category` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCategory {
+    /// Refused by an admission policy or webhook, such as the admission guard: for a delete,
+    /// the daemon and the guard disagree about what may be deleted.
+    AdmissionDenied,
     Forbidden,
     Unauthorized,
     Conflict,
@@ -137,6 +140,9 @@ pub enum ErrorCategory {
 impl ErrorCategory {
     pub fn of(error: &kube::Error) -> Self {
         match error {
+            kube::Error::Api(status) if admission_denied(&status.message) => {
+                ErrorCategory::AdmissionDenied
+            }
             kube::Error::Api(status) => match status.code {
                 401 => ErrorCategory::Unauthorized,
                 403 => ErrorCategory::Forbidden,
@@ -153,6 +159,7 @@ impl ErrorCategory {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            ErrorCategory::AdmissionDenied => "admission-denied",
             ErrorCategory::Forbidden => "forbidden",
             ErrorCategory::Unauthorized => "unauthorized",
             ErrorCategory::Conflict => "conflict",
@@ -164,6 +171,17 @@ impl ErrorCategory {
             ErrorCategory::Other => "other",
         }
     }
+}
+
+/// Whether an API error's message is an admission refusal, as the API server words them
+/// (`ValidatingAdmissionPolicy 'P' with binding 'B' denied request: …`, `admission webhook "W"
+/// denied the request: …`), whatever status code the policy chose.
+fn admission_denied(message: &str) -> bool {
+    let policy =
+        message.contains("ValidatingAdmissionPolicy '") && message.contains("denied request");
+    let webhook =
+        message.contains("admission webhook \"") && message.contains("denied the request");
+    policy || webhook
 }
 
 /// The API call an error came from: the `operation` label.
@@ -633,6 +651,33 @@ mod tests {
         let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
         lines.sort_unstable();
         lines
+    }
+
+    /// The messages as kube-apiserver 1.37 words them (the guard's, from tests/admission.rs).
+    #[test]
+    fn admission_refusals_are_told_apart_from_rbac() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: message.into(),
+                ..kube::core::Status::default()
+            }))
+        };
+        let guard = "persistentvolumeclaims \"a\" is forbidden: ValidatingAdmissionPolicy \
+                     'workspace-gc-guard' with binding 'workspace-gc-guard' denied request: \
+                     workspace-gc admission guard: rule label-selector: …";
+        let webhook = "admission webhook \"deny.example.com\" denied the request: no";
+        let rbac = "persistentvolumeclaims \"a\" is forbidden: User \"system:serviceaccount:gc:gc\" \
+                    cannot patch resource \"persistentvolumeclaims\" in API group \"\"";
+        for (error, category) in [
+            (api(403, guard), ErrorCategory::AdmissionDenied),
+            (api(422, guard), ErrorCategory::AdmissionDenied),
+            (api(400, webhook), ErrorCategory::AdmissionDenied),
+            (api(403, rbac), ErrorCategory::Forbidden),
+        ] {
+            assert_eq!(ErrorCategory::of(&error), category, "{error}");
+        }
+        assert_eq!(ErrorCategory::AdmissionDenied.as_str(), "admission-denied");
     }
 
     fn assert_samples(text: &str, name: &str, expected: [&str; 2]) {

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::labels::{dns1123_label, dns1123_subdomain};
 use crate::config::{ENV_CONFIG_FILE, LogFormat, Overrides};
+use crate::surface::admission;
 
 const GLOBAL: &str = "Global options";
 
@@ -49,6 +51,9 @@ pub enum Command {
     Create(CreateArgs),
     /// Validate the configuration and print the effective result as TOML; exit 2 if invalid.
     CheckConfig(CheckConfigArgs),
+    /// Print the admission guard for the configuration: a ValidatingAdmissionPolicy and its
+    /// binding that make the API server refuse any claim delete the daemon must never make.
+    AdmissionPolicy(AdmissionPolicyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +137,34 @@ pub struct CheckConfigArgs {
     pub file: Option<PathBuf>,
 }
 
+#[derive(Debug, Args)]
+pub struct AdmissionPolicyArgs {
+    /// The daemon's ServiceAccount, whose requests the guard checks.
+    #[arg(long, value_name = "NAMESPACE:NAME", default_value = admission::DEFAULT_SERVICE_ACCOUNT,
+          value_parser = service_account)]
+    pub service_account: String,
+
+    /// A namespace the daemon watches (repeatable), as its `run --namespace`; overrides
+    /// selector.namespaces.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
+
+    /// A namespace the daemon never touches (repeatable), as its `run --exclude-namespace`;
+    /// adds to selector.exclude_namespaces.
+    #[arg(long = "exclude-namespace", value_name = "NS")]
+    pub exclude_namespaces: Vec<String>,
+}
+
+/// `NAMESPACE:NAME`, both DNS labels or subdomains as Kubernetes requires.
+fn service_account(text: &str) -> Result<String, String> {
+    let (namespace, name) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected NAMESPACE:NAME"))?;
+    dns1123_label(namespace).map_err(|why| format!("namespace {namespace:?}: {why}"))?;
+    dns1123_subdomain(name).map_err(|why| format!("name {name:?}: {why}"))?;
+    Ok(text.to_owned())
+}
+
 impl Cli {
     /// The configuration file to load: `check-config FILE` first, then `--config`.
     pub fn config_file(&self) -> Option<&Path> {
@@ -189,6 +222,15 @@ impl Cli {
                 output: _,
             }) => {}
             Command::CheckConfig(CheckConfigArgs { file: _ }) => {} // see `config_file`
+            // The guard must agree with the daemon it guards: the same namespace flags.
+            Command::AdmissionPolicy(AdmissionPolicyArgs {
+                service_account: _, // the guard's own
+                namespaces,
+                exclude_namespaces,
+            }) => {
+                overrides.namespaces = list(namespaces);
+                overrides.exclude_namespaces = list(exclude_namespaces);
+            }
         }
         overrides
     }
@@ -253,12 +295,31 @@ mod tests {
         );
     }
 
+    /// The guard is printed for the namespaces the daemon is run with.
+    #[test]
+    fn admission_policy_takes_the_daemons_namespace_flags() {
+        let cli = parse(&[
+            "admission-policy",
+            "--namespace=a",
+            "--exclude-namespace=b",
+            "--service-account=gc:daemon",
+        ]);
+        let overrides = cli.overrides();
+        assert_eq!(overrides.namespaces, Some(vec!["a".into()]));
+        assert_eq!(overrides.exclude_namespaces, Some(vec!["b".into()]));
+        let Command::AdmissionPolicy(args) = cli.command else {
+            panic!("admission-policy")
+        };
+        assert_eq!(args.service_account, "gc:daemon");
+    }
+
     #[test]
     fn absent_flags_override_nothing() {
         for args in [
             &["run"][..],
             &["audit"],
             &["check-config"],
+            &["admission-policy"],
             &["create", "--namespace", "n", "--job", "j"],
         ] {
             assert_eq!(parse(args).overrides(), Overrides::default(), "{args:?}");
@@ -313,6 +374,12 @@ mod tests {
             &["audit", "--output", "xml"],
             &["create", "--job", "j"],
             &["--log-format", "text", "run"],
+            &["admission-policy", "--service-account", "workspace-gc"],
+            &[
+                "admission-policy",
+                "--service-account",
+                "Bad_NS:workspace-gc",
+            ],
             &[],
         ] {
             let args = std::iter::once("workspace-gc").chain(bad.iter().copied());

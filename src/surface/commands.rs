@@ -16,8 +16,8 @@ use crate::config::{self, Config};
 use crate::creator::{self, Ensured};
 use crate::daemon::controller::{self, RunOptions};
 use crate::decide::facts::ObjectKey;
-use crate::surface::audit;
-use crate::surface::cli::{AuditArgs, AuditOutput, CreateArgs, CreateOutput};
+use crate::surface::cli::{AdmissionPolicyArgs, AuditArgs, AuditOutput, CreateArgs, CreateOutput};
+use crate::surface::{admission, audit};
 
 /// Exit codes, documented in the README.
 pub mod exit {
@@ -225,6 +225,20 @@ pub fn check_config(config: &Config) -> i32 {
         }
         Err(e) => {
             eprintln!("error: cannot print the configuration: {e}");
+            exit::FAILURE
+        }
+    }
+}
+
+/// `workspace-gc admission-policy`: the admission guard for the configuration, as YAML.
+pub fn admission_policy(config: &Config, args: &AdmissionPolicyArgs) -> i32 {
+    match admission::render(&config.selector, &args.service_account) {
+        Ok(text) => {
+            print!("{text}");
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: cannot print the admission guard: {e}");
             exit::FAILURE
         }
     }

@@ -43,15 +43,33 @@ impl ControlPlane {
     /// controller a deleted claim would stay Terminating forever (the admission plugin adds
     /// the `kubernetes.io/pvc-protection` finalizer).
     pub fn shared() -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        Self::shared_in(&SHARED, false)
+    }
+
+    /// Like [`Self::shared`], with the real Tekton Pipelines controller too (`up --tekton`,
+    /// tests/tekton.rs): the release's CRDs replace the stand-ins of tests/crds, and pods move
+    /// only when a test plays the kubelet ([`super::kubelet`]).
+    pub fn shared_tekton() -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        Self::shared_in(&SHARED, true)
+    }
+
+    fn shared_in(
+        cell: &'static OnceLock<Result<ControlPlane, String>>,
+        tekton: bool,
+    ) -> &'static ControlPlane {
         // A failed start is remembered, so the other tests fail at once with its message
         // instead of each retrying a slow start.
-        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        let shared = SHARED.get_or_init(|| {
+        let shared = cell.get_or_init(|| {
             std::panic::catch_unwind(|| {
-                Self::launch(&ControlPlaneOptions {
-                    controller_manager: true,
-                    ..ControlPlaneOptions::default()
-                })
+                Self::launch(
+                    &ControlPlaneOptions {
+                        controller_manager: true,
+                        ..ControlPlaneOptions::default()
+                    },
+                    tekton,
+                )
             })
             .map(|mut control_plane| {
                 control_plane.dedicated = false;
@@ -80,13 +98,28 @@ impl ControlPlane {
         })
     }
 
-    /// A dedicated control plane with the given options, stopped on drop.
-    pub fn start_with(options: &ControlPlaneOptions) -> ControlPlane {
-        Self::launch(options)
+    /// A dedicated control plane with kube-controller-manager and the real Tekton controller
+    /// (see [`Self::shared_tekton`]), stopped on drop.
+    pub fn start_tekton() -> ControlPlane {
+        Self::launch(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                ..ControlPlaneOptions::default()
+            },
+            true,
+        )
     }
 
-    fn launch(options: &ControlPlaneOptions) -> ControlPlane {
-        ensure_binaries();
+    /// A dedicated control plane with the given options, stopped on drop.
+    pub fn start_with(options: &ControlPlaneOptions) -> ControlPlane {
+        Self::launch(options, false)
+    }
+
+    fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {
+        ensure_binaries("build");
+        if tekton {
+            ensure_binaries("build-tekton");
+        }
         let dir = tempfile::Builder::new()
             .prefix("workspace-gc-control-plane-")
             .tempdir()
@@ -101,6 +134,9 @@ impl ControlPlane {
             .arg(std::process::id().to_string());
         if options.controller_manager {
             up.arg("--controller-manager");
+        }
+        if tekton {
+            up.arg("--tekton");
         }
         for arg in &options.apiserver_args {
             up.arg("--apiserver-arg").arg(arg);
@@ -348,20 +384,28 @@ impl Drop for ControlPlane {
     }
 }
 
-/// Builds the binaries if the cache misses, with progress on the terminal: a cold build takes
-/// many minutes and should not look like a hung test.
-fn ensure_binaries() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
+/// Runs `scripts/control-plane BUILD` (`build`, `build-tekton`), which builds the binaries if the
+/// cache misses, with progress on the terminal: a cold build takes many minutes and should not
+/// look like a hung test. Concurrent callers are serialised by the script's lock.
+fn ensure_binaries(build: &str) {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if built.iter().any(|b| b == build) {
+        return;
+    }
+    {
         let status = Command::new(SCRIPT)
-            .arg("build")
+            .arg(build)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .status()
-            .unwrap_or_else(|e| panic!("run {SCRIPT} build: {e}"));
-        assert!(status.success(), "`{SCRIPT} build` failed ({status})");
-    });
+            .unwrap_or_else(|e| panic!("run {SCRIPT} {build}: {e}"));
+        assert!(status.success(), "`{SCRIPT} {build}` failed ({status})");
+    }
+    built.push(build.to_owned());
 }
 
 fn load_config(kubeconfig: &Path) -> Config {

@@ -240,3 +240,42 @@ pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     metric(text, name, "")
 }
+
+/// `workspace-gc audit --output json` over `namespaces` under a policy, as rows.
+pub async fn audit_rows(
+    control_plane: &super::ControlPlane,
+    namespaces: &[String],
+    (ttl, failed, grace, max_age): (&str, &str, &str, &str),
+) -> Vec<serde_json::Value> {
+    let mut command = tokio::process::Command::new(binary());
+    command.args(["audit", "--output", "json"]);
+    for ns in namespaces {
+        command.args(["--namespace", ns]);
+    }
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("WORKSPACE_GC_") {
+            command.env_remove(key);
+        }
+    }
+    let output = command
+        .env("KUBECONFIG", control_plane.kubeconfig_path())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", ttl)
+        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", failed)
+        .env("WORKSPACE_GC_POLICY_ORPHAN_GRACE", grace)
+        .env("WORKSPACE_GC_POLICY_MAX_AGE", max_age)
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("the audit ends within a minute")
+        .expect("run workspace-gc audit");
+    assert!(
+        output.status.success(),
+        "audit failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the audit prints JSON rows")
+}

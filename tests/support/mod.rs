@@ -8,6 +8,7 @@ mod cluster;
 mod daemon;
 pub mod graph;
 mod http_proxy;
+mod kubelet;
 mod objects;
 pub mod oracle;
 mod prometheus;
@@ -23,9 +24,11 @@ pub use audit::{
 #[allow(unused_imports)]
 pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace, policy_rule};
 #[allow(unused_imports)]
-pub use daemon::{Daemon, Process, binary, free_port, http_get, metric, metric_sum};
+pub use daemon::{Daemon, Process, audit_rows, binary, free_port, http_get, metric, metric_sum};
 #[allow(unused_imports)]
 pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account};
+#[allow(unused_imports)]
+pub use kubelet::{PodState, kubelet};
 #[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,

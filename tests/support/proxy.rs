@@ -17,6 +17,7 @@
 //!   connection is released by the request the client sends on it.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -184,6 +185,21 @@ impl Proxy {
     /// The URL clients should use instead of the API server's.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// A copy of `kubeconfig` (one of `control_plane`'s, e.g. a ServiceAccount's) that reaches
+    /// the API server through this proxy, next to it.
+    pub fn kubeconfig(&self, control_plane: &ControlPlane, kubeconfig: &Path) -> PathBuf {
+        let server = control_plane.config().cluster_url.to_string();
+        let text = std::fs::read_to_string(kubeconfig)
+            .unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
+        let path = kubeconfig.with_extension(format!("via-{}", self.port));
+        std::fs::write(
+            &path,
+            text.replace(server.trim_end_matches('/'), &self.url()),
+        )
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        path
     }
 
     /// Partitions: every open connection is torn down and new ones fail.

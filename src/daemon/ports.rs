@@ -1,0 +1,214 @@
+//! What the controller needs from outside itself, as two traits: the [`Cluster`] (the live
+//! re-check, the live quotas, the one DELETE, the events, the Lease's records) and the
+//! [`Clock`]. The daemon runs on [`KubeCluster`] and the API server's clock; the controller's
+//! unit tests run on a fake cluster and a fake clock, so its behaviour is checked without a
+//! server, and the real-server tests prove the wiring.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::Client;
+use tokio::time::Instant;
+
+use crate::cluster::cap_ledger::Ledger;
+use crate::cluster::leader::Fence;
+use crate::cluster::live::{self, LiveView, Snapshots};
+use crate::cluster::server_clock::ServerClock;
+use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
+use crate::decide::facts::ClaimFacts;
+use crate::decide::linking::{Found, Lookup};
+use crate::decide::namespace::Ignored;
+use crate::decide::quota::{Pressure, QuotaEntry};
+use crate::observe::metrics::{DeleteResult, Metrics};
+
+/// The cluster as the controller sees it.
+pub trait Cluster: Send + Sync + 'static {
+    /// What a live re-check read.
+    type Live: Lookup + Send;
+
+    /// Reads live whatever may protect `claim`; also the instant its first read was sent.
+    fn read_live(
+        &self,
+        claim: &ClaimFacts,
+        metrics: &Metrics,
+    ) -> impl Future<Output = (Self::Live, Instant)> + Send;
+
+    /// The ResourceQuotas of a namespace, listed live.
+    fn quotas(
+        &self,
+        namespace: &str,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Found<Vec<QuotaEntry>>> + Send;
+
+    /// The one DELETE of a decision, with `ledger` on the Lease first, before `deadline`.
+    fn delete(
+        &self,
+        claim: &ClaimFacts,
+        ledger: &Ledger,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Result<DeleteResult, NotSent>> + Send;
+
+    fn notify(
+        &self,
+        claim: &ClaimFacts,
+        notice: Notice,
+        metrics: &Metrics,
+    ) -> impl Future<Output = ()> + Send;
+
+    fn notify_quota_pressure(
+        &self,
+        pressure: &Pressure,
+        metrics: &Metrics,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// A warning on a Namespace whose workspace-gc annotations are ignored.
+    fn notify_namespace(
+        &self,
+        namespace: &str,
+        ignored: &[Ignored],
+        metrics: &Metrics,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// A Namespace's annotations, read live; `None` when it cannot be read.
+    fn namespace_annotations(
+        &self,
+        namespace: &str,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Option<BTreeMap<String, String>>> + Send;
+
+    /// A PersistentVolume's reclaim policy, read live; `None` when it cannot be read.
+    fn reclaim_policy(
+        &self,
+        volume: &str,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Option<String>> + Send;
+
+    /// Whether the API server answers at all.
+    fn answers(&self) -> impl Future<Output = bool> + Send;
+
+    fn mode(&self) -> Mode;
+
+    /// How long after its last Lease write this replica may still send a DELETE.
+    fn reach(&self) -> Duration;
+
+    /// The deletion ledger found on the Lease when it was won.
+    fn found_ledger(&self) -> Option<String>;
+
+    /// The quota pressure rounds found on the Lease when it was won.
+    fn found_rounds(&self) -> Option<String>;
+
+    /// Quota pressure's rounds, to be written with the next ledger.
+    fn stage_rounds(&self, rounds: String);
+}
+
+/// The clocks the controller reads.
+pub trait Clock: Send + Sync + 'static {
+    /// The instant deadlines are judged at (never later than the API server's clock).
+    fn now(&self) -> DateTime<Utc>;
+    /// This replica's wall clock: the blast-radius ledger is dated by it.
+    fn wall(&self) -> DateTime<Utc>;
+    /// The monotonic instant at which a deadline is met, as [`Clock::now`] judges it.
+    fn instant_at(&self, deadline: DateTime<Utc>) -> Instant;
+}
+
+impl Clock for ServerClock {
+    fn now(&self) -> DateTime<Utc> {
+        ServerClock::now(self)
+    }
+
+    fn wall(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+
+    fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {
+        ServerClock::instant_at(self, deadline)
+    }
+}
+
+/// The real cluster: reads through the client, writes through the [`Writer`].
+pub struct KubeCluster {
+    pub client: Client,
+    pub writer: Writer,
+    pub fence: Fence,
+    pub snapshots: Snapshots,
+}
+
+impl Cluster for KubeCluster {
+    type Live = LiveView;
+
+    async fn read_live(&self, claim: &ClaimFacts, metrics: &Metrics) -> (LiveView, Instant) {
+        let live = LiveView::read(&self.client, claim, &self.snapshots, metrics).await;
+        let read_at = live.read_at();
+        (live, read_at)
+    }
+
+    async fn quotas(&self, namespace: &str, metrics: &Metrics) -> Found<Vec<QuotaEntry>> {
+        live::quotas(&self.client, namespace, metrics).await
+    }
+
+    async fn delete(
+        &self,
+        claim: &ClaimFacts,
+        ledger: &Ledger,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<DeleteResult, NotSent> {
+        self.writer.delete(claim, ledger, deadline, metrics).await
+    }
+
+    async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
+        self.writer.notify(claim, notice, metrics).await;
+    }
+
+    async fn notify_quota_pressure(&self, pressure: &Pressure, metrics: &Metrics) {
+        self.writer.notify_quota_pressure(pressure, metrics).await;
+    }
+
+    async fn notify_namespace(&self, namespace: &str, ignored: &[Ignored], metrics: &Metrics) {
+        (self.writer)
+            .notify_namespace(namespace, ignored, metrics)
+            .await;
+    }
+
+    async fn namespace_annotations(
+        &self,
+        namespace: &str,
+        metrics: &Metrics,
+    ) -> Option<BTreeMap<String, String>> {
+        live::namespace_annotations(&self.client, namespace, metrics).await
+    }
+
+    async fn reclaim_policy(&self, volume: &str, metrics: &Metrics) -> Option<String> {
+        live::reclaim_policy(&self.client, volume, metrics).await
+    }
+
+    async fn answers(&self) -> bool {
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.client.apiserver_version()).await,
+            Ok(Ok(_))
+        )
+    }
+
+    fn mode(&self) -> Mode {
+        self.writer.mode()
+    }
+
+    fn reach(&self) -> Duration {
+        self.fence.reach()
+    }
+
+    fn found_ledger(&self) -> Option<String> {
+        self.fence.found()
+    }
+
+    fn found_rounds(&self) -> Option<String> {
+        self.fence.found_rounds()
+    }
+
+    fn stage_rounds(&self, rounds: String) {
+        self.fence.stage_rounds(rounds);
+    }
+}

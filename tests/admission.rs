@@ -1,0 +1,626 @@
+//! The admission guard (`workspace-gc admission-policy`, shipped in
+//! `manifests/components/admission-guard`) on the real API server: as the daemon's
+//! ServiceAccount, with RBAC wider than the shipped ClusterRole (update, patch and
+//! deletecollection on claims too), every claim delete the daemon must never make and every
+//! update or patch is refused with the broken rule's message, for real and with `dryRun=All`;
+//! the daemon's own deletes pass; the guard's label selector matches exactly what the daemon's
+//! does; and a daemon that disagrees with its guard counts the refusal and keeps the claim.
+//!
+//! Each test installs the guard under a name of its own for a ServiceAccount of its own, so the
+//! tests of this binary, which share one control plane, do not see each other's guards.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::Client;
+use kube::api::{
+    Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+    PropagationPolicy,
+};
+use serde_json::{Value, json};
+use support::{
+    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Process, TestNamespace, metric, policy_rule,
+    wait_until,
+};
+use workspace_gc::config::labels::LabelSelector;
+use workspace_gc::observe::metrics::ErrorCategory;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const BINARY: &str = env!("CARGO_BIN_EXE_workspace-gc");
+
+/// The ServiceAccount each test's guard checks, in the test's namespace.
+const ACCOUNT: &str = "workspace-gc";
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// What `workspace-gc admission-policy` prints for `config` (a file) and `args`.
+fn print_guard(config: &Path, args: &[&str]) -> String {
+    let output = Command::new(BINARY)
+        .arg("--config")
+        .arg(config)
+        .arg("admission-policy")
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .output()
+        .expect("run workspace-gc admission-policy");
+    assert!(
+        output.status.success(),
+        "admission-policy failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// The guard for a configuration given as TOML text, for `ns`'s ServiceAccount.
+fn guard_for(toml: &str, ns: &TestNamespace, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, toml).unwrap();
+    let account = format!("{}:{ACCOUNT}", ns.name());
+    let mut all = vec!["--service-account", account.as_str()];
+    all.extend_from_slice(args);
+    print_guard(&config, &all)
+}
+
+/// Creates the printed policy and binding, renamed to `name`.
+async fn install(client: &Client, yaml: &str, name: &str) {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("the guard is YAML");
+    let [policy, binding] = <[Value; 2]>::try_from(documents).expect("a policy and a binding");
+    let mut policy: ValidatingAdmissionPolicy = serde_json::from_value(policy).unwrap();
+    let mut binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(binding).unwrap();
+    policy.metadata.name = Some(name.to_owned());
+    binding.metadata.name = Some(name.to_owned());
+    binding.spec.policy_name = name.to_owned();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the binding");
+}
+
+/// The daemon's rules, plus claim rights it never uses: the guard, not RBAC, must refuse them.
+fn wide_rules() -> Vec<PolicyRule> {
+    vec![
+        policy_rule(
+            &[""],
+            &["persistentvolumeclaims"],
+            &[
+                "get",
+                "list",
+                "watch",
+                "delete",
+                "deletecollection",
+                "update",
+                "patch",
+            ],
+        ),
+        policy_rule(&[""], &["pods", "resourcequotas"], &["list", "watch"]),
+        policy_rule(
+            &["mlops.mlops.dev"],
+            &["notebookvalidationjobs"],
+            &["get", "list", "watch"],
+        ),
+        policy_rule(
+            &["tekton.dev"],
+            &["pipelineruns", "taskruns"],
+            &["list", "watch"],
+        ),
+        policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+    ]
+}
+
+/// Grants [`wide_rules`] in `target` to the ServiceAccount of `home`.
+async fn grant(target: &TestNamespace, home: &TestNamespace) {
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some("guarded".into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(wide_rules()),
+    };
+    target
+        .api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create the Role");
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some("guarded".into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "guarded".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: ACCOUNT.into(),
+            namespace: Some(home.name().to_owned()),
+            ..Subject::default()
+        }]),
+    };
+    target
+        .api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the RoleBinding");
+}
+
+/// The delete the daemon sends (src/cluster/writer.rs): UID and resourceVersion preconditions,
+/// background propagation.
+fn as_the_daemon(claim: &PersistentVolumeClaim, dry_run: bool) -> DeleteParams {
+    DeleteParams {
+        dry_run,
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: claim.metadata.uid.clone(),
+            resource_version: claim.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+fn with_uid(claim: &PersistentVolumeClaim, dry_run: bool) -> DeleteParams {
+    DeleteParams {
+        dry_run,
+        preconditions: Some(Preconditions {
+            uid: claim.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+fn dry(dry_run: bool) -> DeleteParams {
+    DeleteParams {
+        dry_run,
+        ..DeleteParams::default()
+    }
+}
+
+/// `result` is the guard's refusal under `rule`: 403, the policy's message naming the rule, and
+/// what the daemon counts as `admission-denied`.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, rule: &str) {
+    match result {
+        Err(error @ kube::Error::Api(_)) => {
+            let kube::Error::Api(status) = &error else {
+                unreachable!()
+            };
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status.message.contains("ValidatingAdmissionPolicy '")
+                    && status
+                        .message
+                        .contains(&format!("workspace-gc admission guard: rule {rule}: ")),
+                "refused by rule {rule}: {status:?}"
+            );
+            assert_eq!(ErrorCategory::of(&error), ErrorCategory::AdmissionDenied);
+        }
+        other => panic!("not refused by rule {rule}: {other:?}"),
+    }
+}
+
+/// Waits until the guard (and the RBAC) is in force for `sa`: the policy is loaded by the API
+/// server's informers, a moment after it is created.
+async fn wait_for_guard(sa: &Api<PersistentVolumeClaim>, probe: &str) {
+    let deadline = std::time::Instant::now() + secs(30);
+    loop {
+        let answer = sa.delete(probe, &dry(true)).await;
+        match &answer {
+            Err(kube::Error::Api(status)) if status.message.contains("rule uid-precondition") => {
+                return;
+            }
+            _ if std::time::Instant::now() > deadline => {
+                panic!("the guard did not come into force: last answer {answer:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// A namespace, its ServiceAccount with [`wide_rules`] there, and a client for it.
+async fn guarded_namespace(control_plane: &ControlPlane, prefix: &str) -> (TestNamespace, Client) {
+    let ns = TestNamespace::new(control_plane, prefix).await;
+    let sa = control_plane
+        .service_account_client(ns.name(), ACCOUNT)
+        .await;
+    grant(&ns, &ns).await;
+    (ns, sa)
+}
+
+async fn live(ns: &TestNamespace, name: &str) -> Option<PersistentVolumeClaim> {
+    ns.api::<PersistentVolumeClaim>()
+        .get_opt(name)
+        .await
+        .expect("read the claim")
+}
+
+/// Whether the claim exists and nothing has started deleting it.
+async fn untouched(ns: &TestNamespace, name: &str) -> bool {
+    live(ns, name)
+        .await
+        .is_some_and(|claim| claim.metadata.deletion_timestamp.is_none())
+}
+
+// --- the shipped guard ------------------------------------------------------------------------
+
+/// The component ships what the command prints for the shipped configuration, for the base's
+/// ServiceAccount: change config.toml, and this fails until the guard is printed again.
+#[test]
+fn shipped_guard_is_printed_from_the_shipped_configuration() {
+    let root = Path::new(ROOT);
+    let printed = print_guard(&root.join("manifests/base/config.toml"), &[]);
+    let shipped =
+        std::fs::read_to_string(root.join("manifests/components/admission-guard/guard.yaml"))
+            .expect("read the shipped guard");
+    assert!(
+        printed == shipped,
+        "manifests/components/admission-guard/guard.yaml is not what the configuration gives; \
+         print it again: cargo run -- --config manifests/base/config.toml admission-policy \
+         > manifests/components/admission-guard/guard.yaml\n--- printed\n{printed}"
+    );
+    assert!(
+        printed.contains(
+            "request.userInfo.username == 'system:serviceaccount:workspace-gc:workspace-gc'"
+        ),
+        "the base's ServiceAccount"
+    );
+}
+
+// --- on the API server --------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guard_refuses_every_delete_the_daemon_must_never_make_and_allows_its_own() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, sa) = guarded_namespace(control_plane, "guard").await;
+    let excluded = TestNamespace::new(control_plane, "guard-excluded").await;
+    grant(&excluded, &ns).await;
+
+    let probe = ClaimBuilder::build_workspace("probe-build-workspace")
+        .create(&ns)
+        .await;
+    let labelled = ClaimBuilder::build_workspace("a-build-workspace")
+        .create(&ns)
+        .await;
+    let second = ClaimBuilder::build_workspace("b-build-workspace")
+        .create(&ns)
+        .await;
+    let unlabelled = ClaimBuilder::plain("user-data").create(&ns).await;
+    let elsewhere = ClaimBuilder::build_workspace("a-build-workspace")
+        .create(&excluded)
+        .await;
+
+    let guard = guard_for(
+        &format!(
+            "[selector]\nexclude_namespaces = [\"{}\"]\n",
+            excluded.name()
+        ),
+        &ns,
+        &[],
+    );
+    install(&admin, &guard, &format!("guard-{}", ns.name())).await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa.clone(), ns.name());
+    let claims_elsewhere = Api::<PersistentVolumeClaim>::namespaced(sa.clone(), excluded.name());
+    wait_for_guard(&claims, "probe-build-workspace").await;
+
+    let name = |claim: &PersistentVolumeClaim| claim.metadata.name.clone().unwrap();
+    // Each refusal twice: for real, and as the audit overlay sends it (dryRun=All goes through
+    // admission, so server-side dry-run meets the guard exactly as a real delete does).
+    for dry_run in [false, true] {
+        refused(
+            claims.delete(&name(&labelled), &dry(dry_run)).await,
+            "uid-precondition",
+        );
+        let only_version = DeleteParams {
+            dry_run,
+            preconditions: Some(Preconditions {
+                uid: None,
+                resource_version: labelled.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        refused(
+            claims.delete(&name(&labelled), &only_version).await,
+            "uid-precondition",
+        );
+        refused(
+            claims
+                .delete(&name(&unlabelled), &with_uid(&unlabelled, dry_run))
+                .await,
+            "label-selector",
+        );
+        refused(
+            claims_elsewhere
+                .delete(&name(&elsewhere), &as_the_daemon(&elsewhere, dry_run))
+                .await,
+            "excluded-namespace",
+        );
+        let patch = PatchParams {
+            dry_run,
+            ..PatchParams::default()
+        };
+        refused(
+            claims
+                .patch(
+                    &name(&labelled),
+                    &patch,
+                    &Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } })),
+                )
+                .await,
+            "no-update",
+        );
+        let apply = PatchParams {
+            dry_run,
+            ..PatchParams::apply("workspace-gc-test")
+        };
+        refused(
+            claims
+                .patch(
+                    &name(&labelled),
+                    &apply,
+                    &Patch::Apply(json!({
+                        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": { "name": name(&labelled), "annotations": { "a": "b" } },
+                    })),
+                )
+                .await,
+            "no-update",
+        );
+        let mut replaced = live(&ns, &name(&labelled)).await.unwrap();
+        replaced
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .remove(BUILD_WORKSPACE_LABEL);
+        let post = PostParams {
+            dry_run,
+            ..PostParams::default()
+        };
+        refused(
+            claims.replace(&name(&labelled), &post, &replaced).await,
+            "no-update",
+        );
+        // A DeleteCollection is admitted item by item, each as a DELETE with the collection's
+        // options: no UID precondition, so each item is refused.
+        refused(
+            claims
+                .delete_collection(
+                    &dry(dry_run),
+                    &ListParams::default().labels(BUILD_WORKSPACE_LABEL),
+                )
+                .await,
+            "uid-precondition",
+        );
+    }
+    for claim in [&probe, &labelled, &second, &unlabelled] {
+        assert!(untouched(&ns, &name(claim)).await, "{} kept", name(claim));
+    }
+    assert!(untouched(&excluded, &name(&elsewhere)).await);
+
+    // The daemon's own deletes pass: dry-run first, then for real.
+    claims
+        .delete(&name(&labelled), &as_the_daemon(&labelled, true))
+        .await
+        .expect("the daemon's dry-run delete is admitted");
+    assert!(
+        untouched(&ns, &name(&labelled)).await,
+        "dry-run persisted nothing"
+    );
+    claims
+        .delete(&name(&second), &as_the_daemon(&second, false))
+        .await
+        .expect("the daemon's delete is admitted");
+    assert!(
+        wait_until(secs(30), || async {
+            live(&ns, &name(&second)).await.is_none()
+        })
+        .await,
+        "the admitted delete went through"
+    );
+    claims
+        .delete(&name(&labelled), &with_uid(&labelled, false))
+        .await
+        .expect("a UID precondition alone is enough");
+
+    // Anyone else is not the guard's business: cluster-admin patches and deletes as it likes.
+    let admin_claims = ns.api::<PersistentVolumeClaim>();
+    admin_claims
+        .patch(
+            &name(&unlabelled),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } })),
+        )
+        .await
+        .expect("the admin's patch is admitted");
+    admin_claims
+        .delete(&name(&unlabelled), &DeleteParams::default())
+        .await
+        .expect("the admin's delete is admitted");
+}
+
+/// The guard's CEL selects exactly the claims the daemon's selector does, on every combination
+/// of the labels a selector with each operator names.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guards_label_selector_matches_exactly_the_daemons() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, sa) = guarded_namespace(control_plane, "guard-selector").await;
+    let text = "mlops.redhat.com/build-workspace=true,tier!=gold,team in (a,b),\
+                stage notin (prod),example.com/owner,!frozen";
+    let selector: LabelSelector = text.parse().unwrap();
+    ClaimBuilder::build_workspace("probe-build-workspace")
+        .create(&ns)
+        .await;
+    let guard = guard_for(
+        &format!("[selector]\nlabel_selector = \"{text}\"\n"),
+        &ns,
+        &[],
+    );
+    install(&admin, &guard, &format!("guard-{}", ns.name())).await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    wait_for_guard(&claims, "probe-build-workspace").await;
+
+    let options: [(&str, &[&str]); 6] = [
+        (BUILD_WORKSPACE_LABEL, &["true", "false"]),
+        ("tier", &["gold", "silver"]),
+        ("team", &["a", "c"]),
+        ("stage", &["prod", "dev"]),
+        ("example.com/owner", &["x"]),
+        ("frozen", &["yes"]),
+    ];
+    // Every key absent or set to each of its values: 3 × 3 × 3 × 3 × 2 × 2 = 324 label sets.
+    let mut label_sets = vec![BTreeMap::new()];
+    for (key, values) in options {
+        label_sets = label_sets
+            .into_iter()
+            .flat_map(|labels: BTreeMap<String, String>| {
+                let absent = std::iter::once(labels.clone());
+                let set = values.iter().map(move |value| {
+                    let mut labels = labels.clone();
+                    labels.insert(key.to_owned(), (*value).to_owned());
+                    labels
+                });
+                absent.chain(set).collect::<Vec<_>>()
+            })
+            .collect();
+    }
+    // A few at a time: the answers, not the order, matter.
+    let answers: Vec<(usize, bool)> = futures::stream::iter(label_sets.iter().enumerate())
+        .map(|(i, labels)| {
+            let (ns, claims) = (&ns, &claims);
+            async move {
+                let name = format!("claim-{i}");
+                let claim = labels
+                    .iter()
+                    .fold(ClaimBuilder::plain(&name), |claim, (k, v)| {
+                        claim.label(k, v)
+                    })
+                    .create(ns)
+                    .await;
+                let admitted = match claims.delete(&name, &as_the_daemon(&claim, true)).await {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(status))
+                        if status.message.contains("rule label-selector") =>
+                    {
+                        false
+                    }
+                    Err(other) => panic!("{name} {labels:?}: {other}"),
+                };
+                (i, admitted)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let mut disagreements = Vec::new();
+    let mut selected = 0;
+    for (i, admitted) in answers {
+        let labels = &label_sets[i];
+        let matches = selector.matches(labels);
+        selected += usize::from(matches);
+        if admitted != matches {
+            disagreements.push(format!("{labels:?}: guard {admitted}, daemon {matches}"));
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+    // Both answers occur, so the comparison means something.
+    assert!(selected > 0 && selected < label_sets.len(), "{selected}");
+}
+
+/// A daemon whose guard disagrees with it (the guard excludes the namespace it watches) sends
+/// its delete, which the API server refuses: it counts `admission-denied`, logs the policy's
+/// message, fails the delete and keeps the claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let ns = TestNamespace::new(control_plane, "guard-daemon").await;
+    let kubeconfig = control_plane
+        .service_account_kubeconfig(ns.name(), ACCOUNT)
+        .await;
+    grant(&ns, &ns).await;
+    let sa = control_plane
+        .service_account_client(ns.name(), ACCOUNT)
+        .await;
+    ClaimBuilder::build_workspace("probe-build-workspace")
+        .create(&ns)
+        .await;
+    let guard = guard_for("", &ns, &[&format!("--exclude-namespace={}", ns.name())]);
+    install(&admin, &guard, &format!("guard-{}", ns.name())).await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    wait_for_guard(&claims, "probe-build-workspace").await;
+
+    let claim = "orphan-build-workspace";
+    ClaimBuilder::build_workspace(claim).create(&ns).await;
+    let logs = tempfile::tempdir().unwrap();
+    let vars = [
+        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
+        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".to_owned()),
+        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s".to_owned()),
+    ];
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &vars,
+        "guarded",
+        &logs.path().join("daemon.log"),
+    );
+    // The log names the claim and carries the policy's message, with the rule broken.
+    let refusal_logged = || {
+        daemon.logs().lines().any(|line| {
+            line.contains("delete refused by admission, claim kept")
+                && line.contains(&format!("/{claim} "))
+                && line.contains("rule excluded-namespace")
+        })
+    };
+    assert!(
+        wait_until(secs(30), || async { refusal_logged() }).await,
+        "the refusal is logged:\n{}",
+        daemon.logs()
+    );
+    // Both claims, the probe too, refused and counted (each is retried; the counts only grow).
+    let denied = r#"operation="delete",category="admission-denied""#;
+    let failed = format!(
+        r#"namespace="{}",reason="orphaned",result="failed""#,
+        ns.name()
+    );
+    assert!(
+        wait_until(secs(30), || async {
+            let metrics = daemon.metrics().await;
+            metric(&metrics, "workspace_gc_api_errors_total", denied) >= 2.0
+                && metric(&metrics, "workspace_gc_deletions_total", &failed) >= 2.0
+        })
+        .await,
+        "both refusals are counted:\n{}",
+        daemon.metrics().await
+    );
+    let metrics = daemon.metrics().await;
+    let deleted = failed.replace("failed", "deleted");
+    assert_eq!(
+        metric(&metrics, "workspace_gc_deletions_total", &deleted),
+        0.0,
+        "{metrics}"
+    );
+    assert!(untouched(&ns, claim).await, "the claim is kept");
+    assert!(untouched(&ns, "probe-build-workspace").await);
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}

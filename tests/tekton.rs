@@ -1,0 +1,536 @@
+//! The build lifecycle on the real Tekton Pipelines controller (`scripts/control-plane up
+//! --tekton`, the release pinned in hack/tekton): the operator's claim and PipelineRun go in,
+//! Tekton makes the TaskRuns and pods, tests/support's kubelet stand-in moves the pods, and at
+//! every stage the claim's verdict is read from `workspace-gc audit`; at the end the daemon
+//! deletes the claim past its TTL. Nothing here writes a Tekton status by hand.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{
+    ClaimBuilder, ControlPlane, Daemon, PodState, TestNamespace, audit_rows, claim_exists, kubelet,
+    metric, pipeline_run_resource, task_run_resource, wait_until,
+};
+
+/// The operator's names for job `nb`: claim, PipelineRun, Pipeline.
+const CLAIM: &str = "nb-build-workspace";
+const RUN: &str = "nb-build";
+const PIPELINE: &str = "nb-pipeline";
+/// How long a Tekton reconcile may take on a loaded 2-core machine.
+const TEKTON: Duration = Duration::from_secs(60);
+
+/// A TTL no stage reaches, and one every finished stage is past once a second has gone by.
+const LONG_TTL: &str = "1h";
+const SHORT_TTL: &str = "1s";
+
+fn pipeline_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tekton.dev", "v1", "Pipeline"),
+        "pipelines",
+    )
+}
+
+/// A pipeline task `name` with one step, using the shared workspace.
+fn task(name: &str) -> Value {
+    json!({
+        "name": name,
+        "workspaces": [{ "name": "source", "workspace": "shared-workspace" }],
+        "taskSpec": {
+            "workspaces": [{ "name": "source" }],
+            "steps": [{
+                "name": "build",
+                "image": "registry.example.com/notebook-build:latest",
+                "command": ["make"],
+            }],
+        },
+    })
+}
+
+/// One build as the operator starts it: its claim, its Pipeline `nb-pipeline` and the
+/// PipelineRun `nb-build` binding the claim as `shared-workspace`.
+struct Build {
+    ns: TestNamespace,
+}
+
+impl Build {
+    /// `pipeline` is the Pipeline's spec less its workspaces; `run` is merged into the run's
+    /// spec (`status`, `timeouts`).
+    async fn start(prefix: &str, pipeline: Value, run: Value) -> Build {
+        let ns = TestNamespace::new(ControlPlane::shared_tekton(), prefix).await;
+        ClaimBuilder::for_job("nb").create(&ns).await;
+        let mut pipeline_spec = pipeline;
+        pipeline_spec["workspaces"] = json!([{ "name": "shared-workspace" }]);
+        create(
+            &ns,
+            &pipeline_resource(),
+            PIPELINE,
+            json!({}),
+            pipeline_spec,
+        )
+        .await;
+        let mut run_spec = json!({
+            "pipelineRef": { "name": PIPELINE },
+            "workspaces": [{
+                "name": "shared-workspace",
+                "persistentVolumeClaim": { "claimName": CLAIM },
+            }],
+        });
+        for (key, value) in run.as_object().into_iter().flatten() {
+            run_spec[key] = value.clone();
+        }
+        let labels = json!({ "app": "nb", "mlops.redhat.com/notebook-validation": "true" });
+        create(&ns, &pipeline_run_resource(), RUN, labels, run_spec).await;
+        Build { ns }
+    }
+
+    async fn get(&self, resource: &ApiResource, name: &str) -> Option<DynamicObject> {
+        (self.ns.dynamic_api(resource).get_opt(name).await)
+            .unwrap_or_else(|e| panic!("get {} {name}: {e}", resource.kind))
+    }
+
+    /// The `Succeeded` condition's status and reason of the PipelineRun or TaskRun `name`.
+    async fn condition(&self, resource: &ApiResource, name: &str) -> Option<(String, String)> {
+        let object = self.get(resource, name).await?;
+        let conditions = object.data["status"]["conditions"].as_array()?.clone();
+        let succeeded = conditions.iter().find(|c| c["type"] == "Succeeded")?;
+        Some((
+            succeeded["status"].as_str()?.to_owned(),
+            succeeded["reason"].as_str().unwrap_or_default().to_owned(),
+        ))
+    }
+
+    /// Waits until the PipelineRun (`task` None) or TaskRun `nb-build-{task}` reports
+    /// `status`/`reason`; panics with what it reported instead.
+    async fn wait_for(&self, task: Option<&str>, status: &str, reason: &str) {
+        self.wait_for_one_of(task, status, &[reason]).await;
+    }
+
+    /// [`Self::wait_for`] with any of `reasons`, where Tekton releases differ.
+    async fn wait_for_one_of(&self, task: Option<&str>, status: &str, reasons: &[&str]) {
+        let (resource, name) = match task {
+            None => (pipeline_run_resource(), RUN.to_owned()),
+            Some(task) => (task_run_resource(), format!("{RUN}-{task}")),
+        };
+        let reached = wait_until(TEKTON, || async {
+            (self.condition(&resource, &name).await)
+                .is_some_and(|(s, reason)| s == status && reasons.contains(&reason.as_str()))
+        })
+        .await;
+        assert!(
+            reached,
+            "{} {name} reaches {status}/{reasons:?}; it has {:?}",
+            resource.kind,
+            self.condition(&resource, &name).await
+        );
+    }
+
+    async fn pod(&self, name: &str) -> Option<Pod> {
+        (self.ns.api::<Pod>().get_opt(name).await).unwrap_or_else(|e| panic!("get pod {name}: {e}"))
+    }
+
+    /// Waits until Tekton has created pod `name` and returns it, checking that it mounts the
+    /// claim from the moment it exists.
+    async fn wait_for_pod(&self, name: &str) -> Pod {
+        assert!(
+            wait_until(TEKTON, || async { self.pod(name).await.is_some() }).await,
+            "Tekton creates pod {name}"
+        );
+        let pod = self.pod(name).await.expect("the pod exists");
+        assert!(mounts_claim(&pod), "pod {name} mounts {CLAIM}: {pod:?}");
+        pod
+    }
+
+    async fn wait_for_no_pod(&self, name: &str) {
+        assert!(
+            wait_until(TEKTON, || async { self.pod(name).await.is_none() }).await,
+            "pod {name} is deleted"
+        );
+    }
+
+    /// The claim's verdict and reason from `workspace-gc audit` under `ttl`.
+    async fn verdict(&self, ttl: &str) -> (String, String) {
+        let rows = audit_rows(
+            ControlPlane::shared_tekton(),
+            &[self.ns.name().to_owned()],
+            (ttl, ttl, "1h", "24h"),
+        )
+        .await;
+        let row = (rows.iter().find(|row| row["name"] == CLAIM))
+            .unwrap_or_else(|| panic!("the audit has a row for {CLAIM}: {rows:?}"));
+        let text = |key: &str| row[key].as_str().unwrap_or_default().to_owned();
+        (text("verdict"), text("reason"))
+    }
+
+    async fn assert_verdict(&self, stage: &str, ttl: &str, verdict: &str, reason: &str) {
+        assert_eq!(
+            self.verdict(ttl).await,
+            (verdict.to_owned(), reason.to_owned()),
+            "{stage}: the claim's verdict"
+        );
+    }
+
+    /// The pods of the affinity assistant, whose StatefulSet Tekton deletes when the run ends
+    /// (the garbage collector then deletes the pod): until then the claim is in use.
+    async fn assistant_pods(&self) -> Vec<String> {
+        (self.ns.api::<Pod>().list(&Default::default()).await)
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter_map(|pod| pod.metadata.name)
+            .filter(|name| name.starts_with("affinity-assistant-"))
+            .collect()
+    }
+
+    /// The run has finished: within the TTL the claim is kept, past it the audit would delete
+    /// it, and the daemon does, counting it as `ttl-expired`.
+    async fn assert_reclaimed_after_ttl(&self) {
+        assert!(
+            wait_until(TEKTON, || async { self.assistant_pods().await.is_empty() }).await,
+            "the affinity assistant's pod is deleted after the run: {:?}",
+            self.assistant_pods().await
+        );
+        self.assert_verdict("finished, within the TTL", LONG_TTL, "keep", "within-ttl")
+            .await;
+        // Completion times have whole seconds: past a 1 s TTL for certain two seconds later.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.assert_verdict("finished, past the TTL", SHORT_TTL, "delete", "ttl-expired")
+            .await;
+        let mut config = self.ns.config();
+        config.policy.ttl_after_finished = Duration::from_secs(1);
+        let daemon = Daemon::start(self.ns.client().clone(), config, "tekton").await;
+        assert!(
+            wait_until(Duration::from_secs(30), || async {
+                !claim_exists(&self.ns, CLAIM).await
+            })
+            .await,
+            "the daemon deletes the claim past its TTL"
+        );
+        let metrics = daemon.metrics().await;
+        let labels = format!(
+            "namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
+            self.ns.name()
+        );
+        assert_eq!(
+            metric(&metrics, "workspace_gc_deletions_total", &labels),
+            1.0,
+            "{metrics}"
+        );
+        daemon.stop().await;
+    }
+
+    async fn patch_run_spec(&self, spec: Value) {
+        (self.ns.dynamic_api(&pipeline_run_resource()))
+            .patch(
+                RUN,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("patch {RUN}: {e}"));
+    }
+}
+
+async fn create(
+    ns: &TestNamespace,
+    resource: &ApiResource,
+    name: &str,
+    labels: Value,
+    spec: Value,
+) {
+    let mut object = DynamicObject::new(name, resource);
+    object.metadata.labels = serde_json::from_value(labels).expect("labels are strings");
+    object.data = json!({ "spec": spec });
+    (ns.dynamic_api(resource)
+        .create(&PostParams::default(), &object))
+    .await
+    .unwrap_or_else(|e| panic!("create {} {name}: {e}", resource.kind));
+}
+
+fn mounts_claim(pod: &Pod) -> bool {
+    (pod.spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten()))
+    .filter_map(|volume| volume.persistent_volume_claim.as_ref())
+    .any(|source| source.claim_name == CLAIM)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_successful_build_keeps_its_claim_while_a_pod_mounts_it_then_within_its_ttl() {
+    let build = Build::start("tk-success", json!({ "tasks": [task("build")] }), json!({})).await;
+    build.wait_for(Some("build"), "Unknown", "Pending").await;
+    // Tekton's naming: TaskRun {run}-{task}, owned by the run and binding the same claim.
+    let task_run = (build.get(&task_run_resource(), "nb-build-build").await).expect("the TaskRun");
+    assert_eq!(
+        task_run.metadata.owner_references.unwrap_or_default()[0].name,
+        RUN,
+        "the TaskRun is owned by the run"
+    );
+    assert_eq!(
+        task_run.data["spec"]["workspaces"][0]["persistentVolumeClaim"]["claimName"],
+        CLAIM
+    );
+    assert_eq!(
+        (build
+            .get(&pipeline_run_resource(), RUN)
+            .await
+            .expect("the run"))
+        .metadata
+        .labels
+        .unwrap_or_default()["tekton.dev/pipeline"],
+        PIPELINE,
+        "Tekton labels the run with its Pipeline, which the operator finds it by"
+    );
+    build.wait_for_pod("nb-build-build-pod").await;
+    build
+        .assert_verdict("pod created, not started", LONG_TTL, "protected", "in-use")
+        .await;
+    // With the default coschedule (workspaces), the affinity assistant's pod mounts the claim
+    // too while the run is active.
+    let assistants = build
+        .ns
+        .api::<StatefulSet>()
+        .list(&Default::default())
+        .await;
+    let assistant = (assistants
+        .expect("list StatefulSets")
+        .items
+        .into_iter()
+        .next())
+    .expect("Tekton creates an affinity-assistant StatefulSet");
+    let assistant_pod = format!("{}-0", assistant.metadata.name.clone().unwrap_or_default());
+    build.wait_for_pod(&assistant_pod).await;
+
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build.wait_for(Some("build"), "Unknown", "Running").await;
+    build
+        .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
+        .await;
+
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Succeeded).await;
+    build.wait_for(None, "True", "Succeeded").await;
+    // Tekton removes the affinity assistant when the run completes.
+    build.wait_for_no_pod(&assistant_pod).await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_build_keeps_its_claim_within_its_ttl_only() {
+    let build = Build::start("tk-failure", json!({ "tasks": [task("build")] }), json!({})).await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
+        .await;
+    kubelet(
+        &build.ns,
+        "nb-build-build-pod",
+        PodState::Failed { exit_code: 2 },
+    )
+    .await;
+    // v0.68.0 reports a failed step as Failed, v1.15.1 as StepFailed.
+    build
+        .wait_for_one_of(Some("build"), "False", &["Failed", "StepFailed"])
+        .await;
+    build.wait_for(None, "False", "Failed").await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_build_loses_its_pods_and_keeps_its_claim_within_its_ttl() {
+    let build = Build::start("tk-cancel", json!({ "tasks": [task("build")] }), json!({})).await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build.wait_for(Some("build"), "Unknown", "Running").await;
+    build
+        .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
+        .await;
+    build.patch_run_spec(json!({ "status": "Cancelled" })).await;
+    build.wait_for(None, "False", "Cancelled").await;
+    // Cancellation deletes the TaskRun's pods (keep-pod-on-cancel is off by default).
+    build.wait_for_no_pod("nb-build-build-pod").await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_build_keeps_its_claim_within_its_ttl() {
+    let build = Build::start(
+        "tk-timeout",
+        json!({ "tasks": [task("build")] }),
+        // Long enough for the running stage to be judged first on a loaded machine.
+        json!({ "timeouts": { "pipeline": "30s" } }),
+    )
+    .await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
+        .await;
+    // Tekton times the run out over its TaskRuns' cancellation.
+    build.wait_for(None, "False", "PipelineRunTimeout").await;
+    build
+        .wait_for(Some("build"), "False", "TaskRunCancelled")
+        .await;
+    build.wait_for_no_pod("nb-build-build-pod").await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_build_keeps_its_claim_between_attempts() {
+    let mut retried = task("build");
+    retried["retries"] = json!(1);
+    let build = Build::start("tk-retry", json!({ "tasks": [retried] }), json!({})).await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    kubelet(
+        &build.ns,
+        "nb-build-build-pod",
+        PodState::Failed { exit_code: 1 },
+    )
+    .await;
+    // The first attempt failed: Tekton records it in the TaskRun's retriesStatus and starts a
+    // second pod; the TaskRun stays unfinished meanwhile.
+    build.wait_for_pod("nb-build-build-pod-retry1").await;
+    let attempts = || async {
+        let task_run = build.get(&task_run_resource(), "nb-build-build").await;
+        let retries = task_run.map(|t| t.data["status"]["retriesStatus"].clone());
+        retries.and_then(|r| r.as_array().map(Vec::len))
+    };
+    assert!(
+        wait_until(TEKTON, || async { attempts().await == Some(1) }).await,
+        "the TaskRun records one failed attempt: {:?}",
+        attempts().await
+    );
+    assert_eq!(
+        build
+            .condition(&task_run_resource(), "nb-build-build")
+            .await
+            .map(|c| c.0),
+        Some("Unknown".to_owned()),
+        "the TaskRun is not finished between attempts"
+    );
+    build
+        .assert_verdict("between attempts", SHORT_TTL, "protected", "in-use")
+        .await;
+    kubelet(&build.ns, "nb-build-build-pod-retry1", PodState::Running).await;
+    build
+        .assert_verdict("second attempt running", SHORT_TTL, "protected", "in-use")
+        .await;
+    kubelet(&build.ns, "nb-build-build-pod-retry1", PodState::Succeeded).await;
+    build.wait_for(None, "True", "Succeeded").await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_build_cancelled_while_its_finally_task_runs_keeps_its_claim_until_that_ends() {
+    let build = Build::start(
+        "tk-finally",
+        json!({ "tasks": [task("build")], "finally": [task("report")] }),
+        json!({}),
+    )
+    .await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build.wait_for(Some("build"), "Unknown", "Running").await;
+    build
+        .patch_run_spec(json!({ "status": "CancelledRunFinally" }))
+        .await;
+    build.wait_for_no_pod("nb-build-build-pod").await;
+    build.wait_for_pod("nb-build-report-pod").await;
+    build
+        .wait_for(None, "Unknown", "CancelledRunningFinally")
+        .await;
+    build
+        .assert_verdict("finally task pending", SHORT_TTL, "protected", "in-use")
+        .await;
+    kubelet(&build.ns, "nb-build-report-pod", PodState::Running).await;
+    build
+        .assert_verdict("finally task running", SHORT_TTL, "protected", "in-use")
+        .await;
+    kubelet(&build.ns, "nb-build-report-pod", PodState::Succeeded).await;
+    build.wait_for(None, "False", "Cancelled").await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_build_and_an_unschedulable_pod_keep_their_claim() {
+    let build = Build::start(
+        "tk-pending",
+        json!({ "tasks": [task("build")] }),
+        json!({ "status": "PipelineRunPending" }),
+    )
+    .await;
+    build.wait_for(None, "Unknown", "PipelineRunPending").await;
+    assert!(
+        build
+            .get(&task_run_resource(), "nb-build-build")
+            .await
+            .is_none(),
+        "a pending run starts no TaskRun"
+    );
+    build
+        .assert_verdict("run pending", SHORT_TTL, "keep", "owner-running")
+        .await;
+    build.patch_run_spec(json!({ "status": null })).await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Unschedulable).await;
+    // Tekton reads the scheduler's "Insufficient cpu" as ExceededNodeResources.
+    build
+        .wait_for(Some("build"), "Unknown", "ExceededNodeResources")
+        .await;
+    build
+        .assert_verdict("pod unschedulable", SHORT_TTL, "protected", "in-use")
+        .await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Succeeded).await;
+    build.wait_for(None, "True", "Succeeded").await;
+    build.assert_reclaimed_after_ttl().await;
+}
+
+/// The pid recorded for `name` in a control plane's directory (`scripts/control-plane`).
+fn recorded_pid(dir: &std::path::Path, name: &str) -> u32 {
+    let text = std::fs::read_to_string(dir.join(format!("{name}.pid")))
+        .unwrap_or_else(|e| panic!("read {name}.pid: {e}"));
+    let pid = text.split_whitespace().next().unwrap_or_default();
+    pid.parse()
+        .unwrap_or_else(|e| panic!("{name}.pid holds {text:?}: {e}"))
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(") ")
+            .next()
+            .is_some_and(|rest| !rest.starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tekton_controller_runs_in_a_network_namespace_of_its_own_and_stops_with_down() {
+    let control_plane = ControlPlane::start_tekton();
+    let netns = recorded_pid(control_plane.dir(), "tekton-controller");
+    let children = std::fs::read_to_string(format!("/proc/{netns}/task/{netns}/children"))
+        .expect("read the children of tekton-netns");
+    let controller: u32 = (children.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .expect("tekton-netns runs the controller as its child");
+    let namespace = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+    assert!(
+        namespace(&controller.to_string()).is_some(),
+        "the controller's network namespace is readable"
+    );
+    assert_ne!(
+        namespace(&controller.to_string()),
+        namespace("self"),
+        "the controller's fixed ports (8080, 9090, 8008) are in a namespace of its own"
+    );
+    drop(control_plane);
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            !alive(netns) && !alive(controller)
+        })
+        .await,
+        "down stops tekton-netns and the controller"
+    );
+}
