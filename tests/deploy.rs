@@ -1013,6 +1013,85 @@ fn dashboard_is_labelled_for_grafana_and_promtool_checks_every_query() {
     assert!(!ok, "promtool accepted a broken query:\n{output}");
 }
 
+/// Each panel's title, and its queries with their legends.
+fn panels_with_legends(dashboard: &Value) -> Vec<(String, Vec<(String, String)>)> {
+    dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .map(|panel| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let targets = panel["targets"].as_array().expect("targets");
+            let queries = targets
+                .iter()
+                .map(|t| (text(&t["expr"]), text(&t["legendFormat"])))
+                .collect();
+            (text(&panel["title"]), queries)
+        })
+        .collect()
+}
+
+/// The OpenShift console component adds one ConfigMap, in openshift-config-managed with the
+/// console's dashboard label, whose dashboard has the Grafana dashboard's panels, queries and
+/// legends as `graph` panels (the type every console release renders); promtool checks every
+/// query (the real Prometheus evaluates them with the Grafana dashboard's).
+#[test]
+fn console_dashboard_is_labelled_for_openshift_and_has_the_grafana_panels() {
+    let with_console = Overlay::new(
+        &["base"],
+        &["components/prometheus", "components/openshift-console"],
+        "",
+    )
+    .render();
+    let without = monitoring();
+    let before = without.by_key();
+    let added: Vec<Key> = with_console
+        .by_key()
+        .into_keys()
+        .filter(|key| !before.contains_key(key))
+        .collect();
+    assert_eq!(added.len(), 1, "{added:?}");
+    let config_map = with_console.get("ConfigMap", "grafana-dashboard-workspace-gc");
+    assert_eq!(
+        config_map["metadata"]["namespace"], "openshift-config-managed",
+        "where the console looks"
+    );
+    assert_eq!(
+        config_map["metadata"]["labels"]["console.openshift.io/dashboard"], "true",
+        "the console's label"
+    );
+    let console: Value = serde_json::from_str(
+        config_map["data"]["workspace-gc.json"]
+            .as_str()
+            .expect("the dashboard JSON"),
+    )
+    .expect("the dashboard is JSON");
+    for panel in console["panels"].as_array().unwrap() {
+        assert_eq!(panel["type"], "graph", "{}", panel["title"]);
+    }
+    assert_eq!(
+        panels_with_legends(&console),
+        panels_with_legends(&dashboard(&without)),
+        "the console shows what Grafana shows"
+    );
+
+    let queries: Vec<String> = panel_queries(&console)
+        .into_iter()
+        .flat_map(|(_, q)| q)
+        .collect();
+    let dir = scratch();
+    std::fs::write(dir.path().join("console.yaml"), recording_rules(&queries)).unwrap();
+    let (ok, output) = promtool(dir.path(), &["check", "rules", "console.yaml"], "");
+    assert!(
+        ok,
+        "promtool check rules on the console's queries:\n{output}"
+    );
+    assert!(
+        output.contains(&format!("SUCCESS: {} rules found", queries.len())),
+        "{output}"
+    );
+}
+
 // --- the API server ---------------------------------------------------------------------------
 
 /// `kubectl apply --server-side -k DIR` as cluster-admin, exactly as the README says.
