@@ -82,7 +82,7 @@ async fn start(ns: &TestNamespace, shift: &str, due: &str) -> (Process, TempDir)
 /// How many claims of `ns` the daemon last decided to keep for `reason`.
 async fn kept(daemon: &Process, ns: &TestNamespace, reason: &str) -> f64 {
     let labels = format!(
-        "namespace=\"{}\",state=\"keep\",reason=\"{reason}\"",
+        "claim_namespace=\"{}\",state=\"keep\",reason=\"{reason}\"",
         ns.name()
     );
     metric(&daemon.metrics().await, "workspace_gc_claims", &labels)

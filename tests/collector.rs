@@ -86,7 +86,7 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
     );
     let metrics = daemon.metrics().await;
     let labels = format!(
-        "namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
+        "claim_namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
         ns.name()
     );
     assert_eq!(

@@ -26,7 +26,9 @@ use k8s_openapi::api::authorization::v1::{
     SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolumeClaim, Pod, ResourceQuota, ResourceQuotaSpec,
+};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
@@ -1233,6 +1235,85 @@ fn dashboard_is_labelled_for_grafana_and_promtool_checks_every_query() {
     assert!(!ok, "promtool accepted a broken query:\n{output}");
 }
 
+/// Each panel's title, and its queries with their legends.
+fn panels_with_legends(dashboard: &Value) -> Vec<(String, Vec<(String, String)>)> {
+    dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .map(|panel| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let targets = panel["targets"].as_array().expect("targets");
+            let queries = targets
+                .iter()
+                .map(|t| (text(&t["expr"]), text(&t["legendFormat"])))
+                .collect();
+            (text(&panel["title"]), queries)
+        })
+        .collect()
+}
+
+/// The OpenShift console component adds one ConfigMap, in openshift-config-managed with the
+/// console's dashboard label, whose dashboard has the Grafana dashboard's panels, queries and
+/// legends as `graph` panels (the type every console release renders); promtool checks every
+/// query (the real Prometheus evaluates them with the Grafana dashboard's).
+#[test]
+fn console_dashboard_is_labelled_for_openshift_and_has_the_grafana_panels() {
+    let with_console = Overlay::new(
+        &["base"],
+        &["components/prometheus", "components/openshift-console"],
+        "",
+    )
+    .render();
+    let without = monitoring();
+    let before = without.by_key();
+    let added: Vec<Key> = with_console
+        .by_key()
+        .into_keys()
+        .filter(|key| !before.contains_key(key))
+        .collect();
+    assert_eq!(added.len(), 1, "{added:?}");
+    let config_map = with_console.get("ConfigMap", "grafana-dashboard-workspace-gc");
+    assert_eq!(
+        config_map["metadata"]["namespace"], "openshift-config-managed",
+        "where the console looks"
+    );
+    assert_eq!(
+        config_map["metadata"]["labels"]["console.openshift.io/dashboard"], "true",
+        "the console's label"
+    );
+    let console: Value = serde_json::from_str(
+        config_map["data"]["workspace-gc.json"]
+            .as_str()
+            .expect("the dashboard JSON"),
+    )
+    .expect("the dashboard is JSON");
+    for panel in console["panels"].as_array().unwrap() {
+        assert_eq!(panel["type"], "graph", "{}", panel["title"]);
+    }
+    assert_eq!(
+        panels_with_legends(&console),
+        panels_with_legends(&dashboard(&without)),
+        "the console shows what Grafana shows"
+    );
+
+    let queries: Vec<String> = panel_queries(&console)
+        .into_iter()
+        .flat_map(|(_, q)| q)
+        .collect();
+    let dir = scratch();
+    std::fs::write(dir.path().join("console.yaml"), recording_rules(&queries)).unwrap();
+    let (ok, output) = promtool(dir.path(), &["check", "rules", "console.yaml"], "");
+    assert!(
+        ok,
+        "promtool check rules on the console's queries:\n{output}"
+    );
+    assert!(
+        output.contains(&format!("SUCCESS: {} rules found", queries.len())),
+        "{output}"
+    );
+}
+
 // --- the API server ---------------------------------------------------------------------------
 
 /// `kubectl apply --server-side -k DIR` as cluster-admin, exactly as the README says.
@@ -2049,7 +2130,7 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
     );
 
     let deleted = format!(
-        "workspace_gc_deletions_total{{namespace=\"{}\",reason=\"orphaned\",result=\"deleted\"}}",
+        "workspace_gc_deletions_total{{claim_namespace=\"{}\",reason=\"orphaned\",result=\"deleted\"}}",
         ns.name()
     );
     let metrics = daemon.metrics_when(&deleted, 1.0).await;
@@ -2111,7 +2192,7 @@ async fn audit_overlay_applied_exercises_rbac_with_dry_run_deletes_and_deletes_n
         daemon.log()
     );
     let would = format!(
-        "workspace_gc_dry_run_would_delete_total{{namespace=\"{}\",reason=\"orphaned\"}}",
+        "workspace_gc_dry_run_would_delete_total{{claim_namespace=\"{}\",reason=\"orphaned\"}}",
         ns.name()
     );
     let metrics = daemon.metrics_when(&would, 1.0).await;
@@ -2261,8 +2342,39 @@ async fn namespaced_overlay_applied_grants_rights_only_in_the_listed_namespaces(
 
 // --- a real Prometheus --------------------------------------------------------------------------
 
+/// How a Prometheus labels what it scrapes from the daemon.
+#[derive(Debug, Clone, Copy)]
+enum Scrape {
+    /// The Prometheus Operator with the ServiceMonitor's `honorLabels: true`: a label the daemon
+    /// exports wins over the target's.
+    HonorLabels,
+    /// OpenShift's user-workload monitoring: `honorLabels` forced off (a clashing exported label
+    /// becomes `exported_<name>`), and `namespace` enforced to the target's namespace by a
+    /// metric relabelling, as the Prometheus Operator's `enforcedNamespaceLabel` writes it.
+    UserWorkload,
+}
+
+impl Scrape {
+    fn job(self, target_port: u16, pod: &str) -> Value {
+        let mut job = json!({
+            "job_name": "workspace-gc",
+            "honor_labels": matches!(self, Scrape::HonorLabels),
+            "static_configs": [{
+                "targets": [format!("127.0.0.1:{target_port}")],
+                "labels": { "namespace": NAMESPACE, "pod": pod },
+            }],
+        });
+        if let Scrape::UserWorkload = self {
+            job["metric_relabel_configs"] = json!([
+                { "action": "replace", "target_label": "namespace", "replacement": NAMESPACE }
+            ]);
+        }
+        job
+    }
+}
+
 /// A Prometheus server scraping one daemon every second with the component's rules loaded,
-/// labelled as the ServiceMonitor's targets are (`namespace`, `pod`, and `honor_labels`).
+/// labelled as the ServiceMonitor's targets are (`namespace`, `pod`) under `scrape`'s semantics.
 struct Prometheus {
     /// Killed when dropped.
     _child: tokio::process::Child,
@@ -2271,19 +2383,19 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(dir: &Path, target_port: u16, pod: &str, rules: &str) -> Prometheus {
+    async fn start(
+        dir: &Path,
+        target_port: u16,
+        pod: &str,
+        rules: &str,
+        scrape: Scrape,
+    ) -> Prometheus {
+        std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("rules.yaml"), rules).unwrap();
         let config = json!({
             "global": { "scrape_interval": "1s", "evaluation_interval": "1s" },
             "rule_files": ["rules.yaml"],
-            "scrape_configs": [{
-                "job_name": "workspace-gc",
-                "honor_labels": true,
-                "static_configs": [{
-                    "targets": [format!("127.0.0.1:{target_port}")],
-                    "labels": { "namespace": NAMESPACE, "pod": pod },
-                }],
-            }],
+            "scrape_configs": [scrape.job(target_port, pod)],
         });
         std::fs::write(dir.join("prometheus.yml"), config.to_string()).unwrap();
         let port = free_port();
@@ -2356,16 +2468,44 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
-/// The daemon, deleting a claim and protecting another, scraped by a real Prometheus with the
-/// shipped rules: `promtool check metrics` passes on its `/metrics` as plain clients get it;
-/// Prometheus parses what it negotiates (OpenMetrics); every alert evaluates without error and
-/// none fires on this healthy daemon; every panel shows data. (That every name they read is
+/// The labels a Grafana legend shows for one series: `{{label}}` replaced by its value.
+fn legend(format: &str, series: &Value) -> String {
+    let mut text = format.to_owned();
+    if let Some(labels) = series["metric"].as_object() {
+        for (name, value) in labels {
+            text = text.replace(
+                &format!("{{{{{name}}}}}"),
+                value.as_str().unwrap_or_default(),
+            );
+        }
+    }
+    text
+}
+
+/// The metrics that carry a claim's namespace.
+const PER_NAMESPACE: [&str; 5] = [
+    "workspace_gc_claims",
+    "workspace_gc_tracked_bytes",
+    "workspace_gc_deletions_total",
+    "workspace_gc_dry_run_would_delete_total",
+    "workspace_gc_quota_used_ratio",
+];
+
+/// The daemon watching two namespaces (one claim deleted and one protected in the first; one
+/// protected in the second, under a full storage quota), scraped by a real Prometheus with the
+/// shipped rules, once under each scrape semantics of [`Scrape`]. `promtool check metrics` passes
+/// on its `/metrics` as plain clients get it; Prometheus parses what it negotiates
+/// (OpenMetrics). On each: every per-namespace series names its claim's namespace apart from the
+/// target's; every alert evaluates without error, and the only one pending is the quota alert,
+/// for the full namespace alone; every panel shows data, its series told apart by their
+/// legends, and the per-namespace panels show each namespace. (That every name they read is
 /// exported, including counters nothing here increments, is a unit test in src/observe/metrics.rs.)
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
     let control_plane = ControlPlane::shared();
     let admin = control_plane.client();
     let ns = TestNamespace::new(control_plane, "deploy-prometheus").await;
+    let full = TestNamespace::new(control_plane, "deploy-prometheus-full").await;
     let base = Rendered::of(&manifests("base"));
     let scratch = scratch();
     let pod = "workspace-gc-prometheus";
@@ -2376,6 +2516,32 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
         .annotation("workspace-gc.mlops.dev/keep", "true")
         .create(&ns)
         .await;
+    let held = ClaimBuilder::build_workspace("held-build-workspace")
+        .annotation("workspace-gc.mlops.dev/keep", "true")
+        .create(&full)
+        .await;
+    let request = held
+        .spec
+        .and_then(|s| s.resources)
+        .and_then(|r| r.requests)
+        .and_then(|r| r.get("storage").cloned())
+        .expect("the claim requests storage");
+    // Exactly full, with nothing workspace-gc may take: the quota alert stays pending there.
+    let quota = ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some("storage".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(BTreeMap::from([("requests.storage".to_owned(), request)])),
+            ..ResourceQuotaSpec::default()
+        }),
+        status: None,
+    };
+    full.api::<ResourceQuota>()
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
     // Its own Lease-free run: the RBAC is another test's concern.
     let daemon = Daemon::start(
         &launch,
@@ -2383,12 +2549,26 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
         scratch.path(),
         &[
             format!("--namespace={}", ns.name()),
+            format!("--namespace={}", full.name()),
             "--no-leader-election".to_owned(),
         ],
         &[("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s")],
     )
     .await;
     assert_deleted(&admin, ns.name(), claim, &daemon).await;
+    let ratio = format!(
+        r#"workspace_gc_quota_used_ratio{{claim_namespace="{}",quota="storage",resource="requests.storage"}}"#,
+        full.name()
+    );
+    assert!(
+        wait_until(secs(60), || async {
+            sample(&daemon.metrics().await, &ratio) == Some(1.0)
+        })
+        .await,
+        "the daemon sees {}'s quota full:\n{}",
+        full.name(),
+        daemon.metrics().await
+    );
 
     let (status, text) = daemon.get("/metrics").await;
     assert_eq!(status, 200);
@@ -2399,8 +2579,27 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
     );
 
     let monitoring = monitoring();
-    let prometheus =
-        Prometheus::start(scratch.path(), daemon.port, pod, &rule_file(&monitoring)).await;
+    let dashboard = dashboard(&monitoring);
+    let alerts = alert_exprs(&monitoring);
+    for scrape in [Scrape::HonorLabels, Scrape::UserWorkload] {
+        let dir = scratch.path().join(format!("{scrape:?}"));
+        let prometheus =
+            Prometheus::start(&dir, daemon.port, pod, &rule_file(&monitoring), scrape).await;
+        evaluate_every_alert_and_panel(&prometheus, &dashboard, &alerts, [&ns, &full]).await;
+    }
+
+    let (status, log) = daemon.stop().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+/// The checks of [`prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel`] on one
+/// Prometheus: `namespaces` are the one with the deleted claim and the one with a full quota.
+async fn evaluate_every_alert_and_panel(
+    prometheus: &Prometheus,
+    dashboard: &Value,
+    alerts: &[(String, String)],
+    [ns, full]: [&TestNamespace; 2],
+) {
     // Rates need two samples of the deletion counter, and the rules one evaluation.
     assert!(
         wait_until(secs(30), || async {
@@ -2418,15 +2617,27 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
         "Prometheus scraped the daemon's deletion:\n{}",
         prometheus.log()
     );
-
-    let dashboard = dashboard(&monitoring);
-    let panels = panel_queries(&dashboard);
-    let alerts = alert_exprs(&monitoring);
     // The reclaim-lag alert's bucket bound is spelled as Prometheus stores it.
     let bucket = r#"workspace_gc_reclaim_lag_seconds_bucket{le="300.0"}"#;
     assert_eq!(prometheus.query(bucket).await.len(), 1, "{bucket}");
 
-    // Every alert evaluates without error, and none fires on a healthy daemon.
+    // Every per-namespace series keeps its claim's namespace, whatever became of `namespace`.
+    let both = BTreeSet::from([ns.name().to_owned(), full.name().to_owned()]);
+    for name in PER_NAMESPACE {
+        for series in prometheus.query(name).await {
+            let labels = &series["metric"];
+            assert_eq!(
+                labels["namespace"], NAMESPACE,
+                "the target's namespace: {series}"
+            );
+            assert!(labels.get("exported_namespace").is_none(), "{series}");
+            let claim_ns = labels["claim_namespace"].as_str().unwrap_or_default();
+            assert!(both.contains(claim_ns), "a claim's namespace: {series}");
+        }
+    }
+
+    // Every alert evaluates without error; the only one pending is the quota alert, for the
+    // full namespace alone (and in the daemon's namespace, where OpenShift evaluates it).
     assert!(
         wait_until(secs(15), || async {
             let rules = prometheus.api("/api/v1/rules").await;
@@ -2443,21 +2654,58 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
         "every rule evaluated without error: {}",
         prometheus.api("/api/v1/rules").await
     );
-    assert_eq!(
-        prometheus.api("/api/v1/alerts").await["alerts"],
-        json!([]),
-        "no alert pending or firing"
+    let pending = || async {
+        let alerts = prometheus.api("/api/v1/alerts").await["alerts"].clone();
+        alerts
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let label = |name: &str| a["labels"][name].as_str().unwrap_or_default().to_owned();
+                (
+                    label("alertname"),
+                    label("namespace"),
+                    label("claim_namespace"),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let wanted = vec![(
+        "WorkspaceGCQuotaPressureUnrelieved".to_owned(),
+        NAMESPACE.to_owned(),
+        full.name().to_owned(),
+    )];
+    assert!(
+        wait_until(secs(15), || async { pending().await == wanted }).await,
+        "pending alerts {:?}, wanted {wanted:?}",
+        pending().await
     );
+
     // Every panel's queries evaluate; each shows data (one of its queries has a result) but
-    // those of errors, which a healthy daemon has none of.
+    // those of errors, which a healthy daemon has none of. Each query's series have distinct
+    // legends, and the per-namespace panels show both namespaces.
     let mut blank = Vec::new();
-    for (title, queries) in &panels {
-        let mut shown = false;
-        for query in queries {
-            shown |= !prometheus.query(query).await.is_empty();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let title = panel["title"].as_str().unwrap();
+        let mut shown = BTreeSet::new();
+        for target in panel["targets"].as_array().unwrap() {
+            let format = target["legendFormat"].as_str().unwrap_or_default();
+            let series = prometheus.query(target["expr"].as_str().unwrap()).await;
+            let legends: Vec<String> = series.iter().map(|s| legend(format, s)).collect();
+            let distinct: BTreeSet<&String> = legends.iter().collect();
+            assert_eq!(distinct.len(), legends.len(), "{title}: {legends:?}");
+            shown.extend(legends);
         }
-        if !shown {
-            blank.push(title.as_str());
+        if shown.is_empty() {
+            blank.push(title);
+        }
+        if title.contains("by namespace") {
+            for name in &both {
+                assert!(
+                    shown.iter().any(|l| l.split(' ').any(|word| word == name)),
+                    "{title} shows {name}: {shown:?}"
+                );
+            }
         }
     }
     assert_eq!(
@@ -2467,16 +2715,4 @@ async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
             "Watch restarts by kind"
         ]
     );
-    // Down to the namespace: the tracked claim, and the storage it requests.
-    let tracked = prometheus
-        .query(&format!(
-            r#"workspace_gc_tracked_bytes{{namespace="{}",state="protected"}}"#,
-            ns.name()
-        ))
-        .await;
-    assert_eq!(tracked.len(), 1, "{tracked:?}");
-
-    drop(prometheus);
-    let (status, log) = daemon.stop().await;
-    assert_eq!(status.code(), Some(0), "{log}");
 }

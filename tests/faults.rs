@@ -839,7 +839,7 @@ async fn claim_recreated_just_before_its_delete_survives() {
     assert_ne!(new.metadata.uid, old_uid);
 
     let conflict = format!(
-        "namespace=\"{}\",reason=\"expired\",result=\"conflict\"",
+        "claim_namespace=\"{}\",reason=\"expired\",result=\"conflict\"",
         ns.name()
     );
     assert!(

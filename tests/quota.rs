@@ -166,7 +166,7 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
 
     let metrics = daemon.metrics().await;
     let deleted = format!(
-        "namespace=\"{}\",reason=\"quota-pressure\",result=\"deleted\"",
+        "claim_namespace=\"{}\",reason=\"quota-pressure\",result=\"deleted\"",
         ns.name()
     );
     assert_eq!(
@@ -175,7 +175,7 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
         "{metrics}"
     );
     let ratio = format!(
-        "namespace=\"{}\",quota=\"storage\",resource=\"requests.storage\"",
+        "claim_namespace=\"{}\",quota=\"storage\",resource=\"requests.storage\"",
         ns.name()
     );
     let recounted = || async {

@@ -14,8 +14,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
-    ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, Proxy, TestNamespace,
-    claim_exists, metric, metric_sum, task_run_resource, wait_until,
+    ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, Proxy,
+    TestNamespace, claim_exists, metric, metric_sum, task_run_resource, wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::{Config, Overrides};
@@ -500,5 +500,219 @@ async fn the_audit_reports_the_earliest_change() {
     );
     let daemon = Daemon::start(ns.client().clone(), config, "audit-time").await;
     assert!(deleted_within(&ns, "long-build-workspace", 15).await);
+    daemon.stop().await;
+}
+
+// --- OpenShift Pipelines' pruner --------------------------------------------------------------
+
+/// The build of job `job` as Tekton leaves it, finished at `at`: the PipelineRun `{job}-build`
+/// binding the claim, the TaskRun it owns binding it too, and the TaskRun's pod (`Succeeded`)
+/// mounting it, owned by the TaskRun. The owner references are what lets the garbage collector
+/// take the TaskRun and pod once the pruner deletes the run.
+async fn tekton_build(ns: &TestNamespace, job: &str, at: DateTime<Utc>) {
+    let claim = format!("{job}-build-workspace");
+    let run = PipelineRunBuilder::for_job(job)
+        .succeeded_at(at)
+        .create(ns)
+        .await;
+    let task_run = PipelineRunBuilder::task_run(&format!("{job}-build-buildah"))
+        .workspace_claim(&claim)
+        .succeeded_at(at)
+        .create(ns)
+        .await;
+    set_owner(ns, &task_run_resource(), &task_run, &run).await;
+    let pod = PodBuilder::new(&format!("{job}-build-buildah-pod"))
+        .mounting(&claim)
+        .phase("Succeeded")
+        .create(ns)
+        .await;
+    let pod = ns
+        .dynamic_api(&pod_resource())
+        .get(pod.metadata.name.as_deref().unwrap())
+        .await
+        .expect("read the pod");
+    set_owner(ns, &pod_resource(), &pod, &task_run).await;
+}
+
+fn pod_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&())
+}
+
+/// Makes `owner` the controlling owner of `object` (of `resource`), as Tekton sets it.
+async fn set_owner(
+    ns: &TestNamespace,
+    resource: &kube::api::ApiResource,
+    object: &DynamicObject,
+    owner: &DynamicObject,
+) {
+    let types = owner.types.as_ref().expect("the owner's kind");
+    let reference = json!({
+        "apiVersion": types.api_version,
+        "kind": types.kind,
+        "name": owner.metadata.name,
+        "uid": owner.metadata.uid,
+        "controller": true,
+    });
+    let name = object.metadata.name.as_deref().unwrap();
+    ns.dynamic_api(resource)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "ownerReferences": [reference] } })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("set the owner of {name}: {e}"));
+}
+
+/// What OpenShift Pipelines' pruner does to a build (`tkn pipelinerun delete --keep`): deletes
+/// its PipelineRun; the garbage collector then deletes the TaskRun and the pod. Returns once
+/// all three are gone.
+async fn prune(ns: &TestNamespace, job: &str) {
+    let run = format!("{job}-build");
+    ns.dynamic_api(&support::pipeline_run_resource())
+        .delete(&run, &DeleteParams::background())
+        .await
+        .unwrap_or_else(|e| panic!("prune {run}: {e}"));
+    let task_run = format!("{run}-buildah");
+    let pod = format!("{run}-buildah-pod");
+    let gone = || async {
+        let absent = |resource: kube::api::ApiResource, name: String| async move {
+            ns.dynamic_api(&resource)
+                .get_opt(&name)
+                .await
+                .expect("read")
+                .is_none()
+        };
+        absent(support::pipeline_run_resource(), run.clone()).await
+            && absent(task_run_resource(), task_run.clone()).await
+            && absent(pod_resource(), pod.clone()).await
+    };
+    assert!(
+        wait_until(secs(60), gone).await,
+        "the garbage collector deletes {run}'s TaskRun and pod"
+    );
+}
+
+/// The pruner deletes a build's runs while its job still validates the notebook: the job
+/// still links the claim (naming convention), so it is kept while the job runs, and the TTL
+/// then runs from the job's completion, not from the pruned run's.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_pruned_while_the_job_validates_leave_the_claim_to_the_job() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "pruned-validating").await;
+    let config = config_for(&[&ns]);
+    let built = hours_ago(2);
+    JobBuilder::new("nb")
+        .phase("ValidationRunning")
+        .tekton_build("Complete", Some(built))
+        .create(&ns)
+        .await;
+    tekton_build(&ns, "nb", built).await;
+    ClaimBuilder::for_job("nb").create(&ns).await;
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-validating").await;
+
+    prune(&ns, "nb").await;
+    survives(&ns, "nb-build-workspace", 3).await;
+    assert_eq!(
+        verdict(&ns, &config, "nb-build-workspace").await,
+        (VerdictState::Keep, Reason::OwnerRunning),
+        "the validating job keeps its claim, its runs pruned"
+    );
+
+    // The job finishes now: its TTL starts now, though its run finished two hours ago.
+    let job = support::notebook_validation_job_resource();
+    let done = json!({"phase": "Succeeded", "completionTime": rfc3339(Utc::now())});
+    patch_status(&ns, &job, "nb", done).await;
+    survives(&ns, "nb-build-workspace", 3).await;
+    assert_eq!(
+        verdict(&ns, &config, "nb-build-workspace").await,
+        (VerdictState::Keep, Reason::WithinTtl)
+    );
+    // As if the TTL had passed since: the claim goes.
+    let long_done = json!({"completionTime": rfc3339(hours_ago(2))});
+    patch_status(&ns, &job, "nb", long_done).await;
+    assert!(deleted_within(&ns, "nb-build-workspace", 15).await);
+    daemon.stop().await;
+}
+
+/// The pruner deletes the runs of jobs that finished: a claim whose job finished within the
+/// TTL stays until the TTL after the job's completion; one past it goes, as it would have with
+/// its runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_pruned_after_the_job_finished_keep_the_ttl_of_the_job() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "pruned-finished").await;
+    let config = config_for(&[&ns]);
+    for (job, finished) in [
+        ("recent", Utc::now() - chrono::Duration::minutes(10)),
+        ("old", hours_ago(2)),
+    ] {
+        JobBuilder::new(job)
+            .phase("Succeeded")
+            .completed_at(finished)
+            .tekton_build("Complete", Some(finished))
+            .create(&ns)
+            .await;
+        tekton_build(&ns, job, finished).await;
+        ClaimBuilder::for_job(job).create(&ns).await;
+    }
+    // One pruned while workspace-gc was down, one while it runs.
+    prune(&ns, "old").await;
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-finished").await;
+    survives(&ns, "recent-build-workspace", 2).await;
+    prune(&ns, "recent").await;
+    assert!(
+        deleted_within(&ns, "old-build-workspace", 15).await,
+        "the job finished past its TTL: its claim goes"
+    );
+    survives(&ns, "recent-build-workspace", 2).await;
+    assert_eq!(
+        verdict(&ns, &config, "recent-build-workspace").await,
+        (VerdictState::Keep, Reason::WithinTtl),
+        "within the TTL of the job's completion, runs pruned or not"
+    );
+    daemon.stop().await;
+}
+
+/// The job is deleted first (its run still links the claim, within its TTL), then the pruner
+/// deletes the run: with no owner left the claim is an orphan, deleted after the grace.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_pruned_after_the_job_is_gone_leave_an_orphan() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "pruned-gone").await;
+    let config = config_for(&[&ns]);
+    let finished = Utc::now() - chrono::Duration::minutes(10);
+    JobBuilder::new("gone")
+        .phase("Succeeded")
+        .completed_at(finished)
+        .create(&ns)
+        .await;
+    tekton_build(&ns, "gone", finished).await;
+    ClaimBuilder::for_job("gone").create(&ns).await;
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-gone").await;
+    ns.dynamic_api(&support::notebook_validation_job_resource())
+        .delete("gone", &DeleteParams::background())
+        .await
+        .expect("delete the job");
+    survives(&ns, "gone-build-workspace", 3).await;
+    assert_eq!(
+        verdict(&ns, &config, "gone-build-workspace").await,
+        (VerdictState::Keep, Reason::WithinTtl),
+        "the run, finished within its TTL, still links the claim"
+    );
+
+    prune(&ns, "gone").await;
+    assert!(
+        deleted_within(&ns, "gone-build-workspace", 15).await,
+        "no owner is left: an orphan past its grace"
+    );
+    assert_eq!(
+        metric(
+            &daemon.metrics().await,
+            "workspace_gc_deletions_total",
+            &format!(
+                "claim_namespace=\"{}\",reason=\"orphaned\",result=\"deleted\"",
+                ns.name()
+            ),
+        ),
+        1.0
+    );
     daemon.stop().await;
 }

@@ -212,7 +212,7 @@ impl Build {
         );
         let metrics = daemon.metrics().await;
         let labels = format!(
-            "namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
+            "claim_namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
             self.ns.name()
         );
         assert_eq!(

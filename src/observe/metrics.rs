@@ -1,6 +1,10 @@
 //! Prometheus metrics, registered once. Every label comes from a bounded enum (reason, state,
 //! result, error category, cache kind, quota resource) or is the claim's namespace; never an
 //! object name, except a ResourceQuota's: a namespace holds a handful, set by its admins.
+//!
+//! The claim's namespace is `claim_namespace`, never `namespace`: a Prometheus that does not
+//! honor the target's labels (OpenShift's user-workload monitoring) overwrites `namespace` with
+//! the daemon's own, which would merge every claim namespace into one series.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -21,21 +25,21 @@ use crate::decide::quota::QuotaEntry;
 /// namespace fills up.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClaimLabels {
-    namespace: String,
+    claim_namespace: String,
     state: &'static str,
     reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeletionLabels {
-    namespace: String,
+    claim_namespace: String,
     reason: &'static str,
     result: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WouldDeleteLabels {
-    namespace: String,
+    claim_namespace: String,
     reason: &'static str,
 }
 
@@ -52,7 +56,7 @@ struct CategoryLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuotaLabels {
-    namespace: String,
+    claim_namespace: String,
     quota: String,
     resource: &'static str,
 }
@@ -425,7 +429,7 @@ impl Metrics {
         for quota in quotas {
             for limit in &quota.limits {
                 let labels = QuotaLabels {
-                    namespace: namespace.to_owned(),
+                    claim_namespace: namespace.to_owned(),
                     quota: quota.key.name.clone(),
                     resource: limit.resource.kind().as_str(),
                 };
@@ -484,7 +488,7 @@ impl Metrics {
     pub fn deletion(&self, namespace: &str, reason: Reason, result: DeleteResult) {
         self.deletions
             .get_or_create(&DeletionLabels {
-                namespace: namespace.to_owned(),
+                claim_namespace: namespace.to_owned(),
                 reason: reason.as_str(),
                 result: result.as_str(),
             })
@@ -507,7 +511,7 @@ impl Metrics {
     pub fn would_delete(&self, namespace: &str, reason: Reason) {
         self.would_delete
             .get_or_create(&WouldDeleteLabels {
-                namespace: namespace.to_owned(),
+                claim_namespace: namespace.to_owned(),
                 reason: reason.as_str(),
             })
             .inc();
@@ -627,7 +631,7 @@ pub fn classic_text(openmetrics: &str) -> String {
 
 fn claim_labels(key: &ObjectKey, tracked: Tracked) -> ClaimLabels {
     ClaimLabels {
-        namespace: key.namespace.clone(),
+        claim_namespace: key.namespace.clone(),
         state: tracked.state,
         reason: tracked.reason,
     }
@@ -792,8 +796,8 @@ mod tests {
             &exposition(&registry),
             "workspace_gc_quota_used_ratio",
             [
-                "workspace_gc_quota_used_ratio{namespace=\"team-a\",quota=\"classes\",resource=\"storageclass.storage.k8s.io/persistentvolumeclaims\"} 1.0",
-                "workspace_gc_quota_used_ratio{namespace=\"team-a\",quota=\"storage\",resource=\"requests.storage\"} 0.75",
+                "workspace_gc_quota_used_ratio{claim_namespace=\"team-a\",quota=\"classes\",resource=\"storageclass.storage.k8s.io/persistentvolumeclaims\"} 1.0",
+                "workspace_gc_quota_used_ratio{claim_namespace=\"team-a\",quota=\"storage\",resource=\"requests.storage\"} 0.75",
             ],
         );
         metrics.quota_ratios("team-a", &[]);
@@ -822,16 +826,16 @@ mod tests {
             &text,
             "workspace_gc_claims",
             [
-                "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2",
-                "workspace_gc_claims{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 1",
+                "workspace_gc_claims{claim_namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2",
+                "workspace_gc_claims{claim_namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 1",
             ],
         );
         assert_samples(
             &text,
             "workspace_gc_tracked_bytes",
             [
-                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 3072",
-                "workspace_gc_tracked_bytes{namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 512",
+                "workspace_gc_tracked_bytes{claim_namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 3072",
+                "workspace_gc_tracked_bytes{claim_namespace=\"team-b\",state=\"protected\",reason=\"in-use\"} 512",
             ],
         );
 
@@ -843,16 +847,16 @@ mod tests {
             &text,
             "workspace_gc_claims",
             [
-                "workspace_gc_claims{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 1",
-                "workspace_gc_claims{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1",
+                "workspace_gc_claims{claim_namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 1",
+                "workspace_gc_claims{claim_namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1",
             ],
         );
         assert_samples(
             &text,
             "workspace_gc_tracked_bytes",
             [
-                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2048",
-                "workspace_gc_tracked_bytes{namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1024",
+                "workspace_gc_tracked_bytes{claim_namespace=\"team-a\",state=\"delete\",reason=\"orphaned\"} 2048",
+                "workspace_gc_tracked_bytes{claim_namespace=\"team-a\",state=\"protected\",reason=\"in-use\"} 1024",
             ],
         );
     }

@@ -384,6 +384,35 @@ impl Drop for ControlPlane {
     }
 }
 
+/// The Kubernetes release the control planes run (`v1.31.14`): the newest pinned in hack/k8s,
+/// or the one `WORKSPACE_GC_K8S` selects (scripts/test runs part of the suite on each).
+pub fn kubernetes_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let output = Command::new(SCRIPT)
+            .arg("version")
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("run {SCRIPT} version: {e}"));
+        assert!(
+            output.status.success(),
+            "`{SCRIPT} version` failed ({})",
+            output.status
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    })
+}
+
+/// The minor of [`kubernetes_version`]: 31 for `v1.31.14`.
+pub fn kubernetes_minor() -> u32 {
+    kubernetes_version()
+        .split('.')
+        .nth(1)
+        .and_then(|minor| minor.parse().ok())
+        .unwrap_or_else(|| panic!("no minor in {}", kubernetes_version()))
+}
+
 /// Runs `scripts/control-plane BUILD` (`build`, `build-tekton`), which builds the binaries if the
 /// cache misses, with progress on the terminal: a cold build takes many minutes and should not
 /// look like a hung test. Concurrent callers are serialised by the script's lock.

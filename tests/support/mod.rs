@@ -22,7 +22,10 @@ pub use audit::{
     invariant_audit_rules, read_audit,
 };
 #[allow(unused_imports)]
-pub use cluster::{ControlPlane, ControlPlaneOptions, TestNamespace, policy_rule};
+pub use cluster::{
+    ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
+    policy_rule,
+};
 #[allow(unused_imports)]
 pub use daemon::{Daemon, Process, audit_rows, binary, free_port, http_get, metric, metric_sum};
 #[allow(unused_imports)]
