@@ -59,9 +59,13 @@ impl Rendered {
             dir.display(),
             String::from_utf8_lossy(&output.stderr)
         );
-        let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-        let objects = serde_saphyr::from_multiple::<Value>(&text)
-            .expect("kustomize prints valid YAML")
+        Rendered::parse(&String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
+    }
+
+    /// The objects of a multi-document YAML stream (kustomize's or Helm's output).
+    pub fn parse(text: &str) -> Rendered {
+        let objects = serde_saphyr::from_multiple::<Value>(text)
+            .unwrap_or_else(|e| panic!("invalid YAML ({e}):\n{text}"))
             .into_iter()
             .filter(|object| !object.is_null())
             .collect();

@@ -47,13 +47,16 @@ with the keys of .Values.config merged over it. Unchanged defaults keep the comm
 {{- end -}}
 {{- end }}
 
-{{/* The effective configuration as a dict. */}}
+{{/*
+The effective configuration as JSON: the file's keys over the built-in defaults (which
+files/config.toml lists), as the daemon reads it.
+*/}}
 {{- define "workspace-gc.config" -}}
 {{- $config := fromToml (include "workspace-gc.configText" .) -}}
 {{- if hasKey $config "Error" -}}
 {{- fail (printf "the configuration is not valid TOML: %s" $config.Error) -}}
 {{- end -}}
-{{- toJson $config -}}
+{{- toJson (mergeOverwrite (fromToml (.Files.Get "files/config.toml")) $config) -}}
 {{- end }}
 
 {{/* The Lease's namespace: leader_election.lease_namespace, or the pod's (the release's). */}}
