@@ -461,10 +461,11 @@ fn guard_objects(rendered: &Rendered) -> BTreeMap<Key, Value> {
         .collect()
 }
 
-/// A changed selector, namespace list or release namespace changes what the guard must say. The
-/// chart renders no guard it cannot vouch for: without the guard printed for the new
-/// configuration it refuses to render (the old one would refuse every delete, or for another
-/// ServiceAccount guard nothing); with it, it renders exactly that guard.
+/// A changed selector or namespace list changes what the guard must say. The chart renders no
+/// guard it cannot vouch for: without the guard printed for the new configuration it refuses to
+/// render (the old one would refuse every delete, or one for another ServiceAccount guard
+/// nothing); with it, it renders exactly that guard. Only the ServiceAccount of another release
+/// namespace it fills in itself, and that too is what the binary prints.
 #[test]
 fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses() {
     let dir = scratch();
@@ -485,7 +486,10 @@ fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses
             NAMESPACE,
             "config.selector.exclude_namespaces={kube-system}",
         ),
-        ("gc-elsewhere", "replicas=2"),
+        (
+            "gc-elsewhere",
+            "config.selector.label_selector=mlops.redhat.com/build-workspace=false",
+        ),
     ] {
         let error = template_in(namespace, &["--set", set]).expect_err(set);
         assert!(
@@ -511,15 +515,15 @@ fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses
         let policy = format!("admissionGuard.policy={}", stale.display());
         template_in(namespace, &["--set", set, "--set-file", &policy]).expect_err(set);
     }
-    // The shipped guard is the printed one for the shipped configuration.
-    let defaults = template(&[]);
-    let printed = printed_guard(
-        dir.path(),
-        &config_text(&defaults),
-        "workspace-gc:workspace-gc",
-    );
-    let expected = Rendered::parse(&std::fs::read_to_string(printed).unwrap());
-    assert_eq!(guard_objects(&defaults), guard_objects(&expected));
+    // The shipped guard is the printed one for the shipped configuration, in the manifests'
+    // namespace or any other.
+    for namespace in [NAMESPACE, "gc-elsewhere"] {
+        let defaults = template_in(namespace, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let service_account = format!("{namespace}:workspace-gc");
+        let printed = printed_guard(dir.path(), &config_text(&defaults), &service_account);
+        let expected = Rendered::parse(&std::fs::read_to_string(printed).unwrap());
+        assert_eq!(guard_objects(&defaults), guard_objects(&expected));
+    }
     // Off on request, and in namespaced mode (cluster-scoped, as the namespaced overlay).
     assert!(guard_objects(&template(&["--set", "admissionGuard.enabled=false"])).is_empty());
     assert!(guard_objects(&template(&["--set", "namespaced.namespaces={team-a}"])).is_empty());
