@@ -9,6 +9,7 @@ mod daemon;
 pub mod graph;
 mod http_proxy;
 mod kubelet;
+mod manifests;
 mod objects;
 pub mod oracle;
 mod prometheus;
@@ -33,12 +34,17 @@ pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account}
 #[allow(unused_imports)]
 pub use kubelet::{PodState, kubelet};
 #[allow(unused_imports)]
+pub use manifests::{
+    ARBITRARY_UID, DeployedDaemon, Key, Launch, Overlay, RESTRICTED_V2_VOLUMES, Rendered, confined,
+    key_of, manifests, readable_copy, restricted_v2_violations, sample, strings,
+};
+#[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
     finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
 };
 #[allow(unused_imports)]
-pub use prometheus::prometheus_binary;
+pub use prometheus::{helm_binary, prometheus_binary};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]

@@ -1,29 +1,47 @@
-//! promtool and the Prometheus server, built from the release pinned in hack/promtool by
-//! `scripts/control-plane build-prometheus` on first use, and cached like the control plane.
+//! Tools built from a wrapper module under hack/ on first use and cached like the control plane:
+//! promtool and the Prometheus server (hack/promtool, `scripts/control-plane build-prometheus`)
+//! and helm (hack/helm, `scripts/control-plane build-helm`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use super::cluster::SCRIPT;
 
+/// The bin dir `scripts/control-plane VERB` builds (if missing) and prints last, once per verb.
+fn built(verb: &str) -> PathBuf {
+    static BIN_DIRS: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut dirs = BIN_DIRS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let dirs = dirs.get_or_insert_with(HashMap::new);
+    if let Some(dir) = dirs.get(verb) {
+        return dir.clone();
+    }
+    let output = Command::new(SCRIPT)
+        .arg(verb)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {SCRIPT} {verb}: {e}"));
+    assert!(
+        output.status.success(),
+        "`{SCRIPT} {verb}` failed ({})",
+        output.status
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = PathBuf::from(stdout.lines().last().expect("the bin dir, last").trim());
+    dirs.insert(verb.to_owned(), dir.clone());
+    dir
+}
+
 /// The path of `promtool` or `prometheus`, built if missing.
 pub fn prometheus_binary(name: &str) -> PathBuf {
-    static BIN_DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BIN_DIR.get_or_init(|| {
-        let output = Command::new(SCRIPT)
-            .arg("build-prometheus")
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {SCRIPT} build-prometheus: {e}"));
-        assert!(
-            output.status.success(),
-            "`{SCRIPT} build-prometheus` failed ({})",
-            output.status
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        PathBuf::from(stdout.lines().last().expect("the bin dir, last").trim())
-    });
-    dir.join(name)
+    built("build-prometheus").join(name)
+}
+
+/// The path of `helm`, built if missing.
+pub fn helm_binary() -> PathBuf {
+    built("build-helm").join("helm")
 }
