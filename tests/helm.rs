@@ -183,7 +183,8 @@ fn differences(chart: &Rendered, kustomize: &Rendered) -> Vec<String> {
 
 /// The chart with each mode's values renders what the mode's kustomization renders: the base
 /// (with the Namespace object on request: Helm's release namespace exists before the install),
-/// the audit and namespaced overlays, and the base with each component.
+/// the audit and namespaced overlays, and the base with each component. The chart's copies of
+/// component files (files/) are held to the originals by this comparison too.
 #[test]
 fn chart_renders_what_the_kustomize_manifests_render_in_every_mode() {
     let with = |components: &[&str]| Overlay::new(&["base"], components, "").render();
@@ -224,6 +225,44 @@ fn chart_renders_what_the_kustomize_manifests_render_in_every_mode() {
                 "components/metrics-https",
                 "components/prometheus",
                 "components/prometheus-https",
+            ]),
+        ),
+        (
+            "namespace-policy",
+            vec![
+                "--set",
+                "namespace.create=true,namespacePolicy.enabled=true",
+            ],
+            with(&["components/namespace-policy"]),
+        ),
+        (
+            "retained-volumes",
+            vec![
+                "--set",
+                "namespace.create=true,retainedVolumes.enabled=true",
+            ],
+            with(&["components/retained-volumes"]),
+        ),
+        (
+            "openshift-console",
+            vec![
+                "--set",
+                "namespace.create=true,prometheus.enabled=true,openshiftConsole.enabled=true",
+            ],
+            with(&["components/prometheus", "components/openshift-console"]),
+        ),
+        // Together, each of the container's environment variables in kustomize's order.
+        (
+            "metrics-https, namespace-policy and retained-volumes",
+            vec![
+                "--set",
+                "namespace.create=true,metricsHttps.enabled=true,namespacePolicy.enabled=true,\
+                 retainedVolumes.enabled=true",
+            ],
+            with(&[
+                "components/metrics-https",
+                "components/namespace-policy",
+                "components/retained-volumes",
             ]),
         ),
     ];
@@ -284,6 +323,9 @@ fn schema_refuses_bad_values() {
         "config.quota.high_water=2",
         "namespaced.namespaces={Team_A}",
         "replica=2",
+        "namespacePolicy.enabled=yes",
+        "retainedVolumes=true",
+        "openshiftConsole.enabled=1",
     ] {
         let error = helm_fails(&["--set", bad]);
         assert!(
@@ -293,6 +335,30 @@ fn schema_refuses_bad_values() {
     }
     let error = helm_fails(&["--set", "prometheus.enabled=true,prometheus.https=true"]);
     assert!(error.contains("set metricsHttps.enabled"), "{error}");
+    // Nor what would leave the daemon without the RBAC a setting needs, or grant cluster-wide
+    // reads in namespaced mode.
+    for (values, refusal) in [
+        ("openshiftConsole.enabled=true", "set prometheus.enabled"),
+        (
+            "config.namespace_policy.enabled=true",
+            "set namespacePolicy.enabled",
+        ),
+        (
+            "config.deletion.read_volumes=true",
+            "set retainedVolumes.enabled",
+        ),
+        (
+            "namespacePolicy.enabled=true,namespaced.namespaces={team-a}",
+            "not with namespaced.namespaces",
+        ),
+        (
+            "retainedVolumes.enabled=true,namespaced.namespaces={team-a}",
+            "not with namespaced.namespaces",
+        ),
+    ] {
+        let error = helm_fails(&["--set", values]);
+        assert!(error.contains(refusal), "{values}: {error}");
+    }
 }
 
 /// The values people change reach the objects: image, replicas, resources, labels and
