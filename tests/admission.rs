@@ -599,7 +599,7 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     // Both claims, the probe too, refused and counted (each is retried; the counts only grow).
     let denied = r#"operation="delete",category="admission-denied""#;
     let failed = format!(
-        r#"namespace="{}",reason="orphaned",result="failed""#,
+        r#"claim_namespace="{}",reason="orphaned",result="failed""#,
         ns.name()
     );
     assert!(
