@@ -16,7 +16,7 @@ use support::{
     notebook_validation_job_resource, pipeline_run_resource, wait_until,
 };
 
-/// The server is the release pinned in hack/k8s (the newest, or the one `WORKSPACE_GC_K8S`
+/// The server is the release pinned in hack/k8s (the newest, or the one `CONTROL_PLANE_K8S`
 /// selects), and no newer than the API k8s-openapi is built for (its `v1_37` feature).
 #[tokio::test]
 async fn server_is_the_pinned_kubernetes_release() {

@@ -385,7 +385,7 @@ impl Drop for ControlPlane {
 }
 
 /// The Kubernetes release the control planes run (`v1.31.14`): the newest pinned in hack/k8s,
-/// or the one `WORKSPACE_GC_K8S` selects (scripts/test runs part of the suite on each).
+/// or the one `CONTROL_PLANE_K8S` selects (scripts/test runs part of the suite on each).
 pub fn kubernetes_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
     VERSION.get_or_init(|| {
