@@ -92,7 +92,8 @@ struct Controller<C, K> {
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
     rounds: Mutex<Rounds>,
-    /// Claims told about the cap in the current episode of it: told once, not at every retry.
+    /// Claims told about the cap and still held back by it: each told once per episode (until
+    /// it gets a slot, or is gone), not at every retry.
     capped: Mutex<BTreeSet<ObjectKey>>,
     /// How long before a claim becomes due its `DeletionScheduled` event is written; `None`: never.
     notice_before: Option<chrono::Duration>,
@@ -600,6 +601,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
+            self.lock_capped().remove(key);
             (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
             return Outcome::Done;
         };
@@ -675,12 +677,12 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         match admission {
             Admission::At(reservation) => {
                 self.metrics.set_cap_unknown(false);
-                // A saturated cap admits one as one expires: the episode lasts until it admits
-                // with room to spare.
                 if !full {
                     self.metrics.set_capped(false);
-                    self.lock_capped().clear();
                 }
+                // A claim's episode of the cap ends when it gets its slot, whatever the others
+                // do: a saturated cap admits one as one expires, several when several expire.
+                self.lock_capped().remove(key);
                 Ok(reservation)
             }
             Admission::Unknown => {
@@ -1379,6 +1381,26 @@ mod tests {
             .count();
         assert_eq!(capped, 2);
         assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_held_back_is_told_once_however_the_window_moves() {
+        let claims = [due("a"), due("b"), due("c"), due("d"), due("e")];
+        let c = controller(FakeCluster::default(), 2, &claims, true);
+        for name in ["a", "b", "c", "d", "e"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        // The window moves past both deletions at once: two slots open together, `e` waits on.
+        tokio::time::advance(Duration::from_secs(3700)).await;
+        for name in ["c", "d", "e"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        let capped = lock(&c.cluster.notices)
+            .iter()
+            .filter(|notice| matches!(notice, Notice::CapReached { .. }))
+            .count();
+        assert_eq!(capped, 3, "c, d and e, once each");
+        assert_eq!(lock(&c.cluster.sent).len(), 4);
     }
 
     #[tokio::test(start_paused = true)]
