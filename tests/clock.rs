@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use support::{
-    ControlPlane, Process, TestNamespace, binary, claim_exists, finished_build, metric, wait_until,
+    ControlPlane, Process, TestNamespace, binary, capped, claim_exists, deleted_count,
+    elected_vars, finished_build, leads_within_the_cap, metric, set_var, wait_until,
 };
 use tempfile::TempDir;
 
@@ -209,4 +210,53 @@ async fn a_clock_two_hours_behind_deletes_only_what_its_own_clock_finds_due() {
     }
     assert_offset_near(&daemon, 7200.0).await;
     daemon.terminate().await;
+}
+
+/// The blast-radius count lives on the Lease, shared by the replicas: it is dated by the API
+/// server's clock, not by each replica's. A cap of 2 per hour, 6 claims due: replica-a (true
+/// clock) deletes 2 and is capped; it hands over to replica-b, whose clock runs 2 h ahead. Dated
+/// by replica-a's clock, the 2 deletions lay 2 h in replica-b's past, out of its window, and it
+/// deleted 2 more.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_whose_clocks_disagree_count_the_same_window() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "clock-cap").await;
+    let mut vars = elected_vars(&ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        "2",
+    );
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
+    let names: Vec<String> = (0..6).map(|i| format!("cap{i}-build-workspace")).collect();
+    for name in &names {
+        support::ClaimBuilder::build_workspace(name)
+            .annotation(
+                workspace_gc::contract::annotations::EXPIRES,
+                &(Utc::now() - chrono::Duration::minutes(1))
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            )
+            .create(&ns)
+            .await;
+    }
+    let logs = tempfile::tempdir().expect("a directory for logs");
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || async {
+            capped(&a).await && deleted_count(&ns, &names).await == 2
+        })
+        .await,
+        "replica-a deletes 2 and reaches the cap:\n{}",
+        a.logs()
+    );
+    let mut ahead = vars.clone();
+    ahead.extend(faketime("+2h"));
+    let b = Process::spawn(kubeconfig, &ahead, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    let status = a.terminate().await;
+    assert!(status.success(), "{status}");
+    leads_within_the_cap(&b, &ns, &names, 2, "on a clock 2 h ahead").await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
 }

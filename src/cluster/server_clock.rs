@@ -260,6 +260,12 @@ impl ServerClock {
             .map_or(DateTime::<Utc>::MIN_UTC, |bounds| bounds.judging(local))
     }
 
+    /// The API server's clock now, as bounds (`None` before any answer): the blast-radius
+    /// ledger is dated by it, so replicas whose clocks disagree count the same window.
+    pub fn server_bounds(&self) -> Option<Bounds> {
+        self.bounds_at(Instant::now())
+    }
+
     /// The monotonic instant [`ServerClock::now`] reaches `deadline`: at once for a deadline
     /// already passed; a while from now before any answer.
     pub fn instant_at(&self, deadline: DateTime<Utc>) -> tokio::time::Instant {

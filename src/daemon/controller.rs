@@ -671,8 +671,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let key = &claim.key;
         let (admission, full) = {
             let mut limiter = self.lock_limiter();
-            let admission = limiter.reserve(Instant::now(), self.clock.wall());
-            (admission, limiter.full(self.clock.wall()))
+            // Judged at the earliest the API server's clock can read: never shorter windows.
+            let (earliest, _) = self.clock.server();
+            let admission = limiter.reserve(Instant::now(), earliest);
+            (admission, limiter.full(earliest))
         };
         match admission {
             Admission::At(reservation) => {
@@ -805,7 +807,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // (a restart inside a window then cannot open room for one delete too many).
         let reservation = self
             .lock_limiter()
-            .count_from(reservation, self.clock.wall() + self.cluster.reach());
+            .count_from(reservation, self.clock.server().1 + self.cluster.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
         let sent = match &ledger {
             Some(ledger) => {
@@ -828,7 +830,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             // Received by the time it was answered, at the latest.
             Ok(DeleteResult::Deleted) => {
                 self.lock_limiter()
-                    .count_from(reservation, self.clock.wall());
+                    .count_from(reservation, self.clock.server().1);
             }
             // It may have been carried out: it stays counted.
             Ok(DeleteResult::Unanswered) => {}
@@ -916,7 +918,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return;
         };
         let found = self.cluster.found_rounds();
-        if let Err(error) = self.rounds().recover(found.as_deref(), self.clock.wall()) {
+        if let Err(error) = self
+            .rounds()
+            .recover(found.as_deref(), self.clock.server().0)
+        {
             warn!(%error, doubt = %humantime::format_duration(quota::DOUBT.to_std().unwrap_or_default()), "the quota pressure rounds on the Lease cannot be trusted; no pressure deletes in a namespace until its quotas are seen to recount, or for the doubt period");
         }
         let index = self.read_index();
@@ -961,7 +966,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             &self.policy_in(index, namespace),
             self.clock.now(),
         );
-        let plan = rounds.plan(namespace, &quotas, &claims, waters, self.clock.wall());
+        let plan = rounds.plan(namespace, &quotas, &claims, waters, self.clock.server().0);
         drop(rounds);
         for victim in plan.victims {
             self.schedule.now(victim);
@@ -980,7 +985,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             &self.policy_in(&index, namespace),
             self.clock.now(),
         );
-        let plan = (self.rounds()).plan(namespace, &quotas, &claims, waters, self.clock.wall());
+        let plan = (self.rounds()).plan(namespace, &quotas, &claims, waters, self.clock.server().0);
         (!plan.pressed.is_empty()).then_some(plan)
     }
 
@@ -1057,7 +1062,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 &present,
                 &claims,
                 waters,
-                self.clock.wall(),
+                self.clock.server().0,
             )
         };
         plan.victims.contains(&facts.claim.key)
@@ -1079,10 +1084,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// when it cannot be read.
     fn recover_cap(&self) {
         let found = self.cluster.found_ledger();
-        if let Err(error) =
-            self.lock_limiter()
-                .recover(found.as_deref(), self.clock.wall(), self.cluster.reach())
-        {
+        if let Err(error) = self.lock_limiter().recover(
+            found.as_deref(),
+            self.clock.server().0,
+            self.cluster.reach(),
+        ) {
             warn!(%error, "the count of deletions in the current window is not known; counting the cap as reached for one window");
             self.metrics.set_cap_unknown(true);
             self.metrics.ledger_fault(error.fault());
@@ -1248,8 +1254,8 @@ mod tests {
             self.wall + elapsed
         }
 
-        fn wall(&self) -> DateTime<Utc> {
-            self.now()
+        fn server(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+            (self.now(), self.now())
         }
 
         fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {

@@ -108,8 +108,11 @@ pub trait Cluster: Send + Sync + 'static {
 pub trait Clock: Send + Sync + 'static {
     /// The instant deadlines are judged at (never later than the API server's clock).
     fn now(&self) -> DateTime<Utc>;
-    /// This replica's wall clock: the blast-radius ledger is dated by it.
-    fn wall(&self) -> DateTime<Utc>;
+    /// The earliest and the latest the API server's clock can read now (this replica's clock,
+    /// twice, before any answer). The blast-radius ledger, shared by every replica through the
+    /// Lease, is dated by it: a deletion at the latest, the window judged at the earliest, so
+    /// it never counts shorter than the server saw it, however the replicas' clocks disagree.
+    fn server(&self) -> (DateTime<Utc>, DateTime<Utc>);
     /// The monotonic instant at which a deadline is met, as [`Clock::now`] judges it.
     fn instant_at(&self, deadline: DateTime<Utc>) -> Instant;
 }
@@ -119,8 +122,11 @@ impl Clock for ServerClock {
         ServerClock::now(self)
     }
 
-    fn wall(&self) -> DateTime<Utc> {
-        Utc::now()
+    fn server(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        self.server_bounds().map_or_else(
+            || (Utc::now(), Utc::now()),
+            |bounds| (bounds.earliest, bounds.latest),
+        )
     }
 
     fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {
