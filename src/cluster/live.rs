@@ -267,6 +267,31 @@ pub async fn namespace_annotations(
     }
 }
 
+/// Claim `key` as the API server has it: its UID, and whether it is being deleted. After a
+/// DELETE that got no answer, this tells whether it was carried out.
+pub async fn claim_state(
+    client: &Client,
+    key: &ObjectKey,
+    metrics: &Metrics,
+) -> Found<(String, bool)> {
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &key.namespace);
+    match api.get_metadata_opt(&key.name).await {
+        Ok(Some(claim)) => {
+            let meta = claim.metadata;
+            Found::Yes((
+                meta.uid.unwrap_or_default(),
+                meta.deletion_timestamp.is_some(),
+            ))
+        }
+        Ok(None) => Found::No,
+        Err(error) => {
+            metrics.api_error(Operation::Get, &error);
+            Found::Unknown(format!("reading claim {key}: {error}"))
+        }
+    }
+}
+
 /// The reclaim policy of PersistentVolume `name`, read live; `None` when it cannot be read.
 pub async fn reclaim_policy(client: &Client, name: &str, metrics: &Metrics) -> Option<String> {
     let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());

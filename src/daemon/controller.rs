@@ -103,6 +103,9 @@ struct Controller<C, K> {
     read_volumes: bool,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    /// Claims (by UID) whose last DELETE got no answer: whether it was carried out is read
+    /// before anything is sent again.
+    unanswered: Mutex<HashMap<ObjectKey, String>>,
 }
 
 /// When a kept claim becomes due and why, with the notice's lead time.
@@ -493,6 +496,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
             noticed: Mutex::default(),
             read_volumes: config.deletion.read_volumes,
+            unanswered: Mutex::default(),
         }
     }
 
@@ -602,6 +606,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
             self.lock_capped().remove(key);
+            self.lock_unanswered().remove(key);
             (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
             return Outcome::Done;
         };
@@ -647,6 +652,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// Deletes a claim for `cause`, in four stages, each taking what the one before returns:
     /// admit (pace and cap), confirm (the live re-check), send (the one DELETE), report.
     async fn act(&self, claim: ClaimFacts, cause: Cause) -> Outcome {
+        if let Some(outcome) = self.after_unanswered(&claim).await {
+            return outcome;
+        }
         let reservation = match self.admit(&claim).await {
             Ok(reservation) => reservation,
             Err(outcome) => return outcome,
@@ -663,6 +671,30 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .send(&claim, cause, reservation, confirmed.live_until)
             .await;
         self.report(&claim, confirmed, sent).await
+    }
+
+    /// After a DELETE of this claim that got no answer: whether it was carried out, read live,
+    /// before anything is sent again. `None` to go on: none was unanswered, or the claim is
+    /// there unchanged and not being deleted.
+    async fn after_unanswered(&self, claim: &ClaimFacts) -> Option<Outcome> {
+        let pending = self.lock_unanswered().get(&claim.key) == Some(&claim.uid);
+        if !pending {
+            return None;
+        }
+        let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
+            Found::Yes((uid, false)) if uid == claim.uid => None,
+            Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
+            _ => {
+                info!(claim = %claim.key, "the delete that got no answer was carried out");
+                Some(Outcome::Done)
+            }
+        };
+        self.lock_unanswered().remove(&claim.key);
+        outcome
+    }
+
+    fn lock_unanswered(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
+        self.unanswered.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A deletion slot from the limiter, or the outcome that defers the claim: the cap is
@@ -833,7 +865,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     .count_from(reservation, self.clock.server().1);
             }
             // It may have been carried out: it stays counted.
-            Ok(DeleteResult::Unanswered) => {}
+            Ok(DeleteResult::Unanswered) => {
+                (self.lock_unanswered()).insert(claim.key.clone(), claim.uid.clone());
+            }
             Ok(_) | Err(_) => self.release(reservation),
         }
         sent
@@ -1156,6 +1190,8 @@ mod tests {
         sent: Mutex<Vec<Sent>>,
         notices: Mutex<Vec<Notice>>,
         dry_run: bool,
+        /// The claim as a live GET finds it (after an unanswered DELETE); `None`: gone.
+        claim_state: Mutex<Option<(String, bool)>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1172,6 +1208,12 @@ mod tests {
             tokio::time::sleep(takes).await;
             let pods = lock(&self.live_pods).clone();
             (synced(std::slice::from_ref(claim), &pods), read_at)
+        }
+
+        async fn claim_state(&self, _: &ObjectKey, _: &Metrics) -> Found<(String, bool)> {
+            lock(&self.claim_state)
+                .clone()
+                .map_or(Found::No, Found::Yes)
         }
 
         async fn quotas(&self, _: &str, _: &Metrics) -> Found<Vec<QuotaEntry>> {
@@ -1372,6 +1414,30 @@ mod tests {
         let outcome = c.clone().reconcile(key("b")).await;
         assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
         assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_unanswered_delete_the_claim_is_read_before_anything_is_sent_again() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        // It was carried out: the claim is being deleted.
+        *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+        let c = controller(cluster, 10, &[due("a")], true);
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::Unanswered)
+        );
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
+        // Another unanswered one, not carried out: the claim is there as it was, so it goes
+        // through the whole path again.
+        *lock(&c.cluster.claim_state) = Some(("a-uid".into(), false));
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(lock(&c.cluster.sent).len(), 2);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 3);
+        assert_eq!(lock(&c.cluster.reads).len(), 3, "each send re-checked live");
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,7 +17,7 @@ use crate::cluster::leader::Fence;
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
-use crate::decide::facts::ClaimFacts;
+use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::namespace::Ignored;
 use crate::decide::quota::{Pressure, QuotaEntry};
@@ -34,6 +34,13 @@ pub trait Cluster: Send + Sync + 'static {
         claim: &ClaimFacts,
         metrics: &Metrics,
     ) -> impl Future<Output = (Self::Live, Instant)> + Send;
+
+    /// The claim as the API server has it now: its UID, and whether it is being deleted.
+    fn claim_state(
+        &self,
+        claim: &ObjectKey,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Found<(String, bool)>> + Send;
 
     /// The ResourceQuotas of a namespace, listed live.
     fn quotas(
@@ -149,6 +156,10 @@ impl Cluster for KubeCluster {
         let live = LiveView::read(&self.client, claim, &self.snapshots, metrics).await;
         let read_at = live.read_at();
         (live, read_at)
+    }
+
+    async fn claim_state(&self, claim: &ObjectKey, metrics: &Metrics) -> Found<(String, bool)> {
+        live::claim_state(&self.client, claim, metrics).await
     }
 
     async fn quotas(&self, namespace: &str, metrics: &Metrics) -> Found<Vec<QuotaEntry>> {
