@@ -14,7 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use support::{
     ControlPlane, Process, TestNamespace, binary, capped, claim_exists, deleted_count,
-    elected_vars, finished_build, leads_within_the_cap, metric, set_var, wait_until,
+    finished_build, leads_within_the_cap, metric, overdue_under_a_cap, wait_until,
 };
 use tempfile::TempDir;
 
@@ -221,24 +221,7 @@ async fn a_clock_two_hours_behind_deletes_only_what_its_own_clock_finds_due() {
 async fn replicas_whose_clocks_disagree_count_the_same_window() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "clock-cap").await;
-    let mut vars = elected_vars(&ns, "4s");
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        "2",
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", "1h");
-    let names: Vec<String> = (0..6).map(|i| format!("cap{i}-build-workspace")).collect();
-    for name in &names {
-        support::ClaimBuilder::build_workspace(name)
-            .annotation(
-                workspace_gc::contract::annotations::EXPIRES,
-                &(Utc::now() - chrono::Duration::minutes(1))
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            )
-            .create(&ns)
-            .await;
-    }
+    let (vars, names) = overdue_under_a_cap(&ns, "cap", 6, 2, "1h").await;
     let logs = tempfile::tempdir().expect("a directory for logs");
     let kubeconfig = cp.kubeconfig_path();
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));

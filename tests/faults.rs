@@ -28,8 +28,8 @@ use support::{
     JobBuilder, PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary,
     binary_vars, capped, deleted, deleted_count, elected_vars, finished_build,
     invariant_audit_rules, leads_within_the_cap, metric, metric_sum,
-    notebook_validation_job_resource, pipeline_run_resource, policy_rule, read_audit, set_var,
-    wait_until,
+    notebook_validation_job_resource, overdue_under_a_cap, pipeline_run_resource, policy_rule,
+    read_audit, set_var, wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
@@ -1087,31 +1087,6 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 
 // ---------------------------------------------------------------------------------------------
 // Limits that hold across restarts and hand-overs, and a leader that stops in time
-
-/// `count` claims named `{prefix}{i}-build-workspace`, all overdue, and the variables of an
-/// elected replica (4 s lease) with a cap of `max` deletions per `window`.
-async fn overdue_under_a_cap(
-    ns: &TestNamespace,
-    prefix: &str,
-    count: usize,
-    max: u32,
-    window: &str,
-) -> (Vec<(&'static str, String)>, Vec<String>) {
-    let mut vars = elected_vars(ns, "4s");
-    set_var(
-        &mut vars,
-        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
-        &max.to_string(),
-    );
-    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", window);
-    let names: Vec<String> = (0..count)
-        .map(|i| format!("{prefix}{i}-build-workspace"))
-        .collect();
-    for name in &names {
-        expiring(name, in_secs(-60)).create(ns).await;
-    }
-    (vars, names)
-}
 
 /// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
 /// the leader shuts down and hands over to a standby, and that one is killed and restarted. The

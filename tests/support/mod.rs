@@ -49,7 +49,8 @@ pub use prometheus::{helm_binary, prometheus_binary};
 pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use replicas::{
-    binary_vars, capped, deleted, deleted_count, elected_vars, leads_within_the_cap, set_var,
+    binary_vars, capped, deleted, deleted_count, elected_vars, leads_within_the_cap,
+    overdue_under_a_cap, set_var,
 };
 
 use std::future::Future;

@@ -94,3 +94,35 @@ pub async fn leads_within_the_cap(
         replica.logs()
     );
 }
+
+/// `count` claims named `{prefix}{i}-build-workspace`, all overdue, and the variables of an
+/// elected replica (4 s lease) with a cap of `max` deletions per `window`.
+pub async fn overdue_under_a_cap(
+    ns: &TestNamespace,
+    prefix: &str,
+    count: usize,
+    max: u32,
+    window: &str,
+) -> (Vec<(&'static str, String)>, Vec<String>) {
+    let mut vars = elected_vars(ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        &max.to_string(),
+    );
+    set_var(&mut vars, "WORKSPACE_GC_DELETION_WINDOW", window);
+    let names: Vec<String> = (0..count)
+        .map(|i| format!("{prefix}{i}-build-workspace"))
+        .collect();
+    for name in &names {
+        super::ClaimBuilder::build_workspace(name)
+            .annotation(
+                workspace_gc::contract::annotations::EXPIRES,
+                &(chrono::Utc::now() - chrono::Duration::minutes(1))
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            )
+            .create(ns)
+            .await;
+    }
+    (vars, names)
+}
