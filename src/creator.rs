@@ -67,7 +67,7 @@ impl JobRef {
             return Err(missing("metadata.name"));
         }
         Ok(JobRef {
-            namespace: key.namespace,
+            namespace: key.namespace.to_string(),
             name: key.name,
             uid,
             created,

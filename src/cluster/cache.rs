@@ -3,7 +3,9 @@
 //! with the secondary indices that map a change of any of them to exactly the claims it can
 //! affect. No I/O; the controller applies watcher events and schedules what comes back.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 
 use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
 use std::collections::BTreeMap;
@@ -47,19 +49,45 @@ pub enum Update {
     Namespace(Change<NamespaceEntry>),
 }
 
-/// One kind's entries.
+/// One kind's entries, each stored under its own key: a map from key to entry would hold every
+/// key twice.
 #[derive(Debug)]
 pub struct Table<E> {
-    items: HashMap<ObjectKey, E>,
+    items: HashSet<Keyed<E>>,
     /// Scopes that have not finished their first list.
     unsynced: HashSet<Scope>,
-    relists: HashMap<Scope, HashMap<ObjectKey, E>>,
+    relists: HashMap<Scope, HashSet<Keyed<E>>>,
 }
+
+/// An entry that hashes and compares as its key, so a set of them is looked up by key.
+#[derive(Debug)]
+struct Keyed<E>(E);
+
+impl<E: Cached> Borrow<ObjectKey> for Keyed<E> {
+    fn borrow(&self) -> &ObjectKey {
+        self.0.key()
+    }
+}
+
+impl<E: Cached> Hash for Keyed<E> {
+    // As the key hashes, which `Borrow` requires.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.key().hash(state);
+    }
+}
+
+impl<E: Cached> PartialEq for Keyed<E> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl<E: Cached> Eq for Keyed<E> {}
 
 impl<E> Table<E> {
     fn new(scopes: &[Scope]) -> Self {
         Self {
-            items: HashMap::new(),
+            items: HashSet::new(),
             unsynced: scopes.iter().cloned().collect(),
             relists: HashMap::new(),
         }
@@ -68,18 +96,26 @@ impl<E> Table<E> {
     fn synced(&self) -> bool {
         self.unsynced.is_empty()
     }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &E> {
+        self.items.iter().map(|entry| &entry.0)
+    }
 }
 
-impl<E: Clone> Table<E> {
+impl<E: Cached> Table<E> {
+    fn entry(&self, key: &ObjectKey) -> Option<&E> {
+        self.items.get(key).map(|entry| &entry.0)
+    }
+
     fn get(&self, key: &ObjectKey, what: &str) -> Found<E> {
         if !self.synced() {
             return Found::Unknown(format!("the {what} cache has not synced yet"));
         }
-        self.items.get(key).cloned().map_or(Found::No, Found::Yes)
-    }
-
-    fn len(&self) -> usize {
-        self.items.len()
+        self.entry(key).cloned().map_or(Found::No, Found::Yes)
     }
 }
 
@@ -159,16 +195,13 @@ impl Index {
             return None;
         }
         let key = ObjectKey::new("", namespace);
-        self.namespaces
-            .items
-            .get(&key)
-            .map(|entry| &entry.annotations)
+        self.namespaces.entry(&key).map(|entry| &entry.annotations)
     }
 
     /// The names of the cached Namespaces.
     pub fn namespace_names(&self) -> Vec<String> {
-        (self.namespaces.items.keys())
-            .map(|key| key.name.clone())
+        (self.namespaces.values())
+            .map(|entry| entry.key.name.clone())
             .collect()
     }
 
@@ -192,30 +225,30 @@ impl Index {
             Change::Apply(entry) => self.upsert(entry, &mut affected),
             Change::Delete(key) => self.remove::<E>(&key, &mut affected),
             Change::Init(scope) => {
-                E::table(self).relists.insert(scope, HashMap::new());
+                E::table(self).relists.insert(scope, HashSet::new());
             }
             Change::InitApply(scope, entry) => {
-                let key = entry.key().clone();
+                // `replace`, not `insert`: a later event of the same object wins.
                 E::table(self)
                     .relists
                     .entry(scope)
                     .or_default()
-                    .insert(key, entry);
+                    .replace(Keyed(entry));
             }
             Change::InitDone(scope) => {
                 let table = E::table(self);
                 let fresh = table.relists.remove(&scope).unwrap_or_default();
                 let vanished: Vec<ObjectKey> = table
-                    .items
-                    .keys()
-                    .filter(|key| in_scope(&scope, key) && !fresh.contains_key(*key))
+                    .values()
+                    .map(Cached::key)
+                    .filter(|key| in_scope(&scope, key) && !fresh.contains(*key))
                     .cloned()
                     .collect();
                 for key in vanished {
                     self.remove::<E>(&key, &mut affected);
                 }
-                for entry in fresh.into_values() {
-                    self.upsert(entry, &mut affected);
+                for entry in fresh {
+                    self.upsert(entry.0, &mut affected);
                 }
                 E::table(self).unsynced.remove(&scope);
             }
@@ -224,10 +257,9 @@ impl Index {
     }
 
     fn upsert<E: Cached>(&mut self, entry: E, affected: &mut BTreeSet<ObjectKey>) {
-        let key = entry.key().clone();
-        if let Some(old) = E::table(self).items.remove(&key) {
+        if let Some(Keyed(old)) = E::table(self).items.take(entry.key()) {
             if old == entry {
-                E::table(self).items.insert(key, old);
+                E::table(self).items.insert(Keyed(old));
                 return;
             }
             old.affected(self, affected);
@@ -235,11 +267,11 @@ impl Index {
         }
         entry.index(self, true);
         entry.affected(self, affected);
-        E::table(self).items.insert(key, entry);
+        E::table(self).items.insert(Keyed(entry));
     }
 
     fn remove<E: Cached>(&mut self, key: &ObjectKey, affected: &mut BTreeSet<ObjectKey>) {
-        if let Some(old) = E::table(self).items.remove(key) {
+        if let Some(Keyed(old)) = E::table(self).items.take(key) {
             old.affected(self, affected);
             old.index(self, false);
         }
@@ -257,17 +289,17 @@ impl Index {
     }
 
     pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimFacts> {
-        self.claims.items.get(key)
+        self.claims.entry(key)
     }
 
     pub fn claims(&self) -> impl Iterator<Item = &ClaimFacts> {
-        self.claims.items.values()
+        self.claims.values()
     }
 
     /// The tracked claims of one namespace.
     pub fn claims_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a ClaimFacts> {
         self.claims()
-            .filter(move |claim| claim.key.namespace == namespace)
+            .filter(move |claim| *claim.key.namespace == *namespace)
     }
 
     /// The ResourceQuotas of one namespace, sorted by name; unknown until their watch listed.
@@ -275,8 +307,8 @@ impl Index {
         if !self.quotas.synced() {
             return Found::Unknown(format!("the {} cache has not synced yet", QuotaEntry::WHAT));
         }
-        let mut quotas: Vec<QuotaEntry> = (self.quotas.items.values())
-            .filter(|quota| quota.key.namespace == namespace)
+        let mut quotas: Vec<QuotaEntry> = (self.quotas.values())
+            .filter(|quota| *quota.key.namespace == *namespace)
             .cloned()
             .collect();
         quotas.sort_by(|a, b| a.key.cmp(&b.key));
@@ -285,8 +317,8 @@ impl Index {
 
     /// The namespaces that hold a cached ResourceQuota.
     pub fn quota_namespaces(&self) -> BTreeSet<String> {
-        (self.quotas.items.keys())
-            .map(|key| key.namespace.clone())
+        (self.quotas.values())
+            .map(|quota| quota.key.namespace.to_string())
             .collect()
     }
 
@@ -304,7 +336,7 @@ impl Index {
     }
 
     fn tracked(&self, key: ObjectKey, out: &mut BTreeSet<ObjectKey>) {
-        if self.claims.items.contains_key(&key) {
+        if self.claims.items.contains(&key) {
             out.insert(key);
         }
     }
@@ -319,7 +351,7 @@ impl Index {
 fn in_scope(scope: &Scope, key: &ObjectKey) -> bool {
     scope
         .as_ref()
-        .is_none_or(|namespace| *namespace == key.namespace)
+        .is_none_or(|namespace| **namespace == *key.namespace)
 }
 
 /// One row of a secondary index: a sorted set with no spare capacity. A row holds one or two
@@ -570,8 +602,8 @@ impl Lookup for Index {
             runs.filter_map(|(kind, name)| {
                 let key = sibling(claim, name.clone());
                 match kind {
-                    OwnerKind::TaskRun => self.task_runs.items.get(&key).map(|e| e.0.clone()),
-                    OwnerKind::Run | OwnerKind::Job => self.runs.items.get(&key).cloned(),
+                    OwnerKind::TaskRun => self.task_runs.entry(&key).map(|e| e.0.clone()),
+                    OwnerKind::Run | OwnerKind::Job => self.runs.entry(&key).cloned(),
                 }
             })
             .collect(),
@@ -584,7 +616,7 @@ impl Lookup for Index {
         }
         let pods = self.pods_by_claim.get(claim).into_iter().flatten();
         Found::Yes(
-            pods.filter_map(|name| self.pods.items.get(&sibling(claim, name.clone())))
+            pods.filter_map(|name| self.pods.entry(&sibling(claim, name.clone())))
                 .map(|pod| PodUse {
                     name: pod.key.name.clone(),
                     phase: pod.phase.clone(),
@@ -840,5 +872,15 @@ mod tests {
         assert_eq!(affected, keys(&["a", "c"]));
         let names: BTreeSet<_> = index.claims().map(|c| c.key.name.clone()).collect();
         assert_eq!(names, ["b", "c"].into_iter().map(String::from).collect());
+
+        // Of two events of one object during a re-list, the later one is kept.
+        let mut changed = claim("c");
+        changed.resource_version = "2".into();
+        index.apply::<ClaimFacts>(Change::Init(Some("ml".into())));
+        index.apply(Change::InitApply(Some("ml".into()), claim("c")));
+        index.apply(Change::InitApply(Some("ml".into()), changed.clone()));
+        let affected = index.apply::<ClaimFacts>(Change::InitDone(Some("ml".into())));
+        assert_eq!(affected, keys(&["c"]));
+        assert_eq!(index.claim(&ObjectKey::new("ml", "c")), Some(&changed));
     }
 }

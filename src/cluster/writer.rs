@@ -236,7 +236,7 @@ impl Writer {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("ResourceQuota".into()),
-            namespace: Some(quota.namespace.clone()),
+            namespace: Some(quota.namespace.to_string()),
             name: Some(quota.name.clone()),
             uid: Some(pressure.quota_uid.clone()),
             ..ObjectReference::default()
@@ -320,7 +320,7 @@ fn reference(claim: &ClaimFacts) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("PersistentVolumeClaim".into()),
-        namespace: Some(claim.key.namespace.clone()),
+        namespace: Some(claim.key.namespace.to_string()),
         name: Some(claim.key.name.clone()),
         uid: Some(claim.uid.clone()),
         resource_version: Some(claim.resource_version.clone()),

@@ -376,9 +376,9 @@ async fn feed<C: Cluster, K: Clock>(
 /// `Some(None)` for a re-list that may change any; `None` for an update of another kind.
 fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
     match update {
-        Update::Quota(Change::Apply(quota)) => Some(Some(quota.key.namespace.clone())),
+        Update::Quota(Change::Apply(quota)) => Some(Some(quota.key.namespace.to_string())),
         Update::Quota(Change::Delete(key)) | Update::Claim(Change::Delete(key)) => {
-            Some(Some(key.namespace.clone()))
+            Some(Some(key.namespace.to_string()))
         }
         Update::Quota(Change::InitDone(_)) | Update::Claim(Change::InitDone(_)) => Some(None),
         _ => None,

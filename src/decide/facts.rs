@@ -3,8 +3,9 @@
 //! These types carry no API objects: the edge (`resources`) turns API objects into them,
 //! converting timestamps into `chrono` once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -15,24 +16,63 @@ use crate::contract::{OwnerKind, naming};
 /// Identifies one namespaced object (a claim, a run, a job, a pod).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
-    pub namespace: String,
+    /// Interned (`intern`): every cached object and index row holds a key, and a cluster has
+    /// few namespaces, so the keys of one namespace share one allocation.
+    #[serde(serialize_with = "serialize_str")]
+    pub namespace: Arc<str>,
     pub name: String,
 }
 
 impl ObjectKey {
     pub fn new(namespace: &str, name: &str) -> Self {
         Self {
-            namespace: namespace.to_owned(),
+            namespace: intern(namespace),
             name: name.to_owned(),
         }
     }
 
     pub fn of(meta: &ObjectMeta) -> Self {
-        Self {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-        }
+        Self::new(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
     }
+}
+
+fn serialize_str<S: serde::Serializer>(text: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(text)
+}
+
+/// Interned namespace names, pruned of the ones no key holds any more whenever the set has
+/// doubled since the last pruning: it stays within twice the namespaces in use, however many
+/// come and go.
+struct Interned {
+    names: BTreeSet<Arc<str>>,
+    prune_at: usize,
+}
+
+/// Names below which the set is never pruned.
+const PRUNE_FLOOR: usize = 64;
+
+static INTERNED: Mutex<Interned> = Mutex::new(Interned {
+    names: BTreeSet::new(),
+    prune_at: PRUNE_FLOOR,
+});
+
+/// The shared copy of `namespace`. Interning changes no behaviour: only where the bytes live.
+fn intern(namespace: &str) -> Arc<str> {
+    // A panic while holding the lock cannot leave the set inconsistent: take it over.
+    let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(name) = interned.names.get(namespace) {
+        return name.clone();
+    }
+    if interned.names.len() >= interned.prune_at {
+        interned.names.retain(|name| Arc::strong_count(name) > 1);
+        interned.prune_at = (interned.names.len() * 2).max(PRUNE_FLOOR);
+    }
+    let name: Arc<str> = Arc::from(namespace);
+    interned.names.insert(name.clone());
+    name
 }
 
 impl fmt::Display for ObjectKey {
@@ -253,5 +293,39 @@ impl Facts {
                 }
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_one_namespace_share_its_name() {
+        let (a, b) = (
+            ObjectKey::new("interned", "a"),
+            ObjectKey::new("interned", "b"),
+        );
+        assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
+        assert_eq!(&*a.namespace, "interned");
+        assert_eq!(a.to_string(), "interned/a");
+        assert_eq!(a, ObjectKey::new(&String::from("interned"), "a"));
+    }
+
+    #[test]
+    fn names_no_key_holds_are_pruned() {
+        let held = ObjectKey::new("held-while-others-come-and-go", "a");
+        for i in 0..10_000 {
+            ObjectKey::new(&format!("gone-{i}"), "a");
+        }
+        let interned = INTERNED.lock().unwrap();
+        // Twice what is held at most (other tests hold a few names at once).
+        assert!(interned.names.len() < 1_000, "{}", interned.names.len());
+        assert!(interned.names.contains("held-while-others-come-and-go"));
+        drop(interned);
+        assert!(Arc::ptr_eq(
+            &held.namespace,
+            &ObjectKey::new("held-while-others-come-and-go", "b").namespace
+        ));
     }
 }

@@ -619,7 +619,7 @@ impl Rounds {
     /// cause: the round must know every claim of ours that leaves): a claim must never be gone
     /// from the cache without being counted here, or the next plan would take one more.
     pub fn record(&mut self, sent: Sent) {
-        let Some(round) = self.namespaces.get_mut(&sent.key.namespace) else {
+        let Some(round) = self.namespaces.get_mut(&*sent.key.namespace) else {
             return;
         };
         round.sent.retain(|s| s.uid != sent.uid);
@@ -628,7 +628,7 @@ impl Rounds {
 
     /// Forgets a delete that did not happen.
     pub fn withdraw(&mut self, key: &ObjectKey, uid: &str) {
-        if let Some(round) = self.namespaces.get_mut(&key.namespace) {
+        if let Some(round) = self.namespaces.get_mut(&*key.namespace) {
             round.sent.retain(|s| s.uid != uid);
         }
     }

@@ -631,7 +631,7 @@ pub fn classic_text(openmetrics: &str) -> String {
 
 fn claim_labels(key: &ObjectKey, tracked: Tracked) -> ClaimLabels {
     ClaimLabels {
-        claim_namespace: key.namespace.clone(),
+        claim_namespace: key.namespace.to_string(),
         state: tracked.state,
         reason: tracked.reason,
     }

@@ -118,7 +118,7 @@ fn row(facts: Facts, policy: PolicySource, decision: Decision) -> Row {
     Row {
         policy,
         build: build_state(&facts.owners),
-        namespace: facts.claim.key.namespace,
+        namespace: facts.claim.key.namespace.to_string(),
         name: facts.claim.key.name,
         owners: facts.owners,
         created: facts.claim.created,
