@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::{Api, ApiResource, ListParams, ObjectList};
+use kube::api::{Api, ApiResource, ListParams};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
@@ -154,24 +154,187 @@ async fn list<K, E>(
     keep: impl Fn(&K) -> Option<E>,
 ) -> Found<Vec<E>>
 where
-    K: Clone + DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let mut entries = Vec::new();
     let mut params = params.limit(PAGE);
     loop {
-        let page: ObjectList<K> = match api.list(&params).await {
-            Ok(page) => page,
+        let token = match page(api, &params, &keep, &mut entries).await {
+            Ok(token) => token,
             Err(error) if resources::is_not_found(&error) => return Found::No,
             Err(error) => {
                 metrics.api_error(Operation::List, &error);
                 return Found::Unknown(format!("listing {what}: {error}"));
             }
         };
-        entries.extend(page.items.iter().filter_map(&keep));
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+        match token.filter(|token| !token.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Found::Yes(entries),
         }
+    }
+}
+
+/// Reads one page into `entries` and returns its continue token. The body is kept as it
+/// arrived, in chunks, and its objects are decoded one at a time: neither a contiguous copy of
+/// the response nor the page's objects are ever held whole, only what `keep` returns.
+async fn page<K, E>(
+    api: &Api<K>,
+    params: &ListParams,
+    keep: &impl Fn(&K) -> Option<E>,
+    entries: &mut Vec<E>,
+) -> kube::Result<Option<String>>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    use futures::AsyncBufReadExt;
+    let mut request = kube::core::Request::new(api.resource_url())
+        .list(params)
+        .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert("list");
+    let body = Client::from(api.clone()).request_stream(request).await?;
+    let mut body = std::pin::pin!(body);
+    let mut chunks = Chunks::default();
+    loop {
+        let read = {
+            let chunk = body.fill_buf().await.map_err(kube::Error::ReadEvents)?;
+            chunks.queue.push_back(chunk.to_vec());
+            chunk.len()
+        };
+        if read == 0 {
+            break;
+        }
+        body.consume_unpin(read);
+    }
+    let mut decoder = serde_json::Deserializer::from_reader(chunks);
+    let token = serde::de::DeserializeSeed::deserialize(
+        ListSeed {
+            keep,
+            entries,
+            object: std::marker::PhantomData::<K>,
+        },
+        &mut decoder,
+    )
+    .and_then(|token| decoder.end().map(|()| token))
+    .map_err(kube::Error::SerdeError)?;
+    Ok(token)
+}
+
+/// A response body as it arrived, read front to back, each chunk freed once read.
+#[derive(Default)]
+struct Chunks {
+    queue: std::collections::VecDeque<Vec<u8>>,
+    at: usize,
+}
+
+impl std::io::Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(front) = self.queue.front() {
+            if self.at < front.len() {
+                let n = buf.len().min(front.len() - self.at);
+                buf[..n].copy_from_slice(&front[self.at..self.at + n]);
+                self.at += n;
+                return Ok(n);
+            }
+            self.queue.pop_front();
+            self.at = 0;
+        }
+        Ok(0)
+    }
+}
+
+/// Decodes a list response: `items` one object at a time into `entries` (through `keep`),
+/// `metadata.continue` as the value; everything else is skipped.
+struct ListSeed<'a, K, E, F> {
+    keep: &'a F,
+    entries: &'a mut Vec<E>,
+    object: std::marker::PhantomData<K>,
+}
+
+impl<'de, K, E, F> serde::de::DeserializeSeed<'de> for ListSeed<'_, K, E, F>
+where
+    K: DeserializeOwned,
+    F: Fn(&K) -> Option<E>,
+{
+    type Value = Option<String>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, K, E, F> serde::de::Visitor<'de> for ListSeed<'_, K, E, F>
+where
+    K: DeserializeOwned,
+    F: Fn(&K) -> Option<E>,
+{
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut token = None;
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "metadata" => {
+                    let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta =
+                        map.next_value()?;
+                    token = meta.continue_;
+                }
+                "items" => map.next_value_seed(Items {
+                    keep: self.keep,
+                    entries: &mut *self.entries,
+                    object: self.object,
+                })?,
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(token)
+    }
+}
+
+/// A list's `items` (`null` counts as empty), each object dropped once `keep` has seen it.
+struct Items<'a, K, E, F> {
+    keep: &'a F,
+    entries: &'a mut Vec<E>,
+    object: std::marker::PhantomData<K>,
+}
+
+impl<'de, K, E, F> serde::de::DeserializeSeed<'de> for Items<'_, K, E, F>
+where
+    K: DeserializeOwned,
+    F: Fn(&K) -> Option<E>,
+{
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, K, E, F> serde::de::Visitor<'de> for Items<'_, K, E, F>
+where
+    K: DeserializeOwned,
+    F: Fn(&K) -> Option<E>,
+{
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of objects")
+    }
+
+    fn visit_unit<Err>(self) -> Result<(), Err> {
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(object) = seq.next_element::<K>()? {
+            self.entries.extend((self.keep)(&object));
+        }
+        Ok(())
     }
 }
 
@@ -495,6 +658,88 @@ mod tests {
         // Nothing is held between bursts.
         let slot = snapshots.namespaces.lock().unwrap()["ml"].clone();
         assert!(slot.latest.lock().await.is_none());
+    }
+
+    /// A mock API server answering each pods LIST with the next of `bodies`.
+    fn paged_server(bodies: Vec<&'static str>) -> (Client, Arc<Mutex<Vec<String>>>) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let queries = Arc::new(Mutex::new(Vec::new()));
+        let seen = queries.clone();
+        tokio::spawn(async move {
+            let mut bodies = bodies.into_iter();
+            while let Some((request, reply)) = handle.next_request().await {
+                let query = request.uri().query().unwrap_or_default().to_owned();
+                seen.lock().unwrap().push(query);
+                let body = Body::from(bodies.next().unwrap().as_bytes().to_vec());
+                reply.send_response(Response::builder().status(200).body(body).unwrap());
+            }
+        });
+        (Client::new(service, "default"), queries)
+    }
+
+    #[test]
+    fn chunks_read_back_what_arrived_in_order() {
+        use std::io::Read;
+        let mut chunks = Chunks::default();
+        for chunk in ["{\"a\"", "", ":[1,", "2]}"] {
+            chunks.queue.push_back(chunk.as_bytes().to_vec());
+        }
+        let mut small = [0u8; 3];
+        let mut text = Vec::new();
+        loop {
+            let n = chunks.read(&mut small).unwrap();
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&small[..n]);
+        }
+        assert_eq!(String::from_utf8(text).unwrap(), "{\"a\":[1,2]}");
+        assert!(chunks.queue.is_empty(), "each chunk is freed once read");
+    }
+
+    fn pod_names(found: Found<Vec<PodEntry>>) -> Vec<String> {
+        let Found::Yes(pods) = found else {
+            panic!("{found:?}")
+        };
+        pods.into_iter().map(|pod| pod.key.name).collect()
+    }
+
+    #[tokio::test]
+    async fn pages_are_decoded_object_by_object_and_followed_to_the_end() {
+        let (client, queries) = paged_server(vec![
+            r#"{"kind":"PodList","apiVersion":"v1","metadata":{"continue":"next","resourceVersion":"9"},
+               "items":[{"metadata":{"name":"p1","namespace":"ml","labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"x"}]}},
+                        {"metadata":{"name":"p2","namespace":"ml"},"spec":{}}],"extra":[1,{"x":null}]}"#,
+            r#"{"items":null,"metadata":{}}"#,
+        ]);
+        let api: Api<PodVolumes> = Api::namespaced(client, "ml");
+        let metrics = Metrics::register(&mut Registry::default());
+        let found = super::list("pods", &api, ListParams::default(), &metrics, |pod| {
+            Some(resources::pod_entry(pod))
+        })
+        .await;
+        assert_eq!(pod_names(found), ["p1", "p2"]);
+        let queries = queries.lock().unwrap().clone();
+        assert_eq!(queries.len(), 2, "{queries:?}");
+        assert!(queries[1].contains("continue=next"), "{queries:?}");
+    }
+
+    #[tokio::test]
+    async fn a_cut_or_garbled_page_is_unknown() {
+        for body in [
+            r#"{"metadata":{},"items":[{"metadata":{"name":"p1","namespace":"ml"}}"#,
+            r#"{"metadata":{},"items":[{"metadata":{"name":"p1","namespace":"ml"}}]} trailing"#,
+            r#"{"metadata":{},"items":{"not":"a list"}}"#,
+        ] {
+            let (client, _) = paged_server(vec![body]);
+            let api: Api<PodVolumes> = Api::namespaced(client, "ml");
+            let metrics = Metrics::register(&mut Registry::default());
+            let found = super::list("pods", &api, ListParams::default(), &metrics, |pod| {
+                Some(resources::pod_entry(pod))
+            })
+            .await;
+            assert!(matches!(found, Found::Unknown(_)), "{body}: {found:?}");
+        }
     }
 
     #[tokio::test]
