@@ -274,7 +274,7 @@ where
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut token = None;
+        let (mut token, mut items) = (None, false);
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
                 "metadata" => {
@@ -282,15 +282,22 @@ where
                         map.next_value()?;
                     token = meta.continue_;
                 }
-                "items" => map.next_value_seed(Items {
-                    keep: self.keep,
-                    entries: &mut *self.entries,
-                    object: self.object,
-                })?,
+                "items" => {
+                    map.next_value_seed(Items {
+                        keep: self.keep,
+                        entries: &mut *self.entries,
+                        object: self.object,
+                    })?;
+                    items = true;
+                }
                 _ => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
+        }
+        // A list without `items` is no answer: it would read as an empty namespace.
+        if !items {
+            return Err(serde::de::Error::missing_field("items"));
         }
         Ok(token)
     }
@@ -730,6 +737,7 @@ mod tests {
             r#"{"metadata":{},"items":[{"metadata":{"name":"p1","namespace":"ml"}}"#,
             r#"{"metadata":{},"items":[{"metadata":{"name":"p1","namespace":"ml"}}]} trailing"#,
             r#"{"metadata":{},"items":{"not":"a list"}}"#,
+            r#"{"kind":"PodList","metadata":{}}"#,
         ] {
             let (client, _) = paged_server(vec![body]);
             let api: Api<PodVolumes> = Api::namespaced(client, "ml");
