@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 mod audit;
+mod claims;
 mod cluster;
 mod daemon;
 pub mod graph;
@@ -22,6 +23,8 @@ pub use audit::{
     AuditEvent, DEFAULT_RECHECK_BOUND, DeleteInvariant, Violation, ViolationKind,
     invariant_audit_rules, read_audit,
 };
+#[allow(unused_imports)]
+pub use claims::{Fate, deleted_events, events, expiring, fate, in_secs};
 #[allow(unused_imports)]
 pub use cluster::{
     ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
@@ -49,8 +52,8 @@ pub use prometheus::{helm_binary, prometheus_binary};
 pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use replicas::{
-    binary_vars, capped, deleted, deleted_count, elected_vars, leads_within_the_cap,
-    overdue_under_a_cap, set_var,
+    binary_vars, capped, daemon_role, deleted, deleted_count, elected_role, elected_vars,
+    leads_within_the_cap, log_dir, overdue_under_a_cap, set_var,
 };
 
 use std::future::Future;
