@@ -1,6 +1,6 @@
 //! The shipped manifests as tests read them: objects rendered by kustomize (or Helm), a
 //! throw-away overlay, OpenShift's restricted-v2 check, and the daemon run as the rendered
-//! Deployment runs it. Shared by tests/deploy.rs and tests/helm.rs.
+//! Deployment runs it. Shared by tests/deploy/ and tests/helm.rs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
