@@ -26,6 +26,9 @@ mod cluster;
 mod observe;
 mod population;
 mod report;
+// The test kit's statistics (tests/support), one definition for the soak and the benchmark.
+#[path = "../tests/support/stats.rs"]
+mod stats;
 mod sweep;
 
 use std::path::PathBuf;

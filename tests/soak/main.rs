@@ -43,6 +43,9 @@
 
 #[path = "../support/mod.rs"]
 mod support;
+// The test kit's one percentile, shared with the benchmark; its unit tests run here.
+#[path = "../support/stats.rs"]
+mod stats;
 
 mod faults;
 mod judge;

@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use crate::faults::Faults;
 use crate::judge::Verdict;
 use crate::replicas::Replica;
+use crate::stats::percentile;
 use crate::support::metric_sum;
 use crate::world::World;
 use crate::{BOUND, CAP, WINDOW};
@@ -20,14 +21,6 @@ pub struct Run {
     /// When every claim had been made collectable, before the drain.
     pub settled: DateTime<Utc>,
     pub checked_at: DateTime<Utc>,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 /// Prints the report of a run.
@@ -104,8 +97,8 @@ pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
     );
     println!(
         "soak: reclaim lag after a claim became deletable: p50 {:.2} s, p95 {:.1} s, max {:.1} s ({} deletes)",
-        percentile(lags, 50.0),
-        percentile(lags, 95.0),
+        percentile(lags, 0.50).unwrap_or(0.0),
+        percentile(lags, 0.95).unwrap_or(0.0),
         lags.last().copied().unwrap_or(0.0),
         lags.len()
     );

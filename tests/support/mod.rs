@@ -1,5 +1,8 @@
 //! Test support: a real local control plane (`scripts/control-plane`), per-test namespaces, and
 //! builders for the objects workspace-gc reads. Included by integration tests with `mod support;`.
+//! A few files depend on nothing else here and are shared with the benchmark, which includes
+//! them with `#[path]` (bench/reclaim.rs): stats.rs (the one percentile; the soak includes it
+//! the same way, so that its unit tests run once, in the soak's binary).
 // Each test binary compiles this module but uses only part of it.
 #![allow(dead_code)]
 
