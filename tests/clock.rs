@@ -13,12 +13,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use support::{
-    ControlPlane, Process, TestNamespace, binary, capped, claim_exists, deleted_count,
+    ControlPlane, Process, TestNamespace, binary, capped, claim_exists, deleted_count, faketime,
     finished_build, leads_within_the_cap, metric, overdue_under_a_cap, wait_until,
 };
 use tempfile::TempDir;
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -26,19 +24,6 @@ fn secs(n: u64) -> Duration {
 
 fn ago(minutes: i64) -> DateTime<Utc> {
     Utc::now() - chrono::Duration::minutes(minutes)
-}
-
-/// The environment that runs a process with its wall clock `shift` off ("+2h", "-2h").
-fn faketime(shift: &str) -> Vec<(&'static str, String)> {
-    assert!(
-        Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} is missing: install Debian's faketime (scripts/test does)"
-    );
-    vec![
-        ("LD_PRELOAD", LIBFAKETIME.into()),
-        ("FAKETIME", shift.into()),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
-    ]
 }
 
 fn daemon_vars(ns: &TestNamespace, shift: &str) -> Vec<(&'static str, String)> {

@@ -60,14 +60,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use clap::Parser;
 use support::{
-    ControlPlane, ControlPlaneOptions, DEFAULT_RECHECK_BOUND, Proxy, TestNamespace, read_audit,
-    service_account,
+    ControlPlane, ControlPlaneOptions, DEFAULT_RECHECK_BOUND, Proxy, TestNamespace, faketime,
+    read_audit, service_account,
 };
 use tokio::sync::{Mutex, RwLock};
 
 use crate::faults::Faults;
 use crate::load::{Driver, Rng};
-use crate::replicas::{Replica, faketime, install_daemon_identity};
+use crate::replicas::{Replica, install_daemon_identity};
 use crate::world::World;
 
 /// The daemon's policy in this run (set through its environment), and the same numbers for

@@ -150,23 +150,3 @@ pub async fn install_daemon_identity(client: &Client) {
         }
     }
 }
-
-/// libfaketime's variables that set the wall clock `offset` off ("+2h"); the monotonic clock
-/// (timers, the fence) stays true, as on a node whose RTC is wrong.
-pub fn faketime(offset: &str) -> Vec<(&'static str, String)> {
-    let library = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-        "/usr/local/lib/faketime/libfaketime.so.1",
-    ]
-    .into_iter()
-    .find(|path| Path::new(path).exists())
-    .expect("--clock-offset needs libfaketime (Debian's faketime package)");
-    vec![
-        ("LD_PRELOAD", library.to_owned()),
-        ("FAKETIME", offset.to_owned()),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
-        ("FAKETIME_DONT_RESET", "1".to_owned()),
-    ]
-}

@@ -10,6 +10,7 @@ mod audit;
 mod claims;
 mod cluster;
 mod daemon;
+mod faketime;
 pub mod graph;
 mod http_proxy;
 mod kubelet;
@@ -35,6 +36,8 @@ pub use cluster::{
 };
 #[allow(unused_imports)]
 pub use daemon::{Daemon, Process, audit_rows, binary, free_port, http_get, metric, metric_sum};
+#[allow(unused_imports)]
+pub use faketime::faketime;
 #[allow(unused_imports)]
 pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account};
 #[allow(unused_imports)]
