@@ -455,56 +455,6 @@ pub async fn apiserver_metrics(client: &Client) -> Result<String> {
     Ok(client.request_text(request).await?)
 }
 
-/// Sums every sample of `family` (e.g. `apiserver_response_sizes_sum`) whose labels contain
-/// all of `labels` (`key="value"` fragments).
-pub fn metric_sum(text: &str, family: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name_labels, value) = l.rsplit_once(' ')?;
-            let (name, rest) = match name_labels.split_once('{') {
-                Some((n, r)) => (n, r),
-                None => (name_labels, ""),
-            };
-            (name == family && labels.iter().all(|want| rest.contains(want)))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
-}
-
-/// One plain HTTP/1.1 GET to 127.0.0.1:`port`; the status code and body.
-pub async fn local_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&response);
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Some((code, body))
-}
-
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
 /// The load average line of /proc/loadavg (1, 5, 15 minutes).
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::daemon::{free_port, http_get};
+use super::scrape::{free_port, http_get};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BINARY: &str = env!("CARGO_BIN_EXE_workspace-gc");

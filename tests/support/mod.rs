@@ -1,8 +1,9 @@
 //! Test support: a real local control plane (`scripts/control-plane`), per-test namespaces, and
 //! builders for the objects workspace-gc reads. Included by integration tests with `mod support;`.
 //! A few files depend on nothing else here and are shared with the benchmark, which includes
-//! them with `#[path]` (bench/reclaim.rs): stats.rs (the one percentile; the soak includes it
-//! the same way, so that its unit tests run once, in the soak's binary).
+//! them with `#[path]` (bench/reclaim.rs): scrape.rs (a process's HTTP endpoints and metrics) and
+//! stats.rs (the one percentile; the soak includes it the same way, so that its unit tests run
+//! once, in the soak's binary).
 // Each test binary compiles this module but uses only part of it.
 #![allow(dead_code)]
 
@@ -20,6 +21,7 @@ pub mod oracle;
 mod prometheus;
 mod proxy;
 mod replicas;
+mod scrape;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
@@ -35,7 +37,7 @@ pub use cluster::{
     policy_rule,
 };
 #[allow(unused_imports)]
-pub use daemon::{Daemon, Process, audit_rows, binary, free_port, http_get, metric, metric_sum};
+pub use daemon::{Daemon, Process, audit_rows, binary};
 #[allow(unused_imports)]
 pub use faketime::faketime;
 #[allow(unused_imports)]
@@ -61,6 +63,8 @@ pub use replicas::{
     binary_vars, capped, daemon_role, deleted, deleted_count, elected_role, elected_vars,
     leads_within_the_cap, log_dir, overdue_under_a_cap, set_var,
 };
+#[allow(unused_imports)]
+pub use scrape::{free_port, http_get, metric, metric_sum};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
