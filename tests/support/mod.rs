@@ -1,13 +1,14 @@
 //! Test support: a real local control plane (`scripts/control-plane`), per-test namespaces, and
 //! builders for the objects workspace-gc reads. Included by integration tests with `mod support;`.
 //! A few files depend on nothing else here and are shared with the benchmark, which includes
-//! them with `#[path]` (bench/reclaim.rs): scrape.rs (a process's HTTP endpoints and metrics) and
-//! stats.rs (the one percentile; the soak includes it the same way, so that its unit tests run
-//! once, in the soak's binary).
+//! them with `#[path]` (bench/reclaim.rs): audit_log.rs (the API server's audit log), scrape.rs
+//! (a process's HTTP endpoints and metrics) and stats.rs (the one percentile; the soak includes
+//! it the same way, so that its unit tests run once, in the soak's binary).
 // Each test binary compiles this module but uses only part of it.
 #![allow(dead_code)]
 
 mod audit;
+mod audit_log;
 mod claims;
 mod cluster;
 mod daemon;
@@ -26,9 +27,10 @@ mod scrape;
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
 pub use audit::{
-    AuditEvent, DEFAULT_RECHECK_BOUND, DeleteInvariant, Violation, ViolationKind,
-    invariant_audit_rules, read_audit,
+    DEFAULT_RECHECK_BOUND, DeleteInvariant, Violation, ViolationKind, invariant_audit_rules,
 };
+#[allow(unused_imports)]
+pub use audit_log::{AuditEvent, read_audit};
 #[allow(unused_imports)]
 pub use claims::{Fate, deleted_events, events, expiring, fate, in_secs};
 #[allow(unused_imports)]
