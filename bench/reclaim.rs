@@ -27,13 +27,15 @@ mod observe;
 mod population;
 mod report;
 // From the test kit (tests/support), one definition for the tests and the benchmark: the audit
-// log, a process's HTTP endpoints and metrics, and the percentile.
+// log, a process's HTTP endpoints and metrics, scripts/control-plane, and the percentile.
 // The benchmark counts requests; what only the tests read of a record is unused here.
 #[allow(dead_code)]
 #[path = "../tests/support/audit_log.rs"]
 mod audit_log;
 #[path = "../tests/support/scrape.rs"]
 mod scrape;
+#[path = "../tests/support/script.rs"]
+mod script;
 #[path = "../tests/support/stats.rs"]
 mod stats;
 mod sweep;

@@ -10,12 +10,12 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::Kubeconfig;
 use kube::{Client, Config};
 use serde::de::DeserializeOwned;
 use workspace_gc::config::Config as DaemonConfig;
 
-pub(super) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane");
+use super::script::{self, SCRIPT};
 
 /// What a dedicated control plane runs besides etcd and kube-apiserver.
 #[derive(Debug, Clone, Default)]
@@ -126,39 +126,13 @@ impl ControlPlane {
             .expect("create a directory for the control plane")
             // The script's `down` (or its watchdog) removes it.
             .keep();
-        let mut up = Command::new(SCRIPT);
-        up.arg("up")
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string());
-        if options.controller_manager {
-            up.arg("--controller-manager");
-        }
-        if tekton {
-            up.arg("--tekton");
-        }
-        for arg in &options.apiserver_args {
-            up.arg("--apiserver-arg").arg(arg);
-        }
-        let output = up
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("run {SCRIPT}: {e}"));
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            output.status.success(),
-            "`{SCRIPT} up` failed ({}):\n{stderr}",
-            output.status
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let kubeconfig = PathBuf::from(
-            stdout
-                .lines()
-                .last()
-                .unwrap_or_else(|| panic!("`{SCRIPT} up` printed no kubeconfig path:\n{stderr}"))
-                .trim(),
-        );
+        let kubeconfig = script::up(
+            &dir,
+            options.controller_manager,
+            tekton,
+            &options.apiserver_args,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let config = load_config(&kubeconfig);
         ControlPlane {
             dir,
@@ -366,20 +340,8 @@ impl Drop for ControlPlane {
             return;
         }
         // Errors are only reported: panicking in drop would abort a test that is unwinding.
-        match Command::new(SCRIPT)
-            .arg("down")
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!(
-                "`{SCRIPT} down` failed ({}):\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            ),
-            Err(e) => eprintln!("run {SCRIPT} down: {e}"),
+        if let Err(e) = script::down(&self.dir) {
+            eprintln!("{e}");
         }
     }
 }
@@ -437,19 +399,12 @@ fn ensure_binaries(build: &str) {
     built.push(build.to_owned());
 }
 
-fn load_config(kubeconfig: &Path) -> Config {
-    let parsed = Kubeconfig::read_from(kubeconfig)
-        .unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
-    // Loading an already-parsed kubeconfig does no I/O, so blocking on it is harmless even
+/// The client configuration in `kubeconfig` (never through an HTTPS_PROXY), for a client that
+/// is not the admin's.
+pub fn load_config(kubeconfig: &Path) -> Config {
+    // Loading a kubeconfig from a file does no network I/O, so blocking on it is harmless even
     // inside a Tokio runtime.
-    let mut config = futures::executor::block_on(Config::from_custom_kubeconfig(
-        parsed,
-        &KubeConfigOptions::default(),
-    ))
-    .unwrap_or_else(|e| panic!("load {}: {e}", kubeconfig.display()));
-    // An HTTPS_PROXY from the environment must not intercept 127.0.0.1.
-    config.proxy_url = None;
-    config
+    futures::executor::block_on(script::load_config(kubeconfig)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Creates `object`, treating "already exists" as success.

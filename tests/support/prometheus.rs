@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-use super::cluster::SCRIPT;
+use super::script::SCRIPT;
 
 /// The bin dir `scripts/control-plane VERB` builds (if missing) and prints last, once per verb.
 fn built(verb: &str) -> PathBuf {
