@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::support::{Overlay, Rendered};
 
-pub(crate) fn alert_rules(rendered: &Rendered) -> Vec<Value> {
+pub fn alert_rules(rendered: &Rendered) -> Vec<Value> {
     rendered.only("PrometheusRule")["spec"]["groups"]
         .as_array()
         .unwrap()
@@ -15,18 +15,18 @@ pub(crate) fn alert_rules(rendered: &Rendered) -> Vec<Value> {
 }
 
 /// The base with the Prometheus component, rendered.
-pub(crate) fn monitoring() -> Rendered {
+pub fn monitoring() -> Rendered {
     Overlay::new(&["base"], &["components/prometheus"], "").render()
 }
 
 /// The PrometheusRule's groups as a Prometheus rule file (JSON is YAML).
-pub(crate) fn rule_file(rendered: &Rendered) -> String {
+pub fn rule_file(rendered: &Rendered) -> String {
     let groups = &rendered.only("PrometheusRule")["spec"]["groups"];
     serde_json::to_string_pretty(&json!({ "groups": groups })).unwrap()
 }
 
 /// Every alert's name and expression.
-pub(crate) fn alert_exprs(rendered: &Rendered) -> Vec<(String, String)> {
+pub fn alert_exprs(rendered: &Rendered) -> Vec<(String, String)> {
     alert_rules(rendered)
         .iter()
         .map(|rule| {
@@ -37,7 +37,7 @@ pub(crate) fn alert_exprs(rendered: &Rendered) -> Vec<(String, String)> {
 }
 
 /// The Grafana dashboard the component's ConfigMap carries.
-pub(crate) fn dashboard(rendered: &Rendered) -> Value {
+pub fn dashboard(rendered: &Rendered) -> Value {
     let config_map = rendered.get("ConfigMap", "workspace-gc-dashboard");
     let text = config_map["data"]["workspace-gc.json"]
         .as_str()
@@ -46,7 +46,7 @@ pub(crate) fn dashboard(rendered: &Rendered) -> Value {
 }
 
 /// Every panel's title and queries.
-pub(crate) fn panel_queries(dashboard: &Value) -> Vec<(String, Vec<String>)> {
+pub fn panel_queries(dashboard: &Value) -> Vec<(String, Vec<String>)> {
     dashboard["panels"]
         .as_array()
         .expect("panels")
@@ -65,7 +65,7 @@ pub(crate) fn panel_queries(dashboard: &Value) -> Vec<(String, Vec<String>)> {
 }
 
 /// Each panel's title, and its queries with their legends.
-pub(crate) fn panels_with_legends(dashboard: &Value) -> Vec<(String, Vec<(String, String)>)> {
+pub fn panels_with_legends(dashboard: &Value) -> Vec<(String, Vec<(String, String)>)> {
     dashboard["panels"]
         .as_array()
         .expect("panels")

@@ -26,7 +26,7 @@ fn recording_rules(queries: &[String]) -> String {
 
 /// Runs `promtool ARGS` in `dir` with `stdin` as its input: whether it succeeded, and what it
 /// printed.
-pub(crate) fn promtool(dir: &Path, args: &[&str], stdin: &str) -> (bool, String) {
+pub fn promtool(dir: &Path, args: &[&str], stdin: &str) -> (bool, String) {
     use std::io::Write as _;
     let mut child = Command::new(prometheus_binary("promtool"))
         .args(args)

@@ -26,7 +26,7 @@ use crate::{LEASE, NAMESPACE, WATCHED, scratch, secs};
 
 /// The ClusterRole, one line per (API group, resource, verbs): what a reviewer signs off.
 /// Changing it must be deliberate: both the manifest and this table.
-pub(crate) const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
+pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "persistentvolumeclaims", &["list", "watch", "delete"]),
     ("", "pods", &["list", "watch"]),
     (
@@ -43,7 +43,7 @@ pub(crate) const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
 /// Every (group, resource, verb, resourceName) a list of PolicyRules grants; "" for any name.
 type Grant = (String, String, String, String);
 
-pub(crate) fn grants(rules: &Value) -> BTreeSet<Grant> {
+pub fn grants(rules: &Value) -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
     for rule in rules.as_array().expect("rules") {
         let names = strings(&rule["resourceNames"]);
@@ -65,7 +65,7 @@ pub(crate) fn grants(rules: &Value) -> BTreeSet<Grant> {
     out
 }
 
-pub(crate) fn table_grants(table: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
+pub fn table_grants(table: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
     let rules: Vec<Value> = table
         .iter()
         .map(|(group, resource, verbs)| {
@@ -76,7 +76,7 @@ pub(crate) fn table_grants(table: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
 }
 
 /// The Lease Role's grants: read and renew one Lease by name, create (unrestrictable by name).
-pub(crate) fn lease_grants(lease_name: &str) -> BTreeSet<Grant> {
+pub fn lease_grants(lease_name: &str) -> BTreeSet<Grant> {
     grants(&json!([
         { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
           "resourceNames": [lease_name], "verbs": ["get", "patch"] },

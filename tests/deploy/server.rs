@@ -15,7 +15,7 @@ use crate::support::{ControlPlane, DeployedDaemon as Daemon, Launch, manifests, 
 use crate::{BASE_APPLIED, NAMESPACE, secs};
 
 /// `kubectl apply --server-side -k DIR` as cluster-admin, exactly as the README says.
-pub(crate) fn apply(control_plane: &ControlPlane, dir: &Path) {
+pub fn apply(control_plane: &ControlPlane, dir: &Path) {
     let output = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(control_plane.kubeconfig_path())
@@ -35,7 +35,7 @@ pub(crate) fn apply(control_plane: &ControlPlane, dir: &Path) {
     );
 }
 
-pub(crate) async fn apply_base(control_plane: &ControlPlane) {
+pub async fn apply_base(control_plane: &ControlPlane) {
     BASE_APPLIED
         .get_or_init(|| async {
             // The namespaced overlay's test creates this namespace too; creating it first here
@@ -47,7 +47,7 @@ pub(crate) async fn apply_base(control_plane: &ControlPlane) {
 }
 
 /// Creates namespace `name` unless it exists (for the fixed names of the shipped overlays).
-pub(crate) async fn ensure_namespace(client: &Client, name: &str) {
+pub async fn ensure_namespace(client: &Client, name: &str) {
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -67,11 +67,7 @@ pub(crate) async fn ensure_namespace(client: &Client, name: &str) {
 
 /// `workspace-gc audit` with the deployed configuration and the given credentials: its exit
 /// code and output.
-pub(crate) async fn audit(
-    launch: &Launch,
-    kubeconfig: &Path,
-    extra: &[String],
-) -> (Option<i32>, String) {
+pub async fn audit(launch: &Launch, kubeconfig: &Path, extra: &[String]) -> (Option<i32>, String) {
     let output = launch
         .command(kubeconfig)
         .arg("audit")
@@ -91,7 +87,7 @@ pub(crate) async fn audit(
 }
 
 /// No API call of the daemon was forbidden: its rights were enough.
-pub(crate) fn assert_nothing_forbidden(metrics: &str) {
+pub fn assert_nothing_forbidden(metrics: &str) {
     let forbidden: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("workspace_gc_api_errors_total") && l.contains("forbidden"))
@@ -111,7 +107,7 @@ async fn events_about(client: &Client, namespace: &str, name: &str) -> Vec<Event
         .collect()
 }
 
-pub(crate) async fn event_with_reason(
+pub async fn event_with_reason(
     client: &Client,
     namespace: &str,
     claim: &str,
@@ -123,7 +119,7 @@ pub(crate) async fn event_with_reason(
         .find(|e| e.reason.as_deref() == Some(reason))
 }
 
-pub(crate) async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
+pub async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
     Api::<Lease>::namespaced(client.clone(), namespace)
         .get_opt("workspace-gc")
         .await
@@ -132,7 +128,7 @@ pub(crate) async fn lease_holder(client: &Client, namespace: &str) -> Option<Str
 }
 
 /// Waits until `daemon` has deleted claim `name`.
-pub(crate) async fn assert_deleted(client: &Client, namespace: &str, name: &str, daemon: &Daemon) {
+pub async fn assert_deleted(client: &Client, namespace: &str, name: &str, daemon: &Daemon) {
     assert!(
         wait_until(secs(30), || claim_is_gone(client, namespace, name)).await,
         "the expired claim was deleted:\n{}",
@@ -140,7 +136,7 @@ pub(crate) async fn assert_deleted(client: &Client, namespace: &str, name: &str,
     );
 }
 
-pub(crate) async fn claim_is_gone(client: &Client, namespace: &str, name: &str) -> bool {
+pub async fn claim_is_gone(client: &Client, namespace: &str, name: &str) -> bool {
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await

@@ -87,7 +87,7 @@ impl Faults {
     }
 
     /// SIGKILLs the replica that holds the lease and starts it again after `down`.
-    pub async fn kill_leader(&mut self, down: Duration) {
+    async fn kill_leader(&mut self, down: Duration) {
         let target = self.leader().await.unwrap_or(0);
         let replica = &mut self.replicas[target];
         replica.scrape().await;
@@ -160,7 +160,7 @@ impl Faults {
 
     /// Injects the next fault: each kind in turn, in an order shuffled per round, so a run of
     /// eight faults or more has every kind.
-    pub async fn inject(&mut self, rng: &mut Rng) {
+    async fn inject(&mut self, rng: &mut Rng) {
         if self.order.is_empty() {
             let mut kinds: Vec<usize> = (0..8).collect();
             for i in (1..kinds.len()).rev() {

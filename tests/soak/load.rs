@@ -43,11 +43,11 @@ impl Rng {
         low + self.next() % (high - low + 1)
     }
 
-    pub fn chance(&mut self, percent: u64) -> bool {
+    fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
 
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
         (!items.is_empty()).then(|| &items[self.below(items.len())])
     }
 }
@@ -103,7 +103,7 @@ impl Driver {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    pub fn jobs(&self, namespace: &str) -> Api<kube::api::DynamicObject> {
+    fn jobs(&self, namespace: &str) -> Api<kube::api::DynamicObject> {
         Api::namespaced_with(
             self.client.clone(),
             namespace,
@@ -125,7 +125,7 @@ impl Driver {
         world.serial
     }
 
-    pub async fn step(&self) {
+    async fn step(&self) {
         let _gate = self.gate.read().await;
         let choice = self.rng.lock().await.below(100);
         let result = match choice {
@@ -151,7 +151,7 @@ impl Driver {
         }
     }
 
-    pub async fn pick_namespace(&self) -> &'static str {
+    async fn pick_namespace(&self) -> &'static str {
         NAMESPACES[self.rng.lock().await.below(NAMESPACES.len())]
     }
 
@@ -190,7 +190,7 @@ impl Driver {
         world.record(&namespace, &[name], before);
     }
 
-    pub async fn new_build(&self) -> Result<(), String> {
+    async fn new_build(&self) -> Result<(), String> {
         let ns = self.pick_namespace().await;
         let job = format!("b{}", self.serial().await);
         let namespace = self.namespace(ns);
@@ -236,7 +236,7 @@ impl Driver {
         Ok(())
     }
 
-    pub async fn new_owned(&self) -> Result<(), String> {
+    async fn new_owned(&self) -> Result<(), String> {
         let ns = self.pick_namespace().await;
         let job = format!("o{}", self.serial().await);
         let namespace = self.namespace(ns);
@@ -276,7 +276,7 @@ impl Driver {
         Ok(())
     }
 
-    pub async fn new_orphan(&self) -> Result<(), String> {
+    async fn new_orphan(&self) -> Result<(), String> {
         let ns = self.pick_namespace().await;
         let name = format!("x{}-build-workspace", self.serial().await);
         let before = now();
@@ -314,7 +314,7 @@ impl Driver {
     }
 
     /// Picks a build with the given state.
-    pub async fn pick_build(&self, f: impl Fn(&Build) -> bool) -> Option<Build> {
+    async fn pick_build(&self, f: impl Fn(&Build) -> bool) -> Option<Build> {
         let candidates: Vec<Build> = {
             let world = self.world.lock().await;
             world.builds.values().filter(|b| f(b)).cloned().collect()
@@ -322,7 +322,7 @@ impl Driver {
         self.rng.lock().await.pick(&candidates).cloned()
     }
 
-    pub async fn finish(&self) -> Result<(), String> {
+    async fn finish(&self) -> Result<(), String> {
         let Some(build) = self.pick_build(|b| b.state == Owner::Running).await else {
             return Ok(());
         };
@@ -372,7 +372,7 @@ impl Driver {
         Ok(())
     }
 
-    pub async fn delete_owner(&self) -> Result<(), String> {
+    async fn delete_owner(&self) -> Result<(), String> {
         let Some(build) = self.pick_build(|b| b.state != Owner::Absent).await else {
             return Ok(());
         };
@@ -409,7 +409,7 @@ impl Driver {
     }
 
     /// Picks a claim from `indices`: (index, namespace, name, uid).
-    pub async fn pick_claim(&self, indices: Vec<usize>) -> Option<(usize, String, String, String)> {
+    async fn pick_claim(&self, indices: Vec<usize>) -> Option<(usize, String, String, String)> {
         let index = *self.rng.lock().await.pick(&indices)?;
         let world = self.world.lock().await;
         let inc = &world.incarnations[index];
@@ -421,7 +421,7 @@ impl Driver {
         ))
     }
 
-    pub async fn start_pod(&self) -> Result<(), String> {
+    async fn start_pod(&self) -> Result<(), String> {
         let candidates = self.world.lock().await.protectable();
         let Some((_, ns, claim, _)) = self.pick_claim(candidates).await else {
             return Ok(());
@@ -451,7 +451,7 @@ impl Driver {
         Ok(())
     }
 
-    pub async fn stop_pod(&self) -> Result<(), String> {
+    async fn stop_pod(&self) -> Result<(), String> {
         let active: Vec<(String, PodModel)> = {
             let world = self.world.lock().await;
             world
@@ -487,7 +487,7 @@ impl Driver {
         Ok(())
     }
 
-    pub async fn delete_finished_pod(&self) -> Result<(), String> {
+    async fn delete_finished_pod(&self) -> Result<(), String> {
         let done: Vec<(String, PodModel)> = {
             let world = self.world.lock().await;
             world
@@ -520,7 +520,7 @@ impl Driver {
     }
 
     /// Patches a claim's annotations (None removes one), then records the new state.
-    pub async fn annotate(
+    async fn annotate(
         &self,
         index: usize,
         patch: Value,
@@ -583,7 +583,7 @@ impl Driver {
         .await
     }
 
-    pub async fn set_ttl(&self) -> Result<(), String> {
+    async fn set_ttl(&self) -> Result<(), String> {
         let ttl = self.rng.lock().await.between(10, 60) as i64;
         // Both the old and the new TTL leave the claim undue for the margin.
         let horizon = now() + seconds(MARGIN);
@@ -611,7 +611,7 @@ impl Driver {
         .await
     }
 
-    pub async fn set_expires(&self) -> Result<(), String> {
+    async fn set_expires(&self) -> Result<(), String> {
         let at = (now() + seconds(self.rng.lock().await.between(8, 60) as i64)).trunc_subsecs(0);
         let candidates = self.world.lock().await.protectable();
         let Some((index, ..)) = self.pick_claim(candidates).await else {
@@ -656,7 +656,7 @@ impl Driver {
     /// Deletes a claim and creates it again under the same name, as the operator's
     /// `ensureBuildPVC` does for a job re-created under the same name. Any claim will do,
     /// due or not: a delete the daemon decided about the old one must not hit the new one.
-    pub async fn recreate(&self) -> Result<(), String> {
+    async fn recreate(&self) -> Result<(), String> {
         let candidates = self.world.lock().await.live(|_, s| s.active_pods == 0);
         let Some((index, ns, name, uid)) = self.pick_claim(candidates).await else {
             return Ok(());

@@ -104,7 +104,7 @@ impl Incarnation {
     }
 
     /// The owner-dependent deadline.
-    pub fn relative(&self, state: &State) -> Relative {
+    fn relative(&self, state: &State) -> Relative {
         let ttl = seconds(state.ttl.unwrap_or(TTL));
         let owners: Vec<Owner> = [state.job, state.run]
             .into_iter()
@@ -169,7 +169,7 @@ impl Incarnation {
     }
 }
 
-pub enum Relative {
+enum Relative {
     Never,
     Now,
     At(DateTime<Utc>),
@@ -205,7 +205,7 @@ pub struct World {
 }
 
 impl World {
-    pub fn state_of(&self, namespace: &str, name: &str) -> Option<State> {
+    fn state_of(&self, namespace: &str, name: &str) -> Option<State> {
         let index = *self.current.get(&(namespace.into(), name.into()))?;
         let inc = &self.incarnations[index];
         let build = |job: &str| self.builds.get(&(namespace.to_owned(), job.to_owned()));
