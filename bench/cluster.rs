@@ -40,7 +40,8 @@ pub struct ControlPlane {
 impl ControlPlane {
     pub fn up(dir: &Path, apiserver_args: &[String]) -> Result<Self> {
         let started = std::time::Instant::now();
-        let kubeconfig = script::up(dir, true, false, apiserver_args).map_err(|e| anyhow!(e))?;
+        let kubeconfig =
+            script::up(dir, &["--controller-manager"], apiserver_args).map_err(|e| anyhow!(e))?;
         let parsed = Kubeconfig::read_from(&kubeconfig)?;
         let server = parsed
             .clusters

@@ -126,13 +126,15 @@ impl ControlPlane {
             .expect("create a directory for the control plane")
             // The script's `down` (or its watchdog) removes it.
             .keep();
-        let kubeconfig = script::up(
-            &dir,
-            options.controller_manager,
-            tekton,
-            &options.apiserver_args,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let mut flags = Vec::new();
+        if options.controller_manager {
+            flags.push("--controller-manager");
+        }
+        if tekton {
+            flags.push("--tekton");
+        }
+        let kubeconfig =
+            script::up(&dir, &flags, &options.apiserver_args).unwrap_or_else(|e| panic!("{e}"));
         let config = load_config(&kubeconfig);
         ControlPlane {
             dir,

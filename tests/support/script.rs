@@ -11,28 +11,18 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane");
 
 /// Starts a control plane in `dir` (`scripts/control-plane up`) owned by this process: the
-/// script's watchdog stops it when this process exits, however it exits. It runs
-/// kube-controller-manager with `controller_manager`, the Tekton controller with `tekton`, and
-/// kube-apiserver with `apiserver_args` besides its own. The admin kubeconfig it wrote, or what
-/// failed, with the script's stderr.
-pub fn up(
-    dir: &Path,
-    controller_manager: bool,
-    tekton: bool,
-    apiserver_args: &[String],
-) -> Result<PathBuf, String> {
+/// script's watchdog stops it when this process exits, however it exits. `flags` are the
+/// script's own (`--controller-manager`, `--tekton`, ...), `apiserver_args` go to
+/// kube-apiserver besides its own flags. The admin kubeconfig it wrote, or what failed, with
+/// the script's stderr.
+pub fn up(dir: &Path, flags: &[&str], apiserver_args: &[String]) -> Result<PathBuf, String> {
     let mut up = Command::new(SCRIPT);
     up.arg("up")
         .arg("--dir")
         .arg(dir)
         .arg("--owner-pid")
-        .arg(std::process::id().to_string());
-    if controller_manager {
-        up.arg("--controller-manager");
-    }
-    if tekton {
-        up.arg("--tekton");
-    }
+        .arg(std::process::id().to_string())
+        .args(flags);
     for arg in apiserver_args {
         up.arg("--apiserver-arg").arg(arg);
     }
