@@ -1,8 +1,10 @@
 //! The build lifecycle on the real Tekton Pipelines controller (`scripts/control-plane up
-//! --tekton`, the release pinned in hack/tekton): the operator's claim and PipelineRun go in,
-//! Tekton makes the TaskRuns and pods, tests/support's kubelet stand-in moves the pods, and at
-//! every stage the claim's verdict is read from `workspace-gc audit`; at the end the daemon
-//! deletes the claim past its TTL. Nothing here writes a Tekton status by hand.
+//! --tekton`: the operator's release pinned in hack/tekton, or the one
+//! `CONTROL_PLANE_TEKTON_MODULE` selects; scripts/test runs this file on hack/tekton-latest
+//! too): the operator's claim and PipelineRun go in, Tekton makes the TaskRuns and pods,
+//! tests/support's kubelet stand-in moves the pods, and at every stage the claim's verdict is
+//! read from `workspace-gc audit`; at the end the daemon deletes the claim past its TTL. Nothing
+//! here writes a Tekton status by hand.
 
 mod support;
 
