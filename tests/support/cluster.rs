@@ -399,7 +399,7 @@ pub fn tekton_version() -> &'static str {
 }
 
 /// What `scripts/control-plane VERB` prints, trimmed.
-fn script_output(verb: &str) -> String {
+pub(super) fn script_output(verb: &str) -> String {
     let output = Command::new(SCRIPT)
         .arg(verb)
         .stdin(Stdio::null())
