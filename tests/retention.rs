@@ -52,6 +52,9 @@ async fn failed_build(ns: &TestNamespace, name: &str, at: DateTime<Utc>, job_fai
 /// A failed build's workspace is kept for `ttl_after_failed` while a succeeded one's goes after
 /// `ttl_after_finished`, and goes once its own TTL has passed. "Failed" is any finished linked
 /// owner failing: a failed PipelineRun beside a succeeded job, or a failed job.
+///
+/// Run statuses written by hand: runs finished at one whole-second instant the TTLs of seconds are
+/// timed from.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_build_is_kept_for_ttl_after_failed() {
     let ns = ns("failed").await;
@@ -138,6 +141,8 @@ async fn has_event(ns: &TestNamespace, reason: &str, note: &str) -> bool {
 /// build's workspace, `collect: "false"` keeps everything, and a value that does not parse or
 /// lies outside the bounds keeps the cluster's value, with a warning event in that namespace.
 /// Changing the annotations re-evaluates the namespace's claims at once.
+///
+/// Run statuses written by hand: runs finished five minutes ago, between the TTLs compared.
 #[tokio::test(flavor = "multi_thread")]
 async fn namespace_annotations_choose_when_claims_are_due() {
     let (longer, off, bad) = (
@@ -232,6 +237,9 @@ async fn annotate_claim(ns: &TestNamespace, key: &str, value: &str) {
 /// `deletion.notice_before` ahead of the instant a claim becomes due, one `DeletionScheduled`
 /// event names that instant, the reason and how to keep the claim, and the claim itself is not
 /// written; a changed deadline gets a new event, and `keep` keeps it.
+///
+/// Run statuses written by hand: a run finished at the whole-second instant the notice and the
+/// deadline are timed from.
 #[tokio::test(flavor = "multi_thread")]
 async fn deletion_is_announced_once_per_deadline() {
     let ns = ns("notice").await;

@@ -388,20 +388,30 @@ impl Drop for ControlPlane {
 /// or the one `CONTROL_PLANE_K8S` selects (scripts/test runs part of the suite on each).
 pub fn kubernetes_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
-    VERSION.get_or_init(|| {
-        let output = Command::new(SCRIPT)
-            .arg("version")
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {SCRIPT} version: {e}"));
-        assert!(
-            output.status.success(),
-            "`{SCRIPT} version` failed ({})",
-            output.status
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    })
+    VERSION.get_or_init(|| script_output("version"))
+}
+
+/// The Tekton release `up --tekton` runs (`v0.68.0`): the operator's, pinned in hack/tekton, or
+/// the one `CONTROL_PLANE_TEKTON_MODULE` selects (scripts/test runs tests/tekton.rs on each).
+pub fn tekton_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| script_output("tekton-version"))
+}
+
+/// What `scripts/control-plane VERB` prints, trimmed.
+pub(super) fn script_output(verb: &str) -> String {
+    let output = Command::new(SCRIPT)
+        .arg(verb)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {SCRIPT} {verb}: {e}"));
+    assert!(
+        output.status.success(),
+        "`{SCRIPT} {verb}` failed ({})",
+        output.status
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// The minor of [`kubernetes_version`]: 31 for `v1.31.14`.

@@ -25,7 +25,7 @@ pub use audit::{
 #[allow(unused_imports)]
 pub use cluster::{
     ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
-    policy_rule,
+    policy_rule, tekton_version,
 };
 #[allow(unused_imports)]
 pub use daemon::{Daemon, Process, audit_rows, binary, free_port, http_get, metric, metric_sum};
