@@ -142,6 +142,14 @@ impl Writer {
             Ok(Ok(_)) => DeleteResult::Deleted,
             Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
             Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
+            // A 5xx (a timeout, a proxy in front of the API server) does not say whether the
+            // server carried the delete out; 429 and the other 4xx refuse it beforehand.
+            Ok(Err(kube::Error::Api(status))) if status.code >= 500 => {
+                let error = kube::Error::Api(status);
+                metrics.api_error(Operation::Delete, &error);
+                warn!(claim = %claim.key, %error, "delete answered with a server error; it may have been carried out");
+                DeleteResult::Unanswered
+            }
             Ok(Err(error @ kube::Error::Api(_))) => {
                 metrics.api_error(Operation::Delete, &error);
                 if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
@@ -382,6 +390,7 @@ mod tests {
                            409 => "Conflict",
                            404 => "NotFound",
                            429 => "TooManyRequests",
+                           500 => "InternalError",
                            503 => "ServiceUnavailable",
                            _ => "Timeout",
                        }, "message": "m"})
@@ -476,10 +485,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn throttling_and_server_errors_are_refusals_sent_once() {
-        for status in [429, 503, 504] {
+    async fn throttling_is_a_refusal_and_a_server_error_may_have_been_carried_out() {
+        // Each sent once (delete_against's server takes one request).
+        let (_, _, result) = delete_against(Mode::Delete, 429).await.unwrap();
+        assert_eq!(result, DeleteResult::Failed);
+        for status in [500, 503, 504] {
             let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
-            assert_eq!(result, DeleteResult::Failed, "{status}");
+            assert_eq!(result, DeleteResult::Unanswered, "{status}");
         }
     }
 

@@ -26,7 +26,7 @@ use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
-use crate::daemon::limiter::{Admission, Limiter, Reservation};
+use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
 use crate::daemon::ports::{Clock, Cluster, KubeCluster};
 use crate::daemon::scheduler::{Failure, Outcome, Schedule, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
@@ -92,9 +92,9 @@ struct Controller<C, K> {
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
     rounds: Mutex<Rounds>,
-    /// Claims told about the cap and still held back by it: each told once per episode (until
-    /// it gets a slot, or is gone), not at every retry.
-    capped: Mutex<BTreeSet<ObjectKey>>,
+    /// The claims the cap holds back, earliest due first. Each is told once per episode (until
+    /// it gets a slot, is no longer due, or is gone), not at every retry.
+    line: Mutex<Line<ObjectKey>>,
     /// How long before a claim becomes due its `DeletionScheduled` event is written; `None`: never.
     notice_before: Option<chrono::Duration>,
     /// Per claim, the UID and due instant last announced (leader only): once per deadline.
@@ -103,9 +103,10 @@ struct Controller<C, K> {
     read_volumes: bool,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
-    /// Claims (by UID) whose last DELETE got no answer: whether it was carried out is read
-    /// before anything is sent again.
-    unanswered: Mutex<HashMap<ObjectKey, String>>,
+    /// Claims (by UID) whose DELETE was carried out, or may have been (no answer that says):
+    /// until the watch shows them gone, the claim is read live before anything is sent again,
+    /// since a cache the watch has not caught up on still shows it as it was decided.
+    already_sent: Mutex<HashMap<ObjectKey, String>>,
 }
 
 /// When a kept claim becomes due and why, with the notice's lead time.
@@ -133,6 +134,17 @@ enum Cause {
     Due(Option<DateTime<Utc>>),
     /// Its namespace's quota plan takes it (see `quota`).
     Pressure,
+}
+
+impl Cause {
+    /// Where the claim waits while the cap holds: quota pressure first, then by due instant,
+    /// one whose instant is not known last.
+    fn place_in_line(self) -> DateTime<Utc> {
+        match self {
+            Cause::Pressure => DateTime::<Utc>::MIN_UTC,
+            Cause::Due(due) => due.unwrap_or(DateTime::<Utc>::MAX_UTC),
+        }
+    }
 }
 
 /// Runs the daemon until `stop` is cancelled: finishes the deletes in flight, releases the
@@ -448,6 +460,7 @@ async fn follow_leadership<C: Cluster, K: Clock>(
         } else {
             info!("standing by: another replica holds the lease");
             controller.lock_limiter().forget();
+            *controller.lock_line() = Line::default();
             controller
                 .warned
                 .lock()
@@ -490,13 +503,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             leading,
             quota: config.quota.waters(),
             rounds: Mutex::default(),
-            capped: Mutex::default(),
+            line: Mutex::default(),
             warned: Mutex::default(),
             notice_before: (config.deletion.notice_before)
                 .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
             noticed: Mutex::default(),
             read_volumes: config.deletion.read_volumes,
-            unanswered: Mutex::default(),
+            already_sent: Mutex::default(),
         }
     }
 
@@ -605,8 +618,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
-            self.lock_capped().remove(key);
-            self.lock_unanswered().remove(key);
+            self.lock_line().leave(key);
+            self.lock_already_sent().remove(key);
             (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
             return Outcome::Done;
         };
@@ -614,6 +627,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.metrics.track(key, Some((&decision.verdict, bytes)));
         let taken = self.relieve(key).await;
         let reason = decision.verdict.reason();
+        let deleting = taken || matches!(decision.verdict, Verdict::Delete { .. });
+        if !deleting || !self.is_leader() {
+            // No longer waiting for a slot: the claims behind it move up.
+            self.lock_line().leave(key);
+        }
         match decision.verdict {
             Verdict::Keep { recheck_at, .. } => {
                 debug!(claim = %key, %reason, ?recheck_at, "keep");
@@ -652,10 +670,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// Deletes a claim for `cause`, in four stages, each taking what the one before returns:
     /// admit (pace and cap), confirm (the live re-check), send (the one DELETE), report.
     async fn act(&self, claim: ClaimFacts, cause: Cause) -> Outcome {
-        if let Some(outcome) = self.after_unanswered(&claim).await {
+        if let Some(outcome) = self.after_earlier_delete(&claim).await {
             return outcome;
         }
-        let reservation = match self.admit(&claim).await {
+        let reservation = match self.admit(&claim, cause).await {
             Ok(reservation) => reservation,
             Err(outcome) => return outcome,
         };
@@ -673,11 +691,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.report(&claim, confirmed, sent).await
     }
 
-    /// After a DELETE of this claim that got no answer: whether it was carried out, read live,
-    /// before anything is sent again. `None` to go on: none was unanswered, or the claim is
-    /// there unchanged and not being deleted.
-    async fn after_unanswered(&self, claim: &ClaimFacts) -> Option<Outcome> {
-        let pending = self.lock_unanswered().get(&claim.key) == Some(&claim.uid);
+    /// After a DELETE of this claim that was, or may have been, carried out: whether it was,
+    /// read live, before anything is sent again. `None` to go on: none was sent, or the claim
+    /// is there unchanged and not being deleted.
+    async fn after_earlier_delete(&self, claim: &ClaimFacts) -> Option<Outcome> {
+        let pending = self.lock_already_sent().get(&claim.key) == Some(&claim.uid);
         if !pending {
             return None;
         }
@@ -685,28 +703,38 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Found::Yes((uid, false)) if uid == claim.uid => None,
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
-                info!(claim = %claim.key, "the delete that got no answer was carried out");
+                info!(claim = %claim.key, "an earlier delete of this claim was carried out; none is sent again");
                 Some(Outcome::Done)
             }
         };
-        self.lock_unanswered().remove(&claim.key);
+        self.lock_already_sent().remove(&claim.key);
         outcome
     }
 
-    fn lock_unanswered(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
-        self.unanswered.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_already_sent(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
+        self.already_sent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A deletion slot from the limiter, or the outcome that defers the claim: the cap is
     /// reached (told once per claim per episode of it) or the count is not known.
-    async fn admit(&self, claim: &ClaimFacts) -> Result<Reservation, Outcome> {
+    async fn admit(&self, claim: &ClaimFacts, cause: Cause) -> Result<Reservation, Outcome> {
         let key = &claim.key;
-        let (admission, full) = {
+        let place = cause.place_in_line();
+        let (admission, full, first) = {
             let mut limiter = self.lock_limiter();
+            let mut line = self.lock_line();
             // Judged at the earliest the API server's clock can read: never shorter windows.
             let (earliest, _) = self.clock.server();
-            let admission = limiter.reserve(Instant::now(), earliest);
-            (admission, limiter.full(earliest))
+            let admission = limiter.reserve(Instant::now(), earliest, line.ahead(key, place));
+            let first = match admission {
+                Admission::At(_) => {
+                    line.leave(key);
+                    false
+                }
+                Admission::Capped { .. } => line.join(key, place),
+                Admission::Unknown => false,
+            };
+            (admission, limiter.full(earliest), first)
         };
         match admission {
             Admission::At(reservation) => {
@@ -716,7 +744,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 }
                 // A claim's episode of the cap ends when it gets its slot, whatever the others
                 // do: a saturated cap admits one as one expires, several when several expire.
-                self.lock_capped().remove(key);
                 Ok(reservation)
             }
             Admission::Unknown => {
@@ -726,7 +753,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             Admission::Capped { until } => {
                 self.metrics.set_capped(true);
-                let first = self.lock_capped().insert(key.clone());
                 if first {
                     let (max, window) = &self.cap;
                     warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
@@ -865,10 +891,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     .count_from(reservation, self.clock.server().1);
             }
             // It may have been carried out: it stays counted.
-            Ok(DeleteResult::Unanswered) => {
-                (self.lock_unanswered()).insert(claim.key.clone(), claim.uid.clone());
-            }
+            Ok(DeleteResult::Unanswered) => {}
             Ok(_) | Err(_) => self.release(reservation),
+        }
+        let carried_out = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
+        if carried_out && matches!(self.cluster.mode(), Mode::Delete) {
+            self.lock_already_sent()
+                .insert(claim.key.clone(), claim.uid.clone());
         }
         sent
     }
@@ -1106,8 +1135,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.lock_limiter().release(reservation);
     }
 
-    fn lock_capped(&self) -> std::sync::MutexGuard<'_, BTreeSet<ObjectKey>> {
-        self.capped.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_line(&self) -> std::sync::MutexGuard<'_, Line<ObjectKey>> {
+        self.line.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {
@@ -1438,6 +1467,67 @@ mod tests {
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         assert_eq!(lock(&c.cluster.sent).len(), 3);
         assert_eq!(lock(&c.cluster.reads).len(), 3, "each send re-checked live");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_carried_out_is_not_sent_again_while_the_cache_still_shows_the_claim() {
+        let cluster = FakeCluster::default();
+        // The DELETE was answered 200; the claim is being deleted (its finalizer holds it).
+        *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+        let c = controller(cluster, 10, &[due("a")], true);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        // A watch that has not caught up still shows the claim as decided: deciding it again
+        // reads it live instead of sending the same DELETE a second time.
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
+    }
+
+    /// An orphan created `seconds` after the epoch: the later, the later it is due.
+    fn due_later(name: &str, seconds: i64) -> ClaimFacts {
+        let mut claim = due(name);
+        claim.created = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(seconds);
+        claim
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_a_saturated_cap_a_freed_slot_goes_to_the_claim_due_first() {
+        let claims = [
+            due_later("first", 0),
+            due_later("a", 3),
+            due_later("b", 2),
+            due_later("c", 1),
+        ];
+        let c = controller(FakeCluster::default(), 1, &claims, true);
+        for name in ["first", "a", "b", "c"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        tokio::time::advance(Duration::from_secs(3700)).await;
+        // `a` and `b` retry first, but `c` has waited longest for its slot.
+        for name in ["a", "b"] {
+            let outcome = c.clone().reconcile(key(name)).await;
+            assert!(matches!(outcome, Outcome::At(_)), "{name}: {outcome:?}");
+        }
+        assert_eq!(c.clone().reconcile(key("c")).await, Outcome::Done);
+        let sent: Vec<ObjectKey> = lock(&c.cluster.sent)
+            .iter()
+            .map(|s| s.claim.clone())
+            .collect();
+        assert_eq!(sent, vec![key("first"), key("c")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_no_longer_due_leaves_the_line() {
+        let claims = [due_later("first", 0), due_later("a", 2), due_later("b", 1)];
+        let c = controller(FakeCluster::default(), 1, &claims, true);
+        for name in ["first", "a", "b"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        tokio::time::advance(Duration::from_secs(3700)).await;
+        // `b` is gone before its turn: `a` is next.
+        *c.write_index() = synced(&[due_later("first", 0), due_later("a", 2)], &[]);
+        assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -107,7 +107,8 @@ pub enum DeleteResult {
     Conflict,
     /// The server answered with an error: not carried out.
     Failed,
-    /// No answer (a broken connection, the deadline): it may or may not have been carried out.
+    /// No answer that says whether it was carried out (a broken connection, the deadline, a
+    /// 5xx): it may have been.
     Unanswered,
 }
 
