@@ -1,4 +1,5 @@
-//! The one place that changes the cluster: claim deletes and the events that explain them.
+//! The one place that changes the cluster: claim deletes and the events that explain them,
+//! and, with `deletion.released_volume_ttl`, the mark on a `Retain` volume and its delete.
 //!
 //! Deletes carry `{uid, resourceVersion}` preconditions, so a claim re-created under the same
 //! name, or changed since the decision, is never deleted; finalizers are never touched.
@@ -12,20 +13,24 @@
 //! fence's reach and the bound on the age of the live re-check it rests on. A refusal goes back
 //! to the controller, which decides again from the start.
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::{Fence, FenceError};
-use crate::contract::annotations::KEEP;
+use crate::cluster::resources;
+use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
 use crate::decide::quota::Pressure;
+use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics, Operation};
 
 /// How deletes are sent.
@@ -138,32 +143,115 @@ impl Writer {
         // Past the deadline the request is abandoned: it may still reach the server, but no
         // later than the moment it was already on its way.
         let sent = tokio::time::timeout_at(deadline, api.delete(&claim.key.name, &params));
-        Ok(match sent.await {
-            Ok(Ok(_)) => DeleteResult::Deleted,
-            Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
-            Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
-            Ok(Err(error @ kube::Error::Api(_))) => {
-                metrics.api_error(Operation::Delete, &error);
-                if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
-                    // The message names the policy and the rule broken.
-                    warn!(claim = %claim.key, %error, "delete refused by admission, claim kept: \
-                          the daemon and its admission guard disagree");
-                } else {
-                    warn!(claim = %claim.key, %error, "delete refused");
-                }
-                DeleteResult::Failed
-            }
+        Ok(answered(sent.await, &claim.key.to_string(), metrics))
+    }
+
+    /// The deadline a write must go out by: the earlier of `deadline` and the fence's reach;
+    /// `Err` when this replica does not lead, or it has passed.
+    fn fenced(&self, deadline: Instant) -> Result<Instant, NotSent> {
+        self.fence.check()?;
+        let deadline = (self.fence.until()).map_or(deadline, |fenced| fenced.min(deadline));
+        if Instant::now() >= deadline {
+            return Err(NotSent::TooLate);
+        }
+        Ok(deadline)
+    }
+
+    /// Writes `claim_uid` on `volume` (as it was read: its UID and resourceVersion are the
+    /// patch's preconditions), before that claim's DELETE, so that only a volume whose claim
+    /// workspace-gc deleted may be deleted once `Released`. Sent once, before `deadline`;
+    /// the volume as marked once the server took it, `None` if not. Nothing in dry-run.
+    pub async fn mark_volume(
+        &self,
+        volume: &VolumeFacts,
+        claim_uid: &str,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<Option<VolumeFacts>, NotSent> {
+        if !matches!(self.mode, Mode::Delete) {
+            return Ok(None);
+        }
+        let deadline = self.fenced(deadline)?;
+        Ok(self
+            .patch_mark(volume, Some(claim_uid), deadline, metrics)
+            .await)
+    }
+
+    /// Takes the mark off again when the claim's DELETE was not carried out: a claim someone
+    /// else deletes later must not free its volume for deletion. `marked` is the volume as the
+    /// mark left it: changed since, it keeps the mark (and a warning). Sent once, if this
+    /// replica leads.
+    pub async fn unmark_volume(&self, marked: &VolumeFacts, metrics: &Metrics) {
+        let unmarked = match self.fenced(Instant::now() + UNMARK_BOUND) {
+            Ok(deadline) => self.patch_mark(marked, None, deadline, metrics).await,
+            Err(_) => None,
+        };
+        if unmarked.is_none() {
+            warn!(volume = %marked.name, "the mark stays on the volume although its claim was not deleted; remove the annotation {DELETED_CLAIM_UID} by hand");
+        }
+    }
+
+    /// Sets (or with `None` removes) the mark. The volume's UID and resourceVersion go in the
+    /// patch: a changed UID is refused (422, immutable), a changed resourceVersion too (409).
+    async fn patch_mark(
+        &self,
+        volume: &VolumeFacts,
+        claim_uid: Option<&str>,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Option<VolumeFacts> {
+        let patch = serde_json::json!({"metadata": {
+            "uid": volume.uid,
+            "resourceVersion": volume.resource_version,
+            "annotations": {DELETED_CLAIM_UID: claim_uid},
+        }});
+        let api: Api<DynamicObject> =
+            Api::all_with(self.client.clone(), &resources::volume_resource());
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        match tokio::time::timeout_at(deadline, api.patch(&volume.name, &params, &patch)).await {
+            Ok(Ok(patched)) => Some(resources::volume_facts(&patched)),
             Ok(Err(error)) => {
-                metrics.api_error(Operation::Delete, &error);
-                warn!(claim = %claim.key, %error, "delete got no answer; it may have been carried out");
-                DeleteResult::Unanswered
+                metrics.api_error(Operation::Patch, &error);
+                warn!(volume = %volume.name, %error, "volume patch refused");
+                None
             }
             Err(_) => {
-                metrics.api_timeout(Operation::Delete);
-                warn!(claim = %claim.key, "delete got no answer before its deadline; it may have been carried out");
-                DeleteResult::Unanswered
+                metrics.api_timeout(Operation::Patch);
+                warn!(volume = %volume.name, "volume patch got no answer before its deadline");
+                None
             }
-        })
+        }
+    }
+
+    /// Deletes a `Released` volume as it was judged: its UID and resourceVersion are the
+    /// DELETE's preconditions. Sent once, before `deadline`; in client-side dry-run, nothing is
+    /// sent and the result is `Deleted` as if it had been.
+    pub async fn delete_volume(
+        &self,
+        volume: &VolumeFacts,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<DeleteResult, NotSent> {
+        let dry_run = match self.mode {
+            Mode::Delete => false,
+            Mode::DryRun { server_side: false } => {
+                self.fence.check()?;
+                return Ok(DeleteResult::Deleted);
+            }
+            Mode::DryRun { server_side: true } => true,
+        };
+        let deadline = self.fenced(deadline)?;
+        let params = DeleteParams {
+            dry_run,
+            preconditions: Some(Preconditions {
+                uid: Some(volume.uid.clone()),
+                resource_version: Some(volume.resource_version.clone()),
+            }),
+            ..DeleteParams::default()
+        };
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let sent = tokio::time::timeout_at(deadline, api.delete(&volume.name, &params));
+        Ok(answered(sent.await, &volume.name, metrics))
     }
 
     /// Publishes an event on the claim, if this replica leads; failures are logged and counted,
@@ -298,6 +386,44 @@ impl Writer {
         if let Err(error) = self.recorder.publish(&event, regarding).await {
             metrics.api_error(Operation::Event, &error);
             warn!(object = %key, %error, "could not publish event");
+        }
+    }
+}
+
+/// How long the unmark after a DELETE not carried out may take: it is not bound to a live
+/// re-check, only to the fence.
+const UNMARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a DELETE's answer (or its absence before the deadline) says.
+fn answered<T>(
+    sent: Result<Result<T, kube::Error>, tokio::time::error::Elapsed>,
+    object: &str,
+    metrics: &Metrics,
+) -> DeleteResult {
+    match sent {
+        Ok(Ok(_)) => DeleteResult::Deleted,
+        Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
+        Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
+        Ok(Err(error @ kube::Error::Api(_))) => {
+            metrics.api_error(Operation::Delete, &error);
+            if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
+                // The message names the policy and the rule broken.
+                warn!(%object, %error, "delete refused by admission, kept: \
+                      the daemon and its admission guard disagree");
+            } else {
+                warn!(%object, %error, "delete refused");
+            }
+            DeleteResult::Failed
+        }
+        Ok(Err(error)) => {
+            metrics.api_error(Operation::Delete, &error);
+            warn!(%object, %error, "delete got no answer; it may have been carried out");
+            DeleteResult::Unanswered
+        }
+        Err(_) => {
+            metrics.api_timeout(Operation::Delete);
+            warn!(%object, "delete got no answer before its deadline; it may have been carried out");
+            DeleteResult::Unanswered
         }
     }
 }

@@ -176,7 +176,8 @@ async fn volume_policies(
         rows.iter().filter_map(|row| row.volume.as_ref()).collect();
     let mut read = std::collections::BTreeMap::new();
     for volume in volumes {
-        if let Some(policy) = crate::cluster::live::reclaim_policy(client, volume, &metrics).await {
+        let found = crate::cluster::live::volume(client, volume, &metrics).await;
+        if let Some(policy) = found.and_then(|found| found.reclaim_policy) {
             read.insert(volume.clone(), policy);
         }
     }
