@@ -249,10 +249,7 @@ fn chart_renders_what_the_kustomize_manifests_render_in_every_mode() {
                 "--set",
                 "namespace.create=true,retainedVolumes.enabled=true,releasedVolumes.enabled=true",
             ],
-            with(&[
-                "components/retained-volumes",
-                "components/released-volumes",
-            ]),
+            with(&["components/retained-volumes", "components/released-volumes"]),
         ),
         (
             "openshift-console",
@@ -373,7 +370,10 @@ fn schema_refuses_bad_values() {
              config.deletion.released_volume_ttl=1d",
             "set releasedVolumes.enabled",
         ),
-        ("releasedVolumes.enabled=true", "needs retainedVolumes.enabled"),
+        (
+            "releasedVolumes.enabled=true",
+            "needs retainedVolumes.enabled",
+        ),
     ] {
         let error = helm_fails(&["--set", values]);
         assert!(error.contains(refusal), "{values}: {error}");

@@ -528,7 +528,9 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
     tokio::time::sleep(secs(7)).await;
     for kept in [&theirs, &bound, &unknown] {
         // Not deleted at all: a bound volume's pv-protection finalizer would hide a DELETE.
-        let found = volume(&ns, kept).await.map(|pv| pv.metadata.deletion_timestamp);
+        let found = volume(&ns, kept)
+            .await
+            .map(|pv| pv.metadata.deletion_timestamp);
         assert_eq!(found, Some(None), "{kept} is kept");
     }
     assert_eq!(phase(&ns, &bound).await.as_deref(), Some("Bound"));

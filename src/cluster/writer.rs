@@ -143,7 +143,11 @@ impl Writer {
         // Past the deadline the request is abandoned: it may still reach the server, but no
         // later than the moment it was already on its way.
         let sent = tokio::time::timeout_at(deadline, api.delete(&claim.key.name, &params));
-        Ok(answered(sent.await, &claim.key.to_string(), metrics))
+        Ok(answered(
+            sent.await,
+            ("claim", &claim.key.to_string()),
+            metrics,
+        ))
     }
 
     /// The deadline a write must go out by: the earlier of `deadline` and the fence's reach;
@@ -251,7 +255,7 @@ impl Writer {
         };
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let sent = tokio::time::timeout_at(deadline, api.delete(&volume.name, &params));
-        Ok(answered(sent.await, &volume.name, metrics))
+        Ok(answered(sent.await, ("volume", &volume.name), metrics))
     }
 
     /// Publishes an event on the claim, if this replica leads; failures are logged and counted,
@@ -394,10 +398,10 @@ impl Writer {
 /// re-check, only to the fence.
 const UNMARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What a DELETE's answer (or its absence before the deadline) says.
+/// What a DELETE's answer (or its absence before the deadline) says, for `(kind, object)`.
 fn answered<T>(
     sent: Result<Result<T, kube::Error>, tokio::time::error::Elapsed>,
-    object: &str,
+    (kind, object): (&str, &str),
     metrics: &Metrics,
 ) -> DeleteResult {
     match sent {
@@ -408,7 +412,7 @@ fn answered<T>(
             metrics.api_error(Operation::Delete, &error);
             if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
                 // The message names the policy and the rule broken.
-                warn!(%object, %error, "delete refused by admission, kept: \
+                warn!(%object, %error, "delete refused by admission, {kind} kept: \
                       the daemon and its admission guard disagree");
             } else {
                 warn!(%object, %error, "delete refused");
