@@ -223,7 +223,7 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
         "VERDICT",
         "REASON",
         "CHANGES",
-        "VOLUME",
+        "RECLAIM",
         "POLICY",
     ];
     let cells: Vec<Vec<String>> = rows
@@ -561,7 +561,7 @@ mod tests {
             let words = text.lines().nth(line).unwrap().split_whitespace();
             words.rev().take(2).map(str::to_owned).collect()
         };
-        assert_eq!(columns(0), ["POLICY", "VOLUME"], "{text}");
+        assert_eq!(columns(0), ["POLICY", "RECLAIM"], "{text}");
         assert_eq!(columns(1), ["cluster", "Retain"], "{text}");
         assert_eq!(columns(4), ["cluster", "unbound"], "{text}");
         let value: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
