@@ -660,4 +660,122 @@ mod tests {
         assert_eq!(started.elapsed(), std::time::Duration::from_secs(3));
         server.abort();
     }
+
+    /// A volume, as judged: its UID and resourceVersion go with every write.
+    fn volume() -> VolumeFacts {
+        VolumeFacts {
+            name: "pv-1".into(),
+            uid: "pv-uid".into(),
+            resource_version: "7".into(),
+            being_deleted: false,
+            reclaim_policy: Some("Retain".into()),
+            phase: Some("Released".into()),
+            claim_uid: Some("uid-1".into()),
+            marked_claim_uid: Some("uid-1".into()),
+            transition: crate::decide::volumes::Transition::Missing,
+        }
+    }
+
+    /// One volume write through a mock API server answering 200 with `answer`: the request's
+    /// method, path and body, and the writer's result.
+    async fn volume_write<T, F>(
+        write: impl FnOnce(Writer, Metrics) -> F,
+        answer: Value,
+    ) -> (http::Method, String, Value, T)
+    where
+        F: std::future::Future<Output = T>,
+    {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writer = Writer::new(
+            kube::Client::new(service, "default"),
+            Mode::Delete,
+            None,
+            Fence::unfenced(),
+        );
+        let metrics = Metrics::register(&mut Registry::default());
+        let server = tokio::spawn(async move {
+            let (request, reply) = handle.next_request().await.expect("a request");
+            let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+            let body = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            let response = Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap();
+            reply.send_response(response);
+            (method, path, body)
+        });
+        let result = bounded_wait(write(writer, metrics)).await;
+        let (method, path, body) = bounded_wait(server).await.unwrap();
+        (method, path, body, result)
+    }
+
+    #[tokio::test]
+    async fn a_volume_delete_carries_its_uid_and_resource_version() {
+        let status =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200});
+        let (method, path, body, result) = volume_write(
+            |writer, metrics| async move {
+                writer.delete_volume(&volume(), soon(), &metrics).await.ok()
+            },
+            status,
+        )
+        .await;
+        assert_eq!(result, Some(DeleteResult::Deleted));
+        assert_eq!(method, http::Method::DELETE);
+        assert_eq!(path, "/api/v1/persistentvolumes/pv-1");
+        assert_eq!(
+            body["preconditions"],
+            json!({"uid": "pv-uid", "resourceVersion": "7"})
+        );
+    }
+
+    #[tokio::test]
+    async fn the_mark_is_written_on_the_volume_as_read() {
+        let marked = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-1", "uid": "pv-uid", "resourceVersion": "8",
+                         "annotations": {DELETED_CLAIM_UID: "uid-1"}}});
+        let (method, path, body, result) = volume_write(
+            |writer, metrics| async move {
+                (writer
+                    .mark_volume(&volume(), "uid-1", soon(), &metrics)
+                    .await)
+                    .ok()
+            },
+            marked,
+        )
+        .await;
+        assert_eq!(method, http::Method::PATCH);
+        assert_eq!(path, "/api/v1/persistentvolumes/pv-1");
+        assert_eq!(
+            body,
+            json!({"metadata": {"uid": "pv-uid", "resourceVersion": "7",
+                                "annotations": {DELETED_CLAIM_UID: "uid-1"}}})
+        );
+        let marked = result.flatten().expect("marked");
+        assert_eq!(marked.resource_version, "8");
+        assert_eq!(marked.marked_claim_uid.as_deref(), Some("uid-1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_volume_write_goes_out_past_its_deadline_or_in_a_dry_run() {
+        let (writer, mut handle) = unanswering();
+        let metrics = Metrics::register(&mut Registry::default());
+        let late = writer
+            .delete_volume(&volume(), Instant::now(), &metrics)
+            .await;
+        assert!(matches!(late, Err(NotSent::TooLate)), "{late:?}");
+        let late = (writer.mark_volume(&volume(), "uid-1", Instant::now(), &metrics)).await;
+        assert!(matches!(late, Err(NotSent::TooLate)));
+        let dry = Writer {
+            mode: Mode::DryRun { server_side: false },
+            ..writer
+        };
+        let marked = dry.mark_volume(&volume(), "uid-1", soon(), &metrics).await;
+        assert!(matches!(marked, Ok(None)));
+        handle.allow(1);
+        let request =
+            tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request());
+        assert!(request.await.is_err(), "nothing reached the server");
+    }
 }

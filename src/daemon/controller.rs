@@ -1017,10 +1017,14 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     let deadline = Instant::now() + LIVE_BOUND;
                     let sent = self.cluster.delete_volume(&volume, deadline, &self.metrics);
                     match sent.await {
+                        // A dry run counts nothing (and marks nothing: only a mark left by an
+                        // earlier real run makes a volume due then).
+                        Ok(result) if matches!(self.cluster.mode(), Mode::DryRun { .. }) => {
+                            info!(volume = %volume.name, result = result.as_str(), "dry-run: would delete Released volume");
+                        }
                         Ok(result) => {
                             self.metrics.volume_deletion(result);
-                            let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
-                            info!(volume = %volume.name, claim_uid = volume.claim_uid.as_deref().unwrap_or(""), result = result.as_str(), dry_run, "Released volume deleted");
+                            info!(volume = %volume.name, claim_uid = volume.claim_uid.as_deref().unwrap_or(""), result = result.as_str(), "Released volume deleted");
                         }
                         Err(error) => {
                             info!(volume = %volume.name, %error, "Released volume not deleted; looked at again later");
