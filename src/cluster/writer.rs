@@ -663,17 +663,7 @@ mod tests {
 
     /// A volume, as judged: its UID and resourceVersion go with every write.
     fn volume() -> VolumeFacts {
-        VolumeFacts {
-            name: "pv-1".into(),
-            uid: "pv-uid".into(),
-            resource_version: "7".into(),
-            being_deleted: false,
-            reclaim_policy: Some("Retain".into()),
-            phase: Some("Released".into()),
-            claim_uid: Some("uid-1".into()),
-            marked_claim_uid: Some("uid-1".into()),
-            transition: crate::decide::volumes::Transition::Missing,
-        }
+        VolumeFacts::example("uid-1")
     }
 
     /// One volume write through a mock API server answering 200 with `answer`: the request's

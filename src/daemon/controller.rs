@@ -1673,15 +1673,9 @@ mod tests {
             ..due("a")
         };
         let volume = VolumeFacts {
-            name: "pv-1".into(),
-            uid: "pv-uid".into(),
-            resource_version: "3".into(),
-            being_deleted: false,
-            reclaim_policy: Some("Retain".into()),
             phase: Some("Bound".into()),
-            claim_uid: Some(claim.uid.clone()),
             marked_claim_uid: None,
-            transition: volumes::Transition::Missing,
+            ..VolumeFacts::example(&claim.uid)
         };
         (claim, volume)
     }

@@ -28,6 +28,25 @@ pub struct VolumeFacts {
     pub transition: Transition,
 }
 
+#[cfg(test)]
+impl VolumeFacts {
+    /// Volume `pv-1`, Retain, Released and marked with the UID of the claim it was bound to,
+    /// `claim_uid`; released since a time not known. For unit tests.
+    pub(crate) fn example(claim_uid: &str) -> Self {
+        VolumeFacts {
+            name: "pv-1".into(),
+            uid: "pv-uid".into(),
+            resource_version: "7".into(),
+            being_deleted: false,
+            reclaim_policy: Some("Retain".into()),
+            phase: Some("Released".into()),
+            claim_uid: Some(claim_uid.into()),
+            marked_claim_uid: Some(claim_uid.into()),
+            transition: Transition::Missing,
+        }
+    }
+}
+
 /// `status.lastPhaseTransitionTime`, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
@@ -140,15 +159,8 @@ mod tests {
     /// Released two hours ago from the claim workspace-gc deleted: due.
     fn released() -> VolumeFacts {
         VolumeFacts {
-            name: "pv-1".into(),
-            uid: "pv-uid".into(),
-            resource_version: "7".into(),
-            being_deleted: false,
-            reclaim_policy: Some("Retain".into()),
-            phase: Some("Released".into()),
-            claim_uid: Some("claim-uid".into()),
-            marked_claim_uid: Some("claim-uid".into()),
             transition: Transition::At(now() - Duration::hours(2)),
+            ..VolumeFacts::example("claim-uid")
         }
     }
 
