@@ -719,7 +719,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return None;
         }
         let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
-            Found::Yes((uid, false)) if uid == claim.uid => None,
+            Found::Yes((uid, false)) if uid == claim.uid => {
+                self.unmark_not_deleted(claim).await;
+                None
+            }
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
                 info!(claim = %claim.key, "the delete that got no answer was carried out");
@@ -728,6 +731,21 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         self.lock_unanswered().remove(&claim.key);
         outcome
+    }
+
+    /// The claim's DELETE that got no answer was not carried out: a mark written for it comes
+    /// off (written again before its next DELETE), so that the claim, if kept now and deleted
+    /// by someone else later, does not free its volume for deletion.
+    async fn unmark_not_deleted(&self, claim: &ClaimFacts) {
+        let Some(name) = claim.volume_name.as_deref().filter(|_| self.mark_volumes) else {
+            return;
+        };
+        let volume = self.cluster.volume(name, &self.metrics).await;
+        let marked = volume.filter(|v| v.marked_claim_uid.as_deref() == Some(claim.uid.as_str()));
+        if let Some(marked) = marked {
+            self.cluster.unmark_volume(&marked, &self.metrics).await;
+            self.metrics.volume_mark(Mark::Removed);
+        }
     }
 
     fn lock_unanswered(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
@@ -1778,6 +1796,35 @@ mod tests {
         *lock(&c.cluster.volume) = Some(released);
         c.sweep(ttl).await;
         assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete pv-1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_unanswered_delete_not_carried_out_the_mark_comes_off_first() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        let c = controller_with(cluster, 10, &[claim], true, releasing);
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a"],
+            "it may have been carried out: the mark stays"
+        );
+        // Not carried out: the claim is there as it was; the mark the fake wrote is read back.
+        *lock(&c.cluster.claim_state) = Some(("a-uid".into(), false));
+        let marked = lock(&c.cluster.volume).clone().map(|v| VolumeFacts {
+            marked_claim_uid: Some("a-uid".into()),
+            ..v
+        });
+        *lock(&c.cluster.volume) = marked;
+        lock(&c.cluster.live_pods).push(pod_mounting("a"));
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
+            "a build now uses it: kept, and unmarked"
+        );
     }
 
     #[test]
