@@ -34,9 +34,10 @@ use crate::decide::linking::{self, Found};
 use crate::decide::namespace::Policies;
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
+use crate::decide::volumes::{self, Kept, VolumeFacts, VolumeVerdict};
 use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
-use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
+use crate::observe::metrics::{DeleteResult, ErrorCategory, Mark, Metrics};
 
 /// How many claims are reconciled at once (each may wait on the limiter and live reads).
 const CONCURRENCY: usize = 16;
@@ -101,6 +102,11 @@ struct Controller<C, K> {
     noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
     /// Whether a bound claim's volume is read before its delete (`deletion.read_volumes`).
     read_volumes: bool,
+    /// Whether a `Retain` volume is marked before its claim's delete, so that it is deleted
+    /// once Released (`deletion.released_volume_ttl`).
+    mark_volumes: bool,
+    /// Released volumes warned about (by UID) for a transition time not known: once each.
+    unjudged: Mutex<BTreeSet<String>>,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
     /// Claims (by UID) whose DELETE was carried out, or may have been (no answer that says):
@@ -119,9 +125,8 @@ type SendResult = Result<DeleteResult, NotSent>;
 #[derive(Debug, Clone)]
 struct Confirmed {
     reason: Reason,
-    /// The claim's volume, when its reclaim policy is `Retain` (read only with
-    /// `deletion.read_volumes`).
-    retained: Option<String>,
+    /// The claim's volume, as read (only with `deletion.read_volumes`).
+    volume: Option<VolumeFacts>,
     /// The verdict's due instant, for the reclaim lag.
     due_at: Option<DateTime<Utc>>,
     live_until: Instant,
@@ -236,6 +241,9 @@ pub async fn run(
         health.clone(),
     ));
     let follower = tokio::spawn(follow_leadership(controller.clone(), health));
+    // Not among the tasks the daemon cannot work without: it only ever ends on stop.
+    let sweeper = (config.deletion.released_volume_ttl)
+        .map(|ttl| tokio::spawn(sweep_released(controller.clone(), ttl, stop.clone())));
     let aborts = [feeder.abort_handle(), follower.abort_handle()];
     let (mut feeder, mut follower, mut server) = (feeder.fuse(), follower.fuse(), server.fuse());
 
@@ -267,6 +275,9 @@ pub async fn run(
 
     for abort in aborts {
         abort.abort();
+    }
+    if let Some(sweeper) = sweeper {
+        let _ = sweeper.await;
     }
     for task in [&mut feeder, &mut follower] {
         if !task.is_terminated() {
@@ -427,6 +438,32 @@ fn cannot_connect(error: &watcher::Error) -> bool {
     }
 }
 
+/// How often the leader looks for Released volumes to delete: half their TTL, within 1 s and
+/// 1 min (a list of every PersistentVolume, from the API server's cache).
+fn sweep_every(ttl: Duration) -> Duration {
+    (ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// Deletes, as the leader, the Released volumes whose claims it deleted, `ttl` after their
+/// release (`deletion.released_volume_ttl`), until `stop`.
+async fn sweep_released<C: Cluster, K: Clock>(
+    controller: Arc<Controller<C, K>>,
+    ttl: Duration,
+    stop: CancellationToken,
+) {
+    let every = sweep_every(ttl);
+    let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if controller.is_leader() {
+            controller.sweep(ttl).await;
+        }
+    }
+}
+
 /// Publishes leadership to metrics and, on winning the lease, re-evaluates every claim: the
 /// standby decided but did not act.
 async fn follow_leadership<C: Cluster, K: Clock>(
@@ -509,6 +546,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
             noticed: Mutex::default(),
             read_volumes: config.deletion.read_volumes,
+            mark_volumes: config.deletion.released_volume_ttl.is_some(),
+            unjudged: Mutex::default(),
             already_sent: Mutex::default(),
         }
     }
@@ -685,9 +724,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 return Outcome::Retry(failure);
             }
         };
-        let sent = self
-            .send(&claim, cause, reservation, confirmed.live_until)
-            .await;
+        let sent = self.send(&claim, cause, reservation, &confirmed).await;
         self.report(&claim, confirmed, sent).await
     }
 
@@ -700,7 +737,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return None;
         }
         let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
-            Found::Yes((uid, false)) if uid == claim.uid => None,
+            Found::Yes((uid, false)) if uid == claim.uid => {
+                self.unmark_not_deleted(claim).await;
+                None
+            }
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
                 info!(claim = %claim.key, "an earlier delete of this claim was carried out; none is sent again");
@@ -709,6 +749,21 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         self.lock_already_sent().remove(&claim.key);
         outcome
+    }
+
+    /// The claim's DELETE that got no answer was not carried out: a mark written for it comes
+    /// off (written again before its next DELETE), so that the claim, if kept now and deleted
+    /// by someone else later, does not free its volume for deletion.
+    async fn unmark_not_deleted(&self, claim: &ClaimFacts) {
+        let Some(name) = claim.volume_name.as_deref().filter(|_| self.mark_volumes) else {
+            return;
+        };
+        let volume = self.cluster.volume(name, &self.metrics).await;
+        let marked = volume.filter(|v| v.marked_claim_uid.as_deref() == Some(claim.uid.as_str()));
+        if let Some(marked) = marked {
+            self.cluster.unmark_volume(&marked, &self.metrics).await;
+            self.metrics.volume_mark(Mark::Removed);
+        }
     }
 
     fn lock_already_sent(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
@@ -786,16 +841,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     self.policies.for_namespace(notes.await.as_ref()).policy
                 }
             };
-            let volume = claim.volume_name.as_deref().filter(|_| self.read_volumes);
-            let retained = match volume {
-                Some(name) => (self.cluster.reclaim_policy(name, &self.metrics).await)
-                    .filter(|policy| policy == "Retain")
-                    .map(|_| name.to_owned()),
+            let volume = match claim.volume_name.as_deref().filter(|_| self.read_volumes) {
+                Some(name) => self.cluster.volume(name, &self.metrics).await,
                 None => None,
             };
-            (live, read_at, policy, retained)
+            (live, read_at, policy, volume)
         };
-        let Ok((live, read_at, policy, retained)) = tokio::time::timeout(LIVE_BOUND, read).await
+        let Ok((live, read_at, policy, volume)) = tokio::time::timeout(LIVE_BOUND, read).await
         else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
             return Err(Failure::LiveTooSlow);
@@ -836,20 +888,23 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
         Ok(Confirmed {
             reason,
-            retained,
+            volume,
             due_at,
             live_until,
         })
     }
 
-    /// Sends the one DELETE, with the ledger that counts it written to the Lease first.
+    /// Sends the one DELETE, with the ledger that counts it written to the Lease first, and
+    /// before it the mark on a `Retain` volume (taken off again if the DELETE is not carried
+    /// out).
     async fn send(
         &self,
         claim: &ClaimFacts,
         cause: Cause,
         reservation: Reservation,
-        live_until: Instant,
+        confirmed: &Confirmed,
     ) -> SendResult {
+        let live_until = confirmed.live_until;
         let pressure = matches!(cause, Cause::Pressure);
         let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
         // Every delete of ours in a namespace under pressure is counted in its round, and
@@ -867,14 +922,23 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .lock_limiter()
             .count_from(reservation, self.clock.server().1 + self.cluster.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
-        let sent = match &ledger {
-            Some(ledger) => {
-                (self.cluster)
+        let (marked, sent) = match (&ledger, self.mark(claim, confirmed).await) {
+            (_, Err(error)) => (None, Err(error)),
+            (Some(ledger), Ok(marked)) => {
+                let sent = (self.cluster)
                     .delete(claim, ledger, live_until, &self.metrics)
-                    .await
+                    .await;
+                (marked, sent)
             }
-            None => Err(NotSent::Fence(FenceError::NotLeading)),
+            (None, Ok(marked)) => (marked, Err(NotSent::Fence(FenceError::NotLeading))),
         };
+        // Not deleted by this DELETE (refused, or gone already: someone else deleted it): the
+        // volume must not qualify. Unanswered, it may have been: the mark stays.
+        let deleted = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
+        if let (Some(marked), false) = (&marked, deleted) {
+            self.cluster.unmark_volume(marked, &self.metrics).await;
+            self.metrics.volume_mark(Mark::Removed);
+        }
         // A delete that was refused frees nothing; one already gone, or unanswered (it may
         // have been carried out), may have: pressure then deletes fewer, never more.
         let not_freed = matches!(
@@ -902,15 +966,42 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         sent
     }
 
+    /// With `deletion.released_volume_ttl`, writes the claim's UID on its `Retain` volume
+    /// before the claim's DELETE: the volume as marked, or `None` (nothing to mark, or the
+    /// write failed: the claim is deleted all the same, its volume never qualifies).
+    async fn mark(
+        &self,
+        claim: &ClaimFacts,
+        confirmed: &Confirmed,
+    ) -> Result<Option<VolumeFacts>, NotSent> {
+        let volume = confirmed.volume.as_ref().filter(|_| self.mark_volumes);
+        let Some(volume) = volume.filter(|volume| volumes::to_mark(volume, &claim.uid)) else {
+            return Ok(None);
+        };
+        let marked = (self.cluster)
+            .mark_volume(volume, &claim.uid, confirmed.live_until, &self.metrics)
+            .await?;
+        if marked.is_some() {
+            self.metrics.volume_mark(Mark::Marked);
+        } else if matches!(self.cluster.mode(), Mode::Delete) {
+            warn!(claim = %claim.key, volume = %volume.name, "the volume could not be marked: it will not be deleted once Released");
+            self.metrics.volume_mark(Mark::Failed);
+        }
+        Ok(marked)
+    }
+
     /// Metrics, logs and events for what the DELETE did, and what comes next for the claim.
     async fn report(&self, claim: &ClaimFacts, confirmed: Confirmed, sent: SendResult) -> Outcome {
         let key = &claim.key;
         let Confirmed {
             reason,
             due_at,
-            retained,
+            volume,
             ..
         } = confirmed;
+        let retained = volume
+            .filter(|volume| volume.reclaim_policy.as_deref() == Some("Retain"))
+            .map(|volume| volume.name);
         let result = match sent {
             Ok(result) => result,
             Err(error) => {
@@ -955,6 +1046,48 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             DeleteResult::Failed => Outcome::Retry(Failure::Refused),
             DeleteResult::Unanswered => Outcome::Retry(Failure::Unanswered),
+        }
+    }
+
+    /// One look at every PersistentVolume: each the pure judgement lets go is deleted with its
+    /// UID and resourceVersion as listed as the DELETE's preconditions; one Released since a
+    /// time not known is kept, with a warning once.
+    async fn sweep(&self, ttl: chrono::Duration) {
+        let Some(listed) = self.cluster.volumes(&self.metrics).await else {
+            debug!("cannot list PersistentVolumes; Released volumes are looked at again later");
+            return;
+        };
+        let now = self.clock.now();
+        for volume in listed {
+            match volumes::judge(&volume, ttl, now) {
+                VolumeVerdict::Delete => {
+                    let deadline = Instant::now() + LIVE_BOUND;
+                    let sent = self.cluster.delete_volume(&volume, deadline, &self.metrics);
+                    match sent.await {
+                        // A dry run counts nothing (and marks nothing: only a mark left by an
+                        // earlier real run makes a volume due then).
+                        Ok(result) if matches!(self.cluster.mode(), Mode::DryRun { .. }) => {
+                            info!(volume = %volume.name, result = result.as_str(), "dry-run: would delete Released volume");
+                        }
+                        Ok(result) => {
+                            self.metrics.volume_deletion(result);
+                            info!(volume = %volume.name, claim_uid = volume.claim_uid.as_deref().unwrap_or(""), result = result.as_str(), "Released volume deleted");
+                        }
+                        Err(error) => {
+                            info!(volume = %volume.name, %error, "Released volume not deleted; looked at again later");
+                            return;
+                        }
+                    }
+                }
+                VolumeVerdict::Keep(kept @ Kept::TransitionUnknown(_)) => {
+                    let first = (self.unjudged.lock().unwrap_or_else(|e| e.into_inner()))
+                        .insert(volume.uid.clone());
+                    if first {
+                        warn!(volume = %volume.name, %kept, "Released volume kept");
+                    }
+                }
+                VolumeVerdict::Keep(_) => {}
+            }
         }
     }
 
@@ -1221,6 +1354,10 @@ mod tests {
         dry_run: bool,
         /// The claim as a live GET finds it (after an unanswered DELETE); `None`: gone.
         claim_state: Mutex<Option<(String, bool)>>,
+        /// The one PersistentVolume there is, read and listed.
+        volume: Mutex<Option<VolumeFacts>>,
+        /// The volume writes, in order: `mark NAME UID`, `unmark NAME`, `delete NAME`.
+        volume_writes: Mutex<Vec<String>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1256,6 +1393,7 @@ mod tests {
             deadline: Instant,
             _: &Metrics,
         ) -> SendResult {
+            lock(&self.volume_writes).push(format!("delete claim {}", claim.key.name));
             lock(&self.sent).push(Sent {
                 claim: claim.key.clone(),
                 uid: claim.uid.clone(),
@@ -1282,8 +1420,35 @@ mod tests {
             None
         }
 
-        async fn reclaim_policy(&self, _: &str, _: &Metrics) -> Option<String> {
-            None
+        async fn volume(&self, _: &str, _: &Metrics) -> Option<VolumeFacts> {
+            lock(&self.volume).clone()
+        }
+
+        async fn volumes(&self, _: &Metrics) -> Option<Vec<VolumeFacts>> {
+            Some(lock(&self.volume).iter().cloned().collect())
+        }
+
+        async fn mark_volume(
+            &self,
+            volume: &VolumeFacts,
+            claim_uid: &str,
+            _: Instant,
+            _: &Metrics,
+        ) -> Result<Option<VolumeFacts>, NotSent> {
+            lock(&self.volume_writes).push(format!("mark {} {claim_uid}", volume.name));
+            Ok(Some(VolumeFacts {
+                marked_claim_uid: Some(claim_uid.into()),
+                ..volume.clone()
+            }))
+        }
+
+        async fn unmark_volume(&self, marked: &VolumeFacts, _: &Metrics) {
+            lock(&self.volume_writes).push(format!("unmark {}", marked.name));
+        }
+
+        async fn delete_volume(&self, volume: &VolumeFacts, _: Instant, _: &Metrics) -> SendResult {
+            lock(&self.volume_writes).push(format!("delete {}", volume.name));
+            Ok(DeleteResult::Deleted)
         }
 
         async fn answers(&self) -> bool {
@@ -1347,7 +1512,19 @@ mod tests {
         claims: &[ClaimFacts],
         leading: bool,
     ) -> Arc<Controller<FakeCluster, FakeClock>> {
+        controller_with(cluster, cap, claims, leading, |_| {})
+    }
+
+    /// [`controller`], with `edit` applied to its configuration.
+    fn controller_with(
+        cluster: FakeCluster,
+        cap: u32,
+        claims: &[ClaimFacts],
+        leading: bool,
+        edit: impl FnOnce(&mut Config),
+    ) -> Arc<Controller<FakeCluster, FakeClock>> {
         let mut config = Config::default();
+        edit(&mut config);
         config.deletion.max_deletions_per_window = cap;
         config.deletion.window = Duration::from_secs(3600);
         config.deletion.deletes_per_second = 1000.0;
@@ -1595,5 +1772,161 @@ mod tests {
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         assert!(lock(&c.cluster.reads).is_empty());
         assert!(lock(&c.cluster.sent).is_empty());
+    }
+
+    /// A claim bound to volume `pv-1`, and that volume: `Retain`, bound to it.
+    fn bound_to_a_retain_volume() -> (ClaimFacts, VolumeFacts) {
+        let claim = ClaimFacts {
+            volume_name: Some("pv-1".into()),
+            ..due("a")
+        };
+        let volume = VolumeFacts {
+            phase: Some("Bound".into()),
+            marked_claim_uid: None,
+            ..VolumeFacts::example(&claim.uid)
+        };
+        (claim, volume)
+    }
+
+    fn releasing(config: &mut Config) {
+        config.deletion.read_volumes = true;
+        config.deletion.released_volume_ttl = Some(Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retain_volume_is_marked_before_its_claims_delete() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        let c = controller_with(cluster, 10, &[claim], true, releasing);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a"]
+        );
+        // Reported as kept, as with read_volumes alone.
+        assert_eq!(
+            lock(&c.cluster.notices).clone(),
+            vec![Notice::Deleted(Reason::Orphaned, Some("pv-1".into()))]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_the_ttl_nothing_is_marked() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        let c = controller_with(cluster, 10, &[claim], true, |config| {
+            config.deletion.read_volumes = true;
+        });
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete claim a"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_delete_not_carried_out_takes_the_mark_off() {
+        for answer in [
+            DeleteResult::Failed,
+            DeleteResult::Conflict,
+            DeleteResult::NotFound,
+        ] {
+            let (claim, volume) = bound_to_a_retain_volume();
+            let cluster = FakeCluster::default();
+            *lock(&cluster.volume) = Some(volume);
+            lock(&cluster.answers).push_back(Ok(answer));
+            let c = controller_with(cluster, 10, &[claim], true, releasing);
+            c.clone().reconcile(key("a")).await;
+            assert_eq!(
+                lock(&c.cluster.volume_writes).clone(),
+                ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
+                "{answer:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_deletes_only_what_the_judgement_lets_go() {
+        let (_, volume) = bound_to_a_retain_volume();
+        let c = controller_with(FakeCluster::default(), 10, &[], true, releasing);
+        let now = c.clock.now();
+        let released = VolumeFacts {
+            phase: Some("Released".into()),
+            marked_claim_uid: volume.claim_uid.clone(),
+            transition: volumes::Transition::At(now - chrono::Duration::minutes(2)),
+            ..volume
+        };
+        let ttl = chrono::Duration::minutes(1);
+        for (kept, why) in [
+            (
+                VolumeFacts {
+                    marked_claim_uid: None,
+                    ..released.clone()
+                },
+                "its claim deleted by someone else",
+            ),
+            (
+                VolumeFacts {
+                    transition: volumes::Transition::Missing,
+                    ..released.clone()
+                },
+                "released since when is not known",
+            ),
+            (
+                VolumeFacts {
+                    transition: volumes::Transition::At(now),
+                    ..released.clone()
+                },
+                "within its TTL",
+            ),
+        ] {
+            *lock(&c.cluster.volume) = Some(kept);
+            c.sweep(ttl).await;
+            assert!(lock(&c.cluster.volume_writes).is_empty(), "{why}");
+        }
+        *lock(&c.cluster.volume) = Some(released);
+        c.sweep(ttl).await;
+        assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete pv-1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_unanswered_delete_not_carried_out_the_mark_comes_off_first() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        let c = controller_with(cluster, 10, &[claim], true, releasing);
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a"],
+            "it may have been carried out: the mark stays"
+        );
+        // Not carried out: the claim is there as it was; the mark the fake wrote is read back.
+        *lock(&c.cluster.claim_state) = Some(("a-uid".into(), false));
+        let marked = lock(&c.cluster.volume).clone().map(|v| VolumeFacts {
+            marked_claim_uid: Some("a-uid".into()),
+            ..v
+        });
+        *lock(&c.cluster.volume) = marked;
+        lock(&c.cluster.live_pods).push(pod_mounting("a"));
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
+            "a build now uses it: kept, and unmarked"
+        );
+    }
+
+    #[test]
+    fn the_sweep_runs_at_half_the_ttl_within_bounds() {
+        assert_eq!(
+            sweep_every(Duration::from_millis(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(sweep_every(Duration::from_secs(10)), Duration::from_secs(5));
+        assert_eq!(
+            sweep_every(Duration::from_secs(86_400)),
+            Duration::from_secs(60)
+        );
     }
 }

@@ -115,7 +115,24 @@ impl ControlPlane {
         Self::launch(options, false)
     }
 
+    /// A dedicated control plane whose kube-controller-manager also runs the PersistentVolume
+    /// controller: volumes bind, and go `Released` when their claim is deleted. Stopped on drop.
+    pub fn start_with_volume_controller() -> ControlPlane {
+        Self::launch_with(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                ..ControlPlaneOptions::default()
+            },
+            false,
+            &["--volume-controller"],
+        )
+    }
+
     fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {
+        Self::launch_with(options, tekton, &[])
+    }
+
+    fn launch_with(options: &ControlPlaneOptions, tekton: bool, extra: &[&str]) -> ControlPlane {
         ensure_binaries("build");
         if tekton {
             ensure_binaries("build-tekton");
@@ -138,6 +155,7 @@ impl ControlPlane {
         if tekton {
             up.arg("--tekton");
         }
+        up.args(extra);
         for arg in &options.apiserver_args {
             up.arg("--apiserver-arg").arg(arg);
         }
