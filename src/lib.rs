@@ -19,6 +19,14 @@
 //! - [`surface`]: the command line, its commands and the audit report.
 //! - [`creator`]: the library an operator calls to create a build's claim correctly.
 
+// Bad input warns and keeps the claim; it never takes the daemon down. The compiler holds that:
+// no unwrap, expect or panic outside tests, and no unsafe anywhere.
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod cluster;
 pub mod config;
 pub mod contract;
