@@ -19,9 +19,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::{Fence, FenceError};
 use crate::contract::annotations::KEEP;
+use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
