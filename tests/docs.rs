@@ -169,14 +169,21 @@ fn resolve(page: &Path, relative: &str) -> Option<PathBuf> {
 /// Every broken link among `pages` (path relative to the root → text), as `page:line: why`.
 /// `exists` says whether a repository path is there.
 fn broken(pages: &BTreeMap<PathBuf, String>, exists: impl Fn(&Path) -> bool) -> Vec<String> {
-    let anchors: BTreeMap<&PathBuf, BTreeSet<String>> =
-        pages.iter().map(|(path, text)| (path, anchors(text))).collect();
+    let anchors: BTreeMap<&PathBuf, BTreeSet<String>> = pages
+        .iter()
+        .map(|(path, text)| (path, anchors(text)))
+        .collect();
     let mut problems = Vec::new();
     for (page, text) in pages {
         for link in links(text) {
             let problem = check(page, &link.target, &anchors, &exists);
             if let Some(why) = problem {
-                problems.push(format!("{}:{}: {}: {why}", page.display(), link.line, link.target));
+                problems.push(format!(
+                    "{}:{}: {}: {why}",
+                    page.display(),
+                    link.line,
+                    link.target
+                ));
             }
         }
     }
@@ -216,7 +223,10 @@ fn check(
     if known.contains(anchor) {
         None
     } else {
-        Some(format!("no heading of {} has the anchor #{anchor}", file.display()))
+        Some(format!(
+            "no heading of {} has the anchor #{anchor}",
+            file.display()
+        ))
     }
 }
 
@@ -247,21 +257,35 @@ fn every_relative_link_and_anchor_resolves() {
         })
         .collect();
     assert!(
-        pages.contains_key(Path::new("README.md")) && pages.contains_key(Path::new("docs/README.md")),
+        pages.contains_key(Path::new("README.md"))
+            && pages.contains_key(Path::new("docs/README.md")),
         "the README and the docs index are tracked: {:?}",
         pages.keys().collect::<Vec<_>>()
     );
     let problems = broken(&pages, |path| root.join(path).exists());
-    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
 fn slugs_follow_github() {
     assert_eq!(slug("The safety rule"), "the-safety-rule");
     assert_eq!(slug("`workspace-gc create`"), "workspace-gc-create");
-    assert_eq!(slug("OpenShift Pipelines' pruner"), "openshift-pipelines-pruner");
-    assert_eq!(slug("RBAC, the admission guard"), "rbac-the-admission-guard");
-    assert_eq!(slug("snake_case and [a link](x.md)"), "snake_case-and-a-link");
+    assert_eq!(
+        slug("OpenShift Pipelines' pruner"),
+        "openshift-pipelines-pruner"
+    );
+    assert_eq!(
+        slug("RBAC, the admission guard"),
+        "rbac-the-admission-guard"
+    );
+    assert_eq!(
+        slug("snake_case and [a link](x.md)"),
+        "snake_case-and-a-link"
+    );
     assert_eq!(slug("Größe ≈ 2"), "größe--2");
 }
 
@@ -277,7 +301,10 @@ fn repeated_headings_are_numbered_and_code_is_no_heading() {
 fn links_outside_code_are_found() {
     let text = "see [a](docs/a.md#x) and `[not](this)`\n```\n[nor](this)\n```\n\
                 ![img](i.png \"title\") [ref]: r.md\n[ref]: other.md\n";
-    let found: Vec<_> = links(text).into_iter().map(|l| (l.line, l.target)).collect();
+    let found: Vec<_> = links(text)
+        .into_iter()
+        .map(|l| (l.line, l.target))
+        .collect();
     assert_eq!(
         found,
         [
