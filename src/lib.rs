@@ -1,7 +1,8 @@
 //! workspace-gc: garbage-collects the per-build workspace PersistentVolumeClaims that the
 //! jupyter-notebook-validator-operator creates for every Tekton build and never deletes.
 //!
-//! The folders are the layers of the design, and imports point only downwards:
+//! The folders are the layers of the design, and imports point only downwards (one exception,
+//! the cap's ledger, is named under [`daemon`]):
 //!
 //! ```text
 //! surface  → daemon → cluster → observe → config → decide → contract
@@ -15,9 +16,19 @@
 //! - [`cluster`]: the edge. API objects become facts here, and [`cluster::writer`] is the only
 //!   module that mutates the cluster.
 //! - [`daemon`]: the wiring. Watches feed the cache, the scheduler runs reconciles, the limiter
-//!   paces them.
+//!   paces them. The limiter and its [`daemon::cap_ledger`] (the blast-radius count) are pure.
+//!   The ledger is the one thing that travels up: [`cluster::leader`] keeps it on the Lease and
+//!   [`cluster::writer`] records it before a delete, as a value they store and never decide on.
 //! - [`surface`]: the command line, its commands and the audit report.
 //! - [`creator`]: the library an operator calls to create a build's claim correctly.
+
+// Bad input warns and keeps the claim; it never takes the daemon down. The compiler holds that:
+// no unwrap, expect or panic outside tests, and no unsafe anywhere.
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod cluster;
 pub mod config;

@@ -18,12 +18,12 @@ use support::{
     claim_exists, free_port, http_get, metric, policy_rule, wait_until,
 };
 use tokio_util::sync::CancellationToken;
-use workspace_gc::cluster::cap_ledger::Ledger;
 use workspace_gc::cluster::leader::Fence;
 use workspace_gc::cluster::resources;
 use workspace_gc::cluster::server_clock::ServerClock;
 use workspace_gc::cluster::writer::{Mode, Writer};
 use workspace_gc::contract::annotations;
+use workspace_gc::daemon::cap_ledger::Ledger;
 use workspace_gc::daemon::controller::{self, RunOptions};
 use workspace_gc::observe::metrics::Metrics;
 

@@ -17,7 +17,7 @@
 //!   its last successful write: [`Fence::check`]. A standby waits a whole lease from when it
 //!   *saw* that write, so the old leader has stopped at least a third of the lease before the
 //!   new one can start.
-//! - The blast-radius cap's [`Ledger`] lives on the same Lease (see `src/cluster/cap_ledger.rs`):
+//! - The blast-radius cap's [`Ledger`] lives on the same Lease (see `src/daemon/cap_ledger.rs`):
 //!   written before each delete ([`Fence::record`]), which also renews the lease and, being
 //!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
 //!   and read back by whoever wins the lease next ([`Fence::found`]).
@@ -42,9 +42,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::config::LeaderElectionConfig;
 use crate::contract::annotations::{DELETIONS, QUOTA_ROUNDS};
+use crate::daemon::cap_ledger::Ledger;
 use crate::observe::metrics::{LedgerFault, Metrics, Operation};
 
 /// Why this replica may not write to the cluster now.

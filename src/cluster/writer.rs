@@ -22,10 +22,10 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
 use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP};
+use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;

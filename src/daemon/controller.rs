@@ -1301,7 +1301,7 @@ mod tests {
 
     use super::*;
     use crate::cluster::cache::TaskRunEntry;
-    use crate::cluster::cap_ledger::Ledger;
+    use crate::daemon::cap_ledger::Ledger;
     use crate::decide::facts::{JobEntry, PodEntry, RunEntry};
     use crate::decide::namespace::Ignored;
     use crate::decide::quota::{Pressure, QuotaEntry};

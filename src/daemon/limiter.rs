@@ -16,7 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::cluster::cap_ledger::{Ledger, LedgerError};
+use crate::daemon::cap_ledger::{Ledger, LedgerError};
 
 /// The answer to a request for a deletion slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,7 +228,7 @@ impl<K: Ord + Clone> Line<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::cap_ledger::strategies::{T0, annotation};
+    use crate::daemon::cap_ledger::strategies::{T0, annotation};
     use proptest::prelude::*;
 
     fn limiter(interval: Duration, max: u32, window: Duration) -> Limiter {

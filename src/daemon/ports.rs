@@ -12,11 +12,11 @@ use chrono::{DateTime, Utc};
 use kube::Client;
 use tokio::time::Instant;
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::Fence;
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
+use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::namespace::Ignored;

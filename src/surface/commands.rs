@@ -19,7 +19,7 @@ use crate::decide::facts::ObjectKey;
 use crate::surface::cli::{AdmissionPolicyArgs, AuditArgs, AuditOutput, CreateArgs, CreateOutput};
 use crate::surface::{admission, audit};
 
-/// Exit codes, documented in the README.
+/// Exit codes, documented in docs/commands.md.
 pub mod exit {
     pub const OK: i32 = 0;
     /// The daemon or a command failed while running.
