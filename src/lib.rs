@@ -1,8 +1,7 @@
 //! workspace-gc: garbage-collects the per-build workspace PersistentVolumeClaims that the
 //! jupyter-notebook-validator-operator creates for every Tekton build and never deletes.
 //!
-//! The folders are the layers of the design, and imports point only downwards (one exception,
-//! the cap's ledger, is named under [`daemon`]):
+//! The folders are the layers of the design, and imports point only downwards:
 //!
 //! ```text
 //! surface  → daemon → cluster → observe → config → decide → contract
@@ -17,8 +16,8 @@
 //!   module that mutates the cluster.
 //! - [`daemon`]: the wiring. Watches feed the cache, the scheduler runs reconciles, the limiter
 //!   paces them. The limiter and its [`daemon::cap_ledger`] (the blast-radius count) are pure.
-//!   The ledger is the one thing that travels up: [`cluster::leader`] keeps it on the Lease and
-//!   [`cluster::writer`] records it before a delete, as a value they store and never decide on.
+//!   The edge carries the ledger only as its annotation text: [`cluster::leader`] keeps it on
+//!   the Lease and [`cluster::writer`] records it before a delete.
 //! - [`surface`]: the command line, its commands and the audit report.
 //! - [`creator`]: the library an operator calls to create a build's claim correctly.
 

@@ -333,7 +333,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
 
     let metrics = Metrics::register(&mut Default::default());
     let writer = Writer::new(ns.client().clone(), Mode::Delete, None, Fence::unfenced());
-    let ledger = Ledger::new(secs(60));
+    let ledger = Ledger::new(secs(60)).to_annotation();
     let result = writer
         .delete(&decided_about, &ledger, deadline(), &metrics)
         .await;

@@ -25,7 +25,6 @@ use tracing::{debug, warn};
 use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
 use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP};
-use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
@@ -96,14 +95,15 @@ impl Writer {
         self.mode
     }
 
-    /// Deletes the claim as it was when decided, once `ledger` (which counts this delete) is on
+    /// Deletes the claim as it was when decided, once `ledger` (the cap's count as its
+    /// annotation, this delete counted) is on
     /// the Lease and this replica still leads, and only before `deadline` (the bound on the age
     /// of the live re-check); `Err` when it may not, and nothing was sent. In client-side
     /// dry-run no delete is sent and the result is `Deleted` as if it had been.
     pub async fn delete(
         &self,
         claim: &ClaimFacts,
-        ledger: &Ledger,
+        ledger: &str,
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
@@ -469,6 +469,7 @@ fn reference(claim: &ClaimFacts) -> ObjectReference {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::cap_ledger::Ledger;
     use http::{Request, Response};
     use kube::client::Body;
     use prometheus_client::registry::Registry;
@@ -482,8 +483,8 @@ mod tests {
         }
     }
 
-    fn ledger() -> Ledger {
-        Ledger::new(std::time::Duration::from_secs(60))
+    fn ledger() -> String {
+        Ledger::new(std::time::Duration::from_secs(60)).to_annotation()
     }
 
     /// A deadline the test's mock server easily meets.

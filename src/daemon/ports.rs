@@ -202,7 +202,8 @@ impl Cluster for KubeCluster {
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
-        self.writer.delete(claim, ledger, deadline, metrics).await
+        let ledger = ledger.to_annotation();
+        self.writer.delete(claim, &ledger, deadline, metrics).await
     }
 
     async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
