@@ -115,6 +115,8 @@ fn audit(kubeconfig: &Path, ns: &TestNamespace, shift: &str) -> (Option<i32>, St
 /// A daemon whose clock runs two hours ahead: the build that finished 10 minutes ago (70 by its
 /// clock, with a 1 h TTL) keeps its workspace; the one that finished 2 hours ago loses it. The
 /// offset is reported as about -7200 s and warned about, and the audit judges the same way.
+///
+/// Run statuses written by hand: runs finished 10 minutes and two hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clock_two_hours_ahead_deletes_nothing_early() {
     let cp = ControlPlane::shared();
@@ -167,6 +169,8 @@ async fn a_clock_two_hours_ahead_deletes_nothing_early() {
 /// by it (a build finished 4 h ago) is deleted; what is due by the API server's clock but not
 /// by its own (finished 2 h ago, 1 h TTL) waits; a build that finished 10 minutes ago lies in
 /// its future. The offset is reported as about +7200 s.
+///
+/// Run statuses written by hand: runs finished 10 minutes, two and four hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clock_two_hours_behind_deletes_only_what_its_own_clock_finds_due() {
     let cp = ControlPlane::shared();

@@ -6,6 +6,9 @@
 //! - LIVENESS: it deletes what the oracle requires (owners or their absence say it is due).
 //! - A delete's reason names a condition that holds; a kept claim's `recheck_at` comes no
 //!   later than the first instant the oracle allows deletion, so the daemon wakes up in time.
+//!
+//! No server and no Tekton here: every run status is generated or written JSON, in memory,
+//! garbage and states real Tekton never writes included (tests/tekton.rs runs the real one).
 
 mod support;
 

@@ -260,12 +260,15 @@ fn a_printed_guard_patched_in_an_overlay_replaces_the_shipped_rules() {
         [
             "no-update",
             "uid-precondition",
+            "volume-marked",
+            "volume-released",
+            "volume-mark-only",
             "excluded-namespace",
             "label-selector"
         ]
     );
-    assert!(messages[3].contains("team=ml"), "{messages:?}");
-    assert!(!messages[3].contains("build-workspace"), "{messages:?}");
+    assert!(messages[6].contains("team=ml"), "{messages:?}");
+    assert!(!messages[6].contains("build-workspace"), "{messages:?}");
 }
 
 #[test]

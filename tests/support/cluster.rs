@@ -115,7 +115,24 @@ impl ControlPlane {
         Self::launch(options, false)
     }
 
+    /// A dedicated control plane whose kube-controller-manager also runs the PersistentVolume
+    /// controller: volumes bind, and go `Released` when their claim is deleted. Stopped on drop.
+    pub fn start_with_volume_controller() -> ControlPlane {
+        Self::launch_with(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                ..ControlPlaneOptions::default()
+            },
+            false,
+            &["--volume-controller"],
+        )
+    }
+
     fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {
+        Self::launch_with(options, tekton, &[])
+    }
+
+    fn launch_with(options: &ControlPlaneOptions, tekton: bool, extra: &[&str]) -> ControlPlane {
         ensure_binaries("build");
         if tekton {
             ensure_binaries("build-tekton");
@@ -133,6 +150,7 @@ impl ControlPlane {
         if tekton {
             flags.push("--tekton");
         }
+        flags.extend_from_slice(extra);
         let kubeconfig =
             script::up(&dir, &flags, &options.apiserver_args).unwrap_or_else(|e| panic!("{e}"));
         let config = load_config(&kubeconfig);
@@ -352,20 +370,30 @@ impl Drop for ControlPlane {
 /// or the one `CONTROL_PLANE_K8S` selects (scripts/test runs part of the suite on each).
 pub fn kubernetes_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
-    VERSION.get_or_init(|| {
-        let output = Command::new(SCRIPT)
-            .arg("version")
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {SCRIPT} version: {e}"));
-        assert!(
-            output.status.success(),
-            "`{SCRIPT} version` failed ({})",
-            output.status
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    })
+    VERSION.get_or_init(|| script_output("version"))
+}
+
+/// The Tekton release `up --tekton` runs (`v0.68.0`): the operator's, pinned in hack/tekton, or
+/// the one `CONTROL_PLANE_TEKTON_MODULE` selects (scripts/test runs tests/tekton.rs on each).
+pub fn tekton_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| script_output("tekton-version"))
+}
+
+/// What `scripts/control-plane VERB` prints, trimmed.
+pub(super) fn script_output(verb: &str) -> String {
+    let output = Command::new(SCRIPT)
+        .arg(verb)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {SCRIPT} {verb}: {e}"));
+    assert!(
+        output.status.success(),
+        "`{SCRIPT} {verb}` failed ({})",
+        output.status
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// The minor of [`kubernetes_version`]: 31 for `v1.31.14`.

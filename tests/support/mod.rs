@@ -38,7 +38,7 @@ pub use claims::{Fate, deleted_events, events, expiring, fate, in_secs};
 #[allow(unused_imports)]
 pub use cluster::{
     ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
-    load_config, policy_rule,
+    load_config, policy_rule, tekton_version,
 };
 #[allow(unused_imports)]
 pub use daemon::{Daemon, Process, audit_rows, binary};
