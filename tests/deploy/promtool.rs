@@ -121,6 +121,7 @@ fn dashboard_is_labelled_for_grafana_and_promtool_checks_every_query() {
             "Watch restarts by kind",
             "Leader and readiness",
             "Blast-radius cap",
+            "Storage freed and kept by Retain (1h)",
         ]
     );
     // Every panel and query reads the data source the user picks.
