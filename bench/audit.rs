@@ -1,15 +1,15 @@
-//! Request accounting from the kube-apiserver audit log (level Metadata): every request of the
-//! contenders' users and of kube-controller-manager, with its verb, resource, namespace, user
-//! agent and the instant the server received it.
+//! Request accounting from the kube-apiserver audit log (level Metadata, read with the test
+//! kit's tests/support/audit_log.rs): every request of the contenders' users and of
+//! kube-controller-manager, with its verb, resource, namespace, user agent and the instant the
+//! server received it.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::BufRead;
 use std::path::Path;
 
 use anyhow::Result;
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 
+use crate::audit_log;
 use crate::cluster::{DAEMON_USER, KCM_USER, SWEEP_USER};
 
 pub fn policy() -> String {
@@ -18,43 +18,6 @@ pub fn policy() -> String {
          - level: Metadata\n    users: [\"{DAEMON_USER}\", \"{SWEEP_USER}\", \"{KCM_USER}\"]\n  \
          - level: None\n"
     )
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawEvent {
-    #[serde(rename = "auditID")]
-    audit_id: String,
-    verb: String,
-    user: RawUser,
-    #[serde(default)]
-    user_agent: String,
-    #[serde(default)]
-    object_ref: Option<RawRef>,
-    request_received_timestamp: DateTime<Utc>,
-    #[serde(default)]
-    response_status: Option<RawStatus>,
-}
-
-#[derive(Deserialize)]
-struct RawUser {
-    username: String,
-}
-
-#[derive(Deserialize)]
-struct RawRef {
-    #[serde(default)]
-    resource: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    subresource: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawStatus {
-    #[serde(default)]
-    code: Option<u16>,
 }
 
 #[derive(Debug, Clone)]
@@ -70,45 +33,28 @@ pub struct Request {
     pub code: u16,
 }
 
+/// Every request in the log at `path`, once (from its first record: a watch is logged when
+/// its response starts and again when it ends).
 pub fn read(path: &Path) -> Result<Vec<Request>> {
-    let file = std::fs::File::open(path)?;
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line?;
-        let Ok(event) = serde_json::from_str::<RawEvent>(&line) else {
-            continue;
-        };
-        // A watch is logged when its response starts and again when it ends.
-        if !seen.insert(event.audit_id) {
+    for event in audit_log::read_records(path)? {
+        if !seen.insert(event.audit_id.clone()) {
             continue;
         }
-        let (resource, namespaced) = match &event.object_ref {
-            Some(r) => {
-                let mut resource = r.resource.clone().unwrap_or_default();
-                if let Some(sub) = &r.subresource {
-                    resource = format!("{resource}/{sub}");
-                }
-                (resource, r.namespace.is_some())
-            }
-            None => ("(non-resource)".to_owned(), false),
+        let resource = match (event.resource.as_str(), event.subresource.as_str()) {
+            ("", _) => "(non-resource)".to_owned(),
+            (resource, "") => resource.to_owned(),
+            (resource, sub) => format!("{resource}/{sub}"),
         };
         out.push(Request {
-            user: event.user.username,
-            agent: event
-                .user_agent
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
+            user: event.user,
+            agent: event.agent,
             verb: event.verb,
             resource,
-            namespaced,
-            at: event.request_received_timestamp,
-            code: event
-                .response_status
-                .and_then(|s| s.code)
-                .unwrap_or_default(),
+            namespaced: !event.namespace.is_empty(),
+            at: event.at,
+            code: u16::try_from(event.code).unwrap_or_default(),
         });
     }
     Ok(out)

@@ -12,9 +12,11 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
+use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::config::Kubeconfig;
+
+use crate::script;
 
 /// The user names the contenders authenticate as (the CN of their client certificates). The
 /// audit policy records exactly these and the controller manager.
@@ -24,10 +26,6 @@ pub const KCM_USER: &str = "system:kube-controller-manager";
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn script() -> PathBuf {
-    root().join("scripts/control-plane")
 }
 
 /// A running control plane started by `scripts/control-plane up`, stopped by [`Self::down`]
@@ -42,32 +40,8 @@ pub struct ControlPlane {
 impl ControlPlane {
     pub fn up(dir: &Path, apiserver_args: &[String]) -> Result<Self> {
         let started = std::time::Instant::now();
-        let mut up = Command::new(script());
-        up.arg("up")
-            .arg("--dir")
-            .arg(dir)
-            .arg("--controller-manager")
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string());
-        for arg in apiserver_args {
-            up.arg(format!("--apiserver-arg={arg}"));
-        }
-        let output = up
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .context("run scripts/control-plane up")?;
-        if !output.status.success() {
-            bail!("scripts/control-plane up failed ({})", output.status);
-        }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let kubeconfig = PathBuf::from(
-            stdout
-                .lines()
-                .last()
-                .ok_or_else(|| anyhow!("control-plane up printed nothing"))?
-                .trim(),
-        );
+        let kubeconfig =
+            script::up(dir, &["--controller-manager"], apiserver_args).map_err(|e| anyhow!(e))?;
         let parsed = Kubeconfig::read_from(&kubeconfig)?;
         let server = parsed
             .clusters
@@ -84,16 +58,8 @@ impl ControlPlane {
     }
 
     pub fn down(&self) {
-        let result = Command::new(script())
-            .arg("down")
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .status();
-        if let Err(error) = result {
-            eprintln!("bench: control-plane down: {error}");
+        if let Err(error) = script::down(&self.dir) {
+            eprintln!("bench: {error}");
         }
     }
 
@@ -131,7 +97,7 @@ impl ControlPlane {
     /// Version lines of the control plane's binaries.
     pub fn versions(&self) -> BTreeMap<&'static str, String> {
         let mut out = BTreeMap::new();
-        let bin = Command::new(script())
+        let bin = Command::new(script::SCRIPT)
             .arg("build")
             .stderr(Stdio::null())
             .output();
@@ -267,9 +233,9 @@ fn openssl(args: &[&str]) -> Result<()> {
 }
 
 pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
-    let parsed = Kubeconfig::read_from(kubeconfig)?;
-    let mut config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default()).await?;
-    config.proxy_url = None;
+    let mut config = script::load_config(kubeconfig)
+        .await
+        .map_err(|e| anyhow!(e))?;
     // Creation pushes many requests at once through one client; the default 295 s read
     // timeout is fine, but connects must not hang.
     config.connect_timeout = Some(Duration::from_secs(10));
@@ -453,56 +419,6 @@ fn dir_size(path: &Path) -> u64 {
 pub async fn apiserver_metrics(client: &Client) -> Result<String> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     Ok(client.request_text(request).await?)
-}
-
-/// Sums every sample of `family` (e.g. `apiserver_response_sizes_sum`) whose labels contain
-/// all of `labels` (`key="value"` fragments).
-pub fn metric_sum(text: &str, family: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name_labels, value) = l.rsplit_once(' ')?;
-            let (name, rest) = match name_labels.split_once('{') {
-                Some((n, r)) => (n, r),
-                None => (name_labels, ""),
-            };
-            (name == family && labels.iter().all(|want| rest.contains(want)))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
-}
-
-/// One plain HTTP/1.1 GET to 127.0.0.1:`port`; the status code and body.
-pub async fn local_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&response);
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Some((code, body))
-}
-
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// The load average line of /proc/loadavg (1, 5, 15 minutes).

@@ -26,6 +26,18 @@ mod cluster;
 mod observe;
 mod population;
 mod report;
+// From the test kit (tests/support), one definition for the tests and the benchmark: the audit
+// log, a process's HTTP endpoints and metrics, scripts/control-plane, and the percentile.
+// The benchmark counts requests; what only the tests read of a record is unused here.
+#[allow(dead_code)]
+#[path = "../tests/support/audit_log.rs"]
+mod audit_log;
+#[path = "../tests/support/scrape.rs"]
+mod scrape;
+#[path = "../tests/support/script.rs"]
+mod script;
+#[path = "../tests/support/stats.rs"]
+mod stats;
 mod sweep;
 
 use std::path::PathBuf;
@@ -661,7 +673,7 @@ async fn daemon_phase(
         ..Contender::default()
     };
     let kubeconfig = ctx.cp.identity_kubeconfig(&ctx.aux, DAEMON_USER)?;
-    let port = cluster::free_port()?;
+    let port = scrape::free_port();
     let log_path = ctx
         .aux
         .join(format!("{}.log", spec.label.replace('/', "_")));
@@ -713,7 +725,7 @@ async fn daemon_phase(
                 log_path.display()
             );
         }
-        if matches!(cluster::local_get(port, "/readyz").await, Some((200, _))) {
+        if scrape::http_get(port, "/readyz").await.0 == 200 {
             break Utc::now();
         }
         if (Utc::now() - spawned).num_seconds() > 300 {
@@ -724,9 +736,9 @@ async fn daemon_phase(
     window.ready(ctx).await;
     daemon.ready_s = Some(secs(ready - spawned));
     daemon.at_ready = cluster::sample(pid);
-    if let Some((_, metrics)) = cluster::local_get(port, "/metrics").await {
-        daemon.tracked =
-            Some(cluster::metric_sum(&metrics, "workspace_gc_cached_objects", &[]) as u64);
+    let (status, metrics) = scrape::http_get(port, "/metrics").await;
+    if status != 0 {
+        daemon.tracked = Some(scrape::metric_sum(&metrics, "workspace_gc_cached_objects") as u64);
     }
     eprintln!(
         "bench:   ready after {:.2} s, {} objects cached",
@@ -743,9 +755,10 @@ async fn daemon_phase(
     // Let trailing requests (the Event after the last delete) land in the window.
     tokio::time::sleep(Duration::from_secs(2)).await;
     daemon.at_end = cluster::sample(pid);
-    if let Some((_, metrics)) = cluster::local_get(port, "/metrics").await {
-        let restarts = cluster::metric_sum(&metrics, "workspace_gc_watch_restarts_total", &[]);
-        let errors = cluster::metric_sum(&metrics, "workspace_gc_api_errors_total", &[]);
+    let (status, metrics) = scrape::http_get(port, "/metrics").await;
+    if status != 0 {
+        let restarts = scrape::metric_sum(&metrics, "workspace_gc_watch_restarts_total");
+        let errors = scrape::metric_sum(&metrics, "workspace_gc_api_errors_total");
         if restarts > 0.0 || errors > 0.0 {
             daemon.notes.push(format!(
                 "the daemon counted {restarts} watch restarts and {errors} API errors"
@@ -1010,7 +1023,13 @@ async fn list_bytes(admin: &Client) -> f64 {
     };
     LISTED
         .iter()
-        .map(|r| cluster::metric_sum(&text, "apiserver_response_sizes_sum", &["verb=\"LIST\"", r]))
+        .map(|r| {
+            scrape::metric(
+                &text,
+                "apiserver_response_sizes_sum",
+                &format!("verb=\"LIST\",{r}"),
+            )
+        })
         .sum()
 }
 

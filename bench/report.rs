@@ -7,16 +7,8 @@ use chrono::{DateTime, Utc};
 
 use crate::audit::Counts;
 use crate::population::EventKind;
+use crate::stats::percentile;
 use crate::{Contender, Options, Role, SizeResult, Steady, cluster};
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
-}
 
 #[derive(Debug, Clone, Copy)]
 pub struct LagStats {

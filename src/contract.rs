@@ -124,4 +124,8 @@ pub mod annotations {
     pub const DELETIONS: &str = "workspace-gc.mlops.dev/deletions";
     /// On the leader-election Lease: quota pressure's rounds, written with the count.
     pub const QUOTA_ROUNDS: &str = "workspace-gc.mlops.dev/quota-rounds";
+    /// On a `Retain` PersistentVolume (with `deletion.released_volume_ttl`): the UID of the
+    /// claim workspace-gc deleted, written before that claim's DELETE. Only a volume whose
+    /// `spec.claimRef.uid` equals it may be deleted once `Released`.
+    pub const DELETED_CLAIM_UID: &str = "workspace-gc.mlops.dev/deleted-claim-uid";
 }

@@ -15,9 +15,19 @@
 //! - [`cluster`]: the edge. API objects become facts here, and [`cluster::writer`] is the only
 //!   module that mutates the cluster.
 //! - [`daemon`]: the wiring. Watches feed the cache, the scheduler runs reconciles, the limiter
-//!   paces them.
+//!   paces them. The limiter and its [`daemon::cap_ledger`] (the blast-radius count) are pure.
+//!   The edge carries the ledger only as its annotation text: [`cluster::leader`] keeps it on
+//!   the Lease and [`cluster::writer`] records it before a delete.
 //! - [`surface`]: the command line, its commands and the audit report.
 //! - [`creator`]: the library an operator calls to create a build's claim correctly.
+
+// Bad input warns and keeps the claim; it never takes the daemon down. The compiler holds that:
+// no unwrap, expect or panic outside tests, and no unsafe anywhere.
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod cluster;
 pub mod config;

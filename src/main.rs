@@ -1,5 +1,12 @@
 //! `workspace-gc`: parse, load the configuration, start logging, dispatch.
 
+// The same invariants as the library (src/lib.rs).
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 use clap::Parser;
 use workspace_gc::observe::telemetry;
 use workspace_gc::surface::cli::{Cli, Command};

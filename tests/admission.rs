@@ -20,8 +20,10 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
@@ -33,6 +35,7 @@ use support::{
     wait_until,
 };
 use workspace_gc::config::labels::LabelSelector;
+use workspace_gc::contract::annotations::DELETED_CLAIM_UID;
 use workspace_gc::observe::metrics::ErrorCategory;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -623,4 +626,174 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     assert!(untouched(&ns, "probe-build-workspace").await);
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
+}
+
+// --- volumes -------------------------------------------------------------------------------------
+
+/// A Retain PersistentVolume `{ns}-{suffix}` whose claimRef has UID `claim_uid`, carrying
+/// `mark` as workspace-gc's deleted-claim UID if any, in `phase` (written by the admin, as the
+/// PV controller would).
+async fn guarded_volume(
+    admin: &Client,
+    ns: &TestNamespace,
+    suffix: &str,
+    claim_uid: &str,
+    mark: Option<&str>,
+    phase: &str,
+) -> PersistentVolume {
+    let name = format!("{}-{suffix}", ns.name());
+    let annotations: BTreeMap<&str, &str> = mark
+        .map(|uid| (DELETED_CLAIM_UID, uid))
+        .into_iter()
+        .collect();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": format!("/tmp/{name}")},
+            "claimRef": {"namespace": ns.name(), "name": suffix, "uid": claim_uid},
+        },
+    }))
+    .expect("a volume");
+    let api = Api::<PersistentVolume>::all(admin.clone());
+    api.create(&PostParams::default(), &pv)
+        .await
+        .unwrap_or_else(|e| panic!("create volume {name}: {e}"));
+    let status = Patch::Merge(json!({"status": {"phase": phase}}));
+    api.patch_status(&name, &PatchParams::default(), &status)
+        .await
+        .unwrap_or_else(|e| panic!("set {name} {phase}: {e}"))
+}
+
+/// The delete the daemon sends for a volume (src/cluster/writer.rs): UID and resourceVersion
+/// preconditions.
+fn volume_delete(volume: &PersistentVolume) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: volume.metadata.uid.clone(),
+            resource_version: volume.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+/// As the daemon's ServiceAccount, with RBAC to get, list, patch, update and delete every
+/// PersistentVolume, the guard lets through only the delete of a Released volume whose mark is
+/// its claimRef UID, with a UID precondition, and only the patch that writes or removes that
+/// mark equal to the claimRef UID; it refuses deleting a volume not marked, marked for another
+/// claim or still bound, and any other change, status included.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guard_lets_the_daemon_delete_only_released_volumes_it_marked() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, sa) = guarded_namespace(control_plane, "vguard").await;
+    let role = format!("volumes-{}", ns.name());
+    let rule = policy_rule(
+        &[""],
+        &["persistentvolumes", "persistentvolumes/status"],
+        &["get", "list", "patch", "update", "delete"],
+    );
+    let cluster_role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": role}, "rules": [rule],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &cluster_role)
+        .await
+        .expect("create the ClusterRole");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": ns.name()}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the ClusterRoleBinding");
+
+    let probe = guarded_volume(&admin, &ns, "probe", "c0", None, "Released").await;
+    let ours = guarded_volume(&admin, &ns, "ours", "c1", Some("c1"), "Released").await;
+    let unmarked = guarded_volume(&admin, &ns, "unmarked", "c2", None, "Released").await;
+    let bound = guarded_volume(&admin, &ns, "bound", "c3", Some("c3"), "Bound").await;
+    let other = guarded_volume(&admin, &ns, "other", "c4", Some("c5"), "Released").await;
+    let guard = guard_for("", &ns, &[]);
+    install(&admin, &guard, &format!("vguard-{}", ns.name())).await;
+    let volumes = Api::<PersistentVolume>::all(sa.clone());
+    let name = |pv: &PersistentVolume| pv.metadata.name.clone().unwrap();
+    // In force once the guard, not RBAC, answers (dry-run: before, the delete would pass).
+    let probing = DeleteParams {
+        dry_run: true,
+        ..volume_delete(&probe)
+    };
+    assert!(
+        wait_until(secs(30), || async {
+            let answer = volumes.delete(&name(&probe), &probing).await;
+            matches!(&answer, Err(kube::Error::Api(s)) if s.message.contains("rule volume-marked"))
+        })
+        .await,
+        "the guard came into force"
+    );
+
+    refused(
+        volumes
+            .delete(&name(&unmarked), &volume_delete(&unmarked))
+            .await,
+        "volume-marked",
+    );
+    refused(
+        volumes.delete(&name(&other), &volume_delete(&other)).await,
+        "volume-marked",
+    );
+    refused(
+        volumes.delete(&name(&bound), &volume_delete(&bound)).await,
+        "volume-released",
+    );
+    refused(
+        volumes.delete(&name(&ours), &DeleteParams::default()).await,
+        "uid-precondition",
+    );
+
+    let patch = |value: Value| Patch::Merge(value);
+    let mark =
+        |uid: Option<&str>| patch(json!({"metadata": {"annotations": {DELETED_CLAIM_UID: uid}}}));
+    let params = PatchParams::default();
+    // The daemon's writes: the mark equal to the claimRef UID, and its removal.
+    let unmarked_name = name(&unmarked);
+    volumes
+        .patch(&unmarked_name, &params, &mark(Some("c2")))
+        .await
+        .expect("the mark is let through");
+    volumes
+        .patch(&unmarked_name, &params, &mark(None))
+        .await
+        .expect("its removal is let through");
+    refused(
+        volumes
+            .patch(&unmarked_name, &params, &mark(Some("another")))
+            .await,
+        "volume-mark-only",
+    );
+    let policy = patch(json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}}));
+    refused(
+        volumes.patch(&unmarked_name, &params, &policy).await,
+        "volume-mark-only",
+    );
+    let status = patch(json!({"status": {"phase": "Available"}}));
+    refused(
+        volumes.patch_status(&unmarked_name, &params, &status).await,
+        "volume-mark-only",
+    );
+
+    volumes
+        .delete(&name(&ours), &volume_delete(&ours))
+        .await
+        .expect("the Released volume it marked is deleted");
+    let admin_volumes = Api::<PersistentVolume>::all(admin.clone());
+    for kept in [&unmarked, &bound, &other] {
+        let found = admin_volumes.get_opt(&name(kept)).await.unwrap();
+        let untouched = found.is_some_and(|pv| pv.metadata.deletion_timestamp.is_none());
+        assert!(untouched, "{} is kept", name(kept));
+    }
 }

@@ -534,6 +534,9 @@ proptest! {
     /// run's) `Succeeded` condition being True or False. Both directions: a finished status
     /// read as running would keep a claim forever, a running one read as finished deletes a
     /// live build's workspace.
+    ///
+    /// Run statuses written by hand (in memory): generated statuses of any shape, garbage included,
+    /// which real Tekton never writes.
     #[test]
     fn owner_statuses_of_any_shape_are_finished_exactly_when_they_say_so(status in status_json()) {
         let job = resources::job_entry(&owner("NotebookValidationJob", "mlops.mlops.dev/v1alpha1", &status));

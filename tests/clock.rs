@@ -13,12 +13,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use support::{
-    ControlPlane, Process, TestNamespace, binary, capped, claim_exists, deleted_count,
+    ControlPlane, Process, TestNamespace, binary, capped, claim_exists, deleted_count, faketime,
     finished_build, leads_within_the_cap, metric, overdue_under_a_cap, wait_until,
 };
 use tempfile::TempDir;
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -26,19 +24,6 @@ fn secs(n: u64) -> Duration {
 
 fn ago(minutes: i64) -> DateTime<Utc> {
     Utc::now() - chrono::Duration::minutes(minutes)
-}
-
-/// The environment that runs a process with its wall clock `shift` off ("+2h", "-2h").
-fn faketime(shift: &str) -> Vec<(&'static str, String)> {
-    assert!(
-        Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} is missing: install Debian's faketime (scripts/test does)"
-    );
-    vec![
-        ("LD_PRELOAD", LIBFAKETIME.into()),
-        ("FAKETIME", shift.into()),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
-    ]
 }
 
 fn daemon_vars(ns: &TestNamespace, shift: &str) -> Vec<(&'static str, String)> {
@@ -130,6 +115,8 @@ fn audit(kubeconfig: &Path, ns: &TestNamespace, shift: &str) -> (Option<i32>, St
 /// A daemon whose clock runs two hours ahead: the build that finished 10 minutes ago (70 by its
 /// clock, with a 1 h TTL) keeps its workspace; the one that finished 2 hours ago loses it. The
 /// offset is reported as about -7200 s and warned about, and the audit judges the same way.
+///
+/// Run statuses written by hand: runs finished 10 minutes and two hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clock_two_hours_ahead_deletes_nothing_early() {
     let cp = ControlPlane::shared();
@@ -182,6 +169,8 @@ async fn a_clock_two_hours_ahead_deletes_nothing_early() {
 /// by it (a build finished 4 h ago) is deleted; what is due by the API server's clock but not
 /// by its own (finished 2 h ago, 1 h TTL) waits; a build that finished 10 minutes ago lies in
 /// its future. The offset is reported as about +7200 s.
+///
+/// Run statuses written by hand: runs finished 10 minutes, two and four hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clock_two_hours_behind_deletes_only_what_its_own_clock_finds_due() {
     let cp = ControlPlane::shared();

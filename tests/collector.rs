@@ -18,12 +18,12 @@ use support::{
     claim_exists, free_port, http_get, metric, policy_rule, wait_until,
 };
 use tokio_util::sync::CancellationToken;
-use workspace_gc::cluster::cap_ledger::Ledger;
 use workspace_gc::cluster::leader::Fence;
 use workspace_gc::cluster::resources;
 use workspace_gc::cluster::server_clock::ServerClock;
 use workspace_gc::cluster::writer::{Mode, Writer};
 use workspace_gc::contract::annotations;
+use workspace_gc::daemon::cap_ledger::Ledger;
 use workspace_gc::daemon::controller::{self, RunOptions};
 use workspace_gc::observe::metrics::Metrics;
 
@@ -54,6 +54,7 @@ async fn ns(prefix: &str) -> TestNamespace {
     TestNamespace::new(ControlPlane::shared(), prefix).await
 }
 
+/// Run statuses written by hand: a run finished two hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
     let ns = ns("ttl").await;
@@ -102,6 +103,8 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
     daemon.stop().await;
 }
 
+/// Run statuses written by hand: a run running without pods (real Tekton's would protect the claim
+/// by themselves), then finished at the instant the reclaim lag is measured from.
 #[tokio::test(flavor = "multi_thread")]
 async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
     let ns = ns("running").await;
@@ -283,6 +286,8 @@ async fn keep_annotation_and_malformed_annotations_keep_the_claim() {
     daemon.stop().await;
 }
 
+/// Run statuses written by hand: a run stuck running without pods (real Tekton's would protect the
+/// claim from max_age).
 #[tokio::test(flavor = "multi_thread")]
 async fn max_age_deletes_a_claim_whose_run_never_finishes() {
     let ns = ns("maxage").await;
@@ -328,7 +333,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
 
     let metrics = Metrics::register(&mut Default::default());
     let writer = Writer::new(ns.client().clone(), Mode::Delete, None, Fence::unfenced());
-    let ledger = Ledger::new(secs(60));
+    let ledger = Ledger::new(secs(60)).to_annotation();
     let result = writer
         .delete(&decided_about, &ledger, deadline(), &metrics)
         .await;
@@ -400,6 +405,7 @@ async fn claim_names(ns: &TestNamespace) -> BTreeSet<String> {
         .collect()
 }
 
+/// Run statuses written by hand: a run failed long ago, and one running without pods.
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_deletes_nothing_and_reports_exactly_what_real_mode_deletes() {
     let ns = ns("dryrun").await;

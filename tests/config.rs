@@ -204,6 +204,8 @@ exclude_namespaces = ["kube-system"]
 [deletion]
 dry_run = true
 server_side_dry_run = true
+read_volumes = true
+released_volume_ttl = "2d"
 deletes_per_second = 2
 max_deletions_per_window = 7
 [leader_election]
@@ -226,6 +228,10 @@ annotations = { "example.com/note" = "anything, at all" }
     assert_eq!(config.deletion.deletes_per_second, 2.0);
     assert_eq!(config.deletion.max_deletions_per_window, 7);
     assert!(config.deletion.server_side_dry_run);
+    assert_eq!(
+        config.deletion.released_volume_ttl,
+        Some(Duration::from_secs(2 * 86_400))
+    );
     assert_eq!(config.leader_election.lease_namespace(Some("pod")), "ops");
     assert_eq!(
         config.leader_election.lease_duration,
@@ -483,6 +489,24 @@ const BAD_VALUES: &[(&str, &str, &str, &str)] = &[
         "server_side_dry_run",
         "true",
         "expected dry_run = true as well",
+    ),
+    (
+        "deletion",
+        "released_volume_ttl",
+        r#""0s""#,
+        "\"0s\" must be greater than zero",
+    ),
+    (
+        "deletion",
+        "released_volume_ttl",
+        r#""a week""#,
+        "is not a duration",
+    ),
+    (
+        "deletion",
+        "released_volume_ttl",
+        r#""1h""#,
+        "expected read_volumes = true as well",
     ),
     (
         "leader_election",
@@ -819,6 +843,7 @@ const KEYS: &[&str] = &[
     "deletion.window",
     "deletion.notice_before",
     "deletion.read_volumes",
+    "deletion.released_volume_ttl",
     "leader_election.enabled",
     "leader_election.lease_name",
     "leader_election.lease_namespace",

@@ -39,6 +39,7 @@ async fn server_is_the_pinned_kubernetes_release() {
     );
 }
 
+/// Run statuses written by hand: this tests the stand-in CRDs of tests/crds themselves.
 #[tokio::test]
 async fn crds_are_established_and_status_round_trips() {
     let control_plane = ControlPlane::shared();

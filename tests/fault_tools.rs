@@ -16,7 +16,6 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{
     Api, DeleteParams, ObjectMeta, PostParams, Preconditions, WatchEvent, WatchParams,
 };
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 use support::{
@@ -208,13 +207,7 @@ async fn client_through(
 }
 
 fn config(kubeconfig: &Path) -> Config {
-    let parsed = Kubeconfig::read_from(kubeconfig).expect("parse the kubeconfig");
-    let mut config = futures::executor::block_on(Config::from_custom_kubeconfig(
-        parsed,
-        &KubeConfigOptions::default(),
-    ))
-    .expect("load the kubeconfig");
-    config.proxy_url = None;
+    let mut config = support::load_config(kubeconfig);
     config.default_retry = false;
     config
 }
@@ -484,9 +477,13 @@ fn event(
     at: i64,
 ) -> AuditEvent {
     AuditEvent {
+        audit_id: String::new(),
+        stage: "ResponseComplete".into(),
         user: user.into(),
+        agent: String::new(),
         verb: verb.into(),
         resource: resource.into(),
+        subresource: String::new(),
         namespace: namespace.into(),
         name: name.into(),
         uid: None,

@@ -1,9 +1,10 @@
 //! The daemon under faults, against a real kube-apiserver and etcd: an API server restart,
 //! watches expired by etcd compaction (410 Gone), a network partition, a silently stalled
-//! watch, the leader killed with SIGKILL, a delete denied by RBAC, a claim re-created just
-//! before its delete, clock skew, objects with odd fields; and the limits that must hold across
-//! restarts and hand-overs: the blast-radius cap, the deletion rate, fencing of a partitioned
-//! leader, and only the leader writing.
+//! watch, a delete denied by RBAC, a claim re-created just before its delete, clock skew,
+//! objects with odd fields; and the limits on deleting: the deletion rate, the blast-radius cap
+//! under a dry run and when saturated, a throttled delete, and SIGTERM with deletes in flight.
+//! Leadership (a killed or partitioned leader, only the leader writing, the cap across
+//! hand-overs) is in tests/leadership.rs.
 //!
 //! What every test checks, besides its fault: no claim is deleted before its deadline or while
 //! something protects it, every due claim is deleted within a bound once the fault is over, and
@@ -16,42 +17,25 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, SubsecRound, Utc};
-use k8s_openapi::api::coordination::v1::Lease;
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::graph::rfc3339;
 use support::{
-    AuditEvent, ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, DeleteInvariant, Fault,
-    JobBuilder, PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary,
-    binary_vars, capped, deleted, deleted_count, elected_vars, finished_build,
-    invariant_audit_rules, leads_within_the_cap, metric, metric_sum,
-    notebook_validation_job_resource, overdue_under_a_cap, pipeline_run_resource, policy_rule,
-    read_audit, set_var, wait_until,
+    ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fate, Fault, JobBuilder,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
+    capped, daemon_role, deleted, deleted_count, deleted_events, elected_role, elected_vars,
+    events, expiring, fate, finished_build, in_secs, log_dir, metric, metric_sum,
+    notebook_validation_job_resource, overdue_under_a_cap, pipeline_run_resource, set_var,
+    wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
-use workspace_gc::daemon::controller::LIVE_BOUND;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-/// Whole seconds from now, as the `expires` annotation states deadlines.
-fn in_secs(n: i64) -> DateTime<Utc> {
-    (Utc::now() + chrono::Duration::seconds(n)).trunc_subsecs(0)
-}
-
-fn rfc3339(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// A build-workspace claim due at `at` through the `expires` annotation: a per-claim deadline,
-/// so one test can have claims due before, during and after a fault.
-fn expiring(name: &str, at: DateTime<Utc>) -> ClaimBuilder {
-    ClaimBuilder::build_workspace(name).annotation(annotations::EXPIRES, &rfc3339(at))
 }
 
 /// A configuration that watches only `ns`, without leader election, deleting as fast as
@@ -60,30 +44,6 @@ fn config_for(ns: &TestNamespace) -> Config {
     let mut config = ns.config();
     config.policy.orphan_grace = secs(3600);
     config
-}
-
-/// Where a claim stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
-    Live,
-    /// Deleted, held by the `pvc-protection` finalizer; the time is its `deletionTimestamp`.
-    Terminating(DateTime<Utc>),
-    Gone,
-}
-
-async fn fate(ns: &TestNamespace, name: &str) -> Fate {
-    let claim = ns
-        .api::<PersistentVolumeClaim>()
-        .get_opt(name)
-        .await
-        .unwrap_or_else(|e| panic!("get claim {name}: {e}"));
-    match claim {
-        None => Fate::Gone,
-        Some(claim) => match claim.metadata.deletion_timestamp {
-            Some(at) => Fate::Terminating(workspace_gc::cluster::resources::to_chrono(&at)),
-            None => Fate::Live,
-        },
-    }
 }
 
 /// When the delete of a claim landed, by the API server's clock (whole seconds): the
@@ -95,22 +55,6 @@ async fn deleted_at(ns: &TestNamespace, name: &str) -> DateTime<Utc> {
     }
 }
 
-async fn events(ns: &TestNamespace, claim: &str, reason: &str) -> Vec<Event> {
-    ns.api::<Event>()
-        .list(&Default::default())
-        .await
-        .expect("list events")
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim))
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
-}
-
-async fn deleted_events(ns: &TestNamespace, claim: &str) -> Vec<Event> {
-    events(ns, claim, "Deleted").await
-}
-
 /// How many claims the daemon's cache holds.
 async fn cached_claims(daemon: &Daemon) -> f64 {
     metric(
@@ -118,13 +62,6 @@ async fn cached_claims(daemon: &Daemon) -> f64 {
         "workspace_gc_cached_objects",
         "kind=\"claims\"",
     )
-}
-
-fn log_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("workspace-gc-faults-")
-        .tempdir()
-        .expect("a directory for daemon logs")
 }
 
 /// The kube-apiserver stops (SIGKILL, as a crash) for a quarter of a minute and comes back.
@@ -288,7 +225,7 @@ async fn etcd_compaction_forces_410_gone_and_a_relist() {
         .create(&ns)
         .await;
 
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let daemon = Process::spawn(
         &cp.kubeconfig_via(&proxy.url()),
         &binary_vars(&ns),
@@ -528,169 +465,6 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
     daemon.stop().await;
 }
 
-/// Two replicas of the real binary with a 4 s lease; the leader is SIGKILLed between two
-/// deadlines. The standby takes over within the lease duration (plus the up-to-1 s random
-/// wait the lease manager adds), each due claim is deleted exactly once (one `Deleted` event,
-/// from the replica that led at its deadline), and nothing protected is touched.
-#[tokio::test(flavor = "multi_thread")]
-async fn leader_killed_with_sigkill_standby_takes_over() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "leader").await;
-    let lease_duration = secs(4);
-    let mut vars = binary_vars(&ns);
-    vars.retain(|(key, _)| *key != "WORKSPACE_GC_LEADER_ELECTION_ENABLED");
-    vars.push((
-        "WORKSPACE_GC_LEADER_ELECTION_LEASE_NAMESPACE",
-        ns.name().into(),
-    ));
-    vars.push(("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", "4s".into()));
-    let logs = log_dir();
-    let kubeconfig = cp.kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(
-        wait_until(secs(30), || a.leading()).await,
-        "replica-a leads:\n{}",
-        a.logs()
-    );
-    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
-    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-    assert!(!b.leading().await, "one leader at a time");
-
-    // Deadlines a whole second away from the kill on either side, so no delete is in flight
-    // when it lands: the kill is at `kill_at`.
-    let kill_at = in_secs(10);
-    let offsets = [-2, -1, 1, 2, 3, 5, 7, 9];
-    let wave: Vec<(String, DateTime<Utc>)> = offsets
-        .iter()
-        .map(|offset| {
-            let name = format!("wave{}-build-workspace", offset + 2);
-            (name, kill_at + chrono::Duration::seconds(*offset))
-        })
-        .collect();
-    for (name, due) in &wave {
-        expiring(name, *due).create(&ns).await;
-    }
-    expiring("kept-build-workspace", in_secs(-60))
-        .annotation(annotations::KEEP, "true")
-        .create(&ns)
-        .await;
-    // The user first: the replicas are running, and an expired claim without one is due.
-    PodBuilder::new("user")
-        .mounting("busy-build-workspace")
-        .phase("Running")
-        .create(&ns)
-        .await;
-    expiring("busy-build-workspace", in_secs(-60))
-        .create(&ns)
-        .await;
-    let all = (wave.len() + 2) as f64;
-    for replica in [&a, &b] {
-        assert!(
-            wait_until(secs(10), || async {
-                metric(
-                    &replica.metrics().await,
-                    "workspace_gc_cached_objects",
-                    "kind=\"claims\"",
-                ) == all
-            })
-            .await,
-            "both replicas cached every claim: {}",
-            replica.metrics().await
-        );
-    }
-
-    let wait = (kill_at - Utc::now()).to_std().expect("the kill is ahead");
-    tokio::time::sleep(wait).await;
-    let killed = Instant::now();
-    a.kill().await;
-    assert!(
-        wait_until(secs(15), || b.leading()).await,
-        "replica-b takes over:\n{}",
-        b.logs()
-    );
-    let takeover = killed.elapsed();
-    eprintln!(
-        "leader: replica-b took over {takeover:?} after the SIGKILL (lease {lease_duration:?})"
-    );
-    // The lease runs out at most `lease_duration` after the kill; the standby then waits up to
-    // 1 s at random before taking it, and polling and a loaded machine add up to a second more.
-    assert!(
-        takeover <= lease_duration + secs(3),
-        "took over after {takeover:?}, lease {lease_duration:?}"
-    );
-
-    let last_due = wave.iter().map(|(_, due)| *due).max().unwrap_or(kill_at);
-    let wait = (last_due - Utc::now()).to_std().unwrap_or_default() + secs(5);
-    for (name, _) in &wave {
-        assert!(
-            wait_until(wait, || deleted(&ns, name)).await,
-            "{name} is deleted:\n{}",
-            b.logs()
-        );
-    }
-    for (name, due) in &wave {
-        let events = deleted_events(&ns, name).await;
-        assert_eq!(events.len(), 1, "{name}: one Deleted event, got {events:?}");
-        let by = events[0].reporting_instance.as_deref();
-        let expected = if *due < kill_at {
-            "replica-a"
-        } else {
-            "replica-b"
-        };
-        assert_eq!(
-            by,
-            Some(expected),
-            "{name}, due {due}, deleted by the leader"
-        );
-    }
-    for name in ["kept-build-workspace", "busy-build-workspace"] {
-        assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
-        assert!(deleted_events(&ns, name).await.is_empty());
-    }
-    let lease = ns
-        .api::<Lease>()
-        .get("workspace-gc")
-        .await
-        .expect("the lease");
-    assert_eq!(
-        lease.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("replica-b")
-    );
-    let status = b.terminate().await;
-    assert!(status.success(), "{status}");
-}
-
-/// The daemon's Role, with or without `delete` on claims.
-fn daemon_role(can_delete: bool) -> Role {
-    let claim_verbs: &[&str] = if can_delete {
-        &["get", "list", "watch", "delete"]
-    } else {
-        &["get", "list", "watch"]
-    };
-    Role {
-        metadata: ObjectMeta {
-            name: Some("workspace-gc".into()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(vec![
-            policy_rule(&[""], &["persistentvolumeclaims"], claim_verbs),
-            policy_rule(&[""], &["pods"], &["list", "watch"]),
-            policy_rule(
-                &["tekton.dev"],
-                &["pipelineruns", "taskruns"],
-                &["list", "watch"],
-            ),
-            policy_rule(
-                &["mlops.mlops.dev"],
-                &["notebookvalidationjobs"],
-                &["get", "list", "watch"],
-            ),
-            policy_rule(&[""], &["resourcequotas"], &["list", "watch"]),
-            policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
-        ]),
-    }
-}
-
 /// The daemon may read everything but not delete claims: each delete gets 403. It logs a clear
 /// error naming the claim, counts it under `operation="delete",category="forbidden"`, stays
 /// alive and ready, and deletes the claim once the right is granted. Its events reach the API
@@ -719,7 +493,7 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         support::Fault::DelayRequest(secs(1)),
     ));
     let kubeconfig = proxy.kubeconfig(cp, &direct);
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let daemon = Process::spawn(
         &kubeconfig,
         &binary_vars(&ns),
@@ -1086,52 +860,7 @@ async fn odd_objects_keep_their_claims_and_say_why() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Limits that hold across restarts and hand-overs, and a leader that stops in time
-
-/// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
-/// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
-/// count of the window lives on the Lease, so each new leader starts from it.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_cap_holds_across_restarts_and_hand_overs() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "cap").await;
-    let (vars, names) = overdue_under_a_cap(&ns, "due", 6, 2, "1h").await;
-    let logs = log_dir();
-    let kubeconfig = cp.kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(
-        wait_until(secs(30), || async {
-            capped(&a).await && deleted_count(&ns, &names).await == 2
-        })
-        .await,
-        "replica-a deletes 2 and reaches the cap:\n{}",
-        a.logs()
-    );
-
-    // Each of the 4 claims held back is told about once per episode of the cap, however often
-    // it is retried (once a warning and an event rewrite at every bucket's expiry).
-    tokio::time::sleep(secs(3)).await;
-    let warnings = a.logs().matches("blast-radius cap reached").count();
-    assert!(warnings <= 4, "{warnings} cap warnings:\n{}", a.logs());
-
-    // A hand-over: the standby takes the released lease at once.
-    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
-    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-    let status = a.terminate().await;
-    assert!(
-        status.success(),
-        "{status}: {}",
-        std::fs::read_to_string(logs.path().join("a.log")).unwrap_or_default()
-    );
-    leads_within_the_cap(&b, &ns, &names, 2, "after the hand-over").await;
-
-    // A crash and a restart of the same pod: it holds its own lease and leads at once.
-    b.kill().await;
-    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b2.log"));
-    leads_within_the_cap(&b, &ns, &names, 2, "after the restart").await;
-    let status = b.terminate().await;
-    assert!(status.success(), "{status}");
-}
+// Limits on deleting: the rate, the cap, a throttled delete, and a stop in time
 
 /// Every accepted deletion rate paces as configured, and one that cannot be honoured is refused
 /// before anything is deleted: `1e-30` once overflowed into "no pacing at all".
@@ -1145,7 +874,7 @@ async fn a_deletion_rate_paces_as_configured_or_is_refused() {
     for name in &names {
         expiring(name, in_secs(-60)).create(&ns).await;
     }
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let mut vars = binary_vars(&ns);
     set_var(
         &mut vars,
@@ -1206,248 +935,6 @@ async fn a_deletion_rate_paces_as_configured_or_is_refused() {
     assert!(status.success(), "{status}");
 }
 
-/// Only the leader writes to the cluster, events included: a standby that sees a claim with an
-/// invalid annotation keeps it and says so in its metrics, but writes no event.
-#[tokio::test(flavor = "multi_thread")]
-async fn only_the_leader_writes_events() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "events").await;
-    let vars = elected_vars(&ns, "4s");
-    let logs = log_dir();
-    let kubeconfig = cp.kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
-    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
-    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-    assert!(!b.leading().await);
-
-    expiring("odd-build-workspace", in_secs(-60))
-        .annotation(annotations::TTL, "a while")
-        .create(&ns)
-        .await;
-    for replica in [&a, &b] {
-        assert!(
-            wait_until(secs(10), || async {
-                metric(
-                    &replica.metrics().await,
-                    "workspace_gc_claims",
-                    "state=\"keep\",reason=\"invalid-annotation\"",
-                ) == 1.0
-            })
-            .await,
-            "both replicas decided: {}",
-            replica.metrics().await
-        );
-    }
-    assert!(
-        wait_until(secs(10), || async {
-            !events(&ns, "odd-build-workspace", "InvalidAnnotation")
-                .await
-                .is_empty()
-        })
-        .await,
-        "the leader explains the kept claim"
-    );
-    tokio::time::sleep(secs(2)).await;
-    let by: Vec<Option<String>> = events(&ns, "odd-build-workspace", "InvalidAnnotation")
-        .await
-        .into_iter()
-        .map(|e| e.reporting_instance)
-        .collect();
-    assert_eq!(
-        by,
-        vec![Some("replica-a".to_owned())],
-        "only the leader wrote"
-    );
-    assert_eq!(fate(&ns, "odd-build-workspace").await, Fate::Live);
-    // The standby has read the Lease every half second for seconds: it says it stands by once,
-    // on the transition, not at every round (once about 1,900 lines an hour).
-    let standing_by = b.logs().matches("standing by").count();
-    assert_eq!(standing_by, 1, "{}", b.logs());
-    for replica in [b, a] {
-        let status = replica.terminate().await;
-        assert!(status.success(), "{status}");
-    }
-}
-
-/// Claim deletes with their request (the precondition names the claim's UID) and every write
-/// of a Lease, with who sent it.
-/// What the fencing test's audit log records: what [`DeleteInvariant`] reads, for every user (the
-/// namespace, and so the replicas' names, is made after the API server starts).
-fn fencing_audit_policy() -> String {
-    format!(
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{}  - level: None\n",
-        invariant_audit_rules(&[])
-    )
-}
-
-/// The daemon's Role in the test namespace, with the Lease rights old and new election need.
-fn elected_role(name: &str) -> Role {
-    let mut role = daemon_role(true);
-    role.metadata.name = Some(name.to_owned());
-    if let Some(rules) = role.rules.as_mut() {
-        rules.push(policy_rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        ));
-    }
-    role
-}
-
-/// Fencing. Only the leader is partitioned (its proxy cut) while claims fall due every second;
-/// the standby takes over. The API server's audit log shows that the old leader sent no DELETE
-/// after its lease could have expired (its last successful Lease write plus the lease
-/// duration), during the partition or after it heals, and that no claim was deleted twice.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
-    let work = tempfile::tempdir().expect("a directory for the audit log");
-    let audit_log = work.path().join("audit.log");
-    let audit_policy = work.path().join("audit-policy.yaml");
-    std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
-    let cp = ControlPlane::start_with(&ControlPlaneOptions {
-        controller_manager: true,
-        apiserver_args: vec![
-            format!("--audit-log-path={}", audit_log.display()),
-            format!("--audit-policy-file={}", audit_policy.display()),
-        ],
-    });
-    let ns = TestNamespace::new(&cp, "fencing").await;
-    let lease = secs(4);
-    let vars = elected_vars(&ns, "4s");
-    let server = cp.config().cluster_url.to_string();
-    let server = server.trim_end_matches('/').to_owned();
-    let mut kubeconfigs = Vec::new();
-    for name in ["replica-a", "replica-b"] {
-        ns.api::<Role>()
-            .create(&PostParams::default(), &elected_role(name))
-            .await
-            .expect("role");
-        ns.bind_role(name, name).await;
-        kubeconfigs.push(cp.service_account_kubeconfig(ns.name(), name).await);
-    }
-    let proxy = Proxy::start(cp.api_address()).await;
-    let via_proxy = work.path().join("a.kubeconfig");
-    let text = std::fs::read_to_string(&kubeconfigs[0]).expect("read the kubeconfig");
-    std::fs::write(&via_proxy, text.replace(&server, &proxy.url())).expect("write it");
-
-    let logs = log_dir();
-    let a = Process::spawn(&via_proxy, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
-    let b = Process::spawn(
-        &kubeconfigs[1],
-        &vars,
-        "replica-b",
-        &logs.path().join("b.log"),
-    );
-    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-    assert!(!b.leading().await, "one leader at a time");
-
-    // Claims due every second from just before the cut until long after the heal.
-    let cut_at = in_secs(10);
-    let names: Vec<String> = (-2..=24)
-        .map(|offset: i64| format!("due{}-build-workspace", offset + 2))
-        .collect();
-    for (name, offset) in names.iter().zip(-2i64..) {
-        expiring(name, cut_at + chrono::Duration::seconds(offset))
-            .create(&ns)
-            .await;
-    }
-    for replica in [&a, &b] {
-        assert!(
-            wait_until(secs(10), || async {
-                metric(
-                    &replica.metrics().await,
-                    "workspace_gc_cached_objects",
-                    "kind=\"claims\"",
-                ) == names.len() as f64
-            })
-            .await,
-            "both replicas cached every claim"
-        );
-    }
-
-    tokio::time::sleep((cut_at - Utc::now()).to_std().unwrap_or_default()).await;
-    proxy.cut();
-    let cut = Instant::now();
-    assert!(
-        wait_until(lease + secs(5), || b.leading()).await,
-        "the standby takes over:\n{}",
-        b.logs()
-    );
-    eprintln!("fencing: replica-b leads {:?} after the cut", cut.elapsed());
-    tokio::time::sleep(secs(1)).await;
-    proxy.heal();
-    let last = names.last().expect("claims");
-    assert!(
-        wait_until(secs(40), || deleted(&ns, last)).await,
-        "the new leader deletes the last claim:\n{}",
-        b.logs()
-    );
-    tokio::time::sleep(secs(3)).await;
-    assert!(!a.leading().await, "the old leader stood down");
-    // The standby first, so that no release hands the lease back to it.
-    for replica in [a, b] {
-        let status = replica.terminate().await;
-        assert!(status.success(), "{status}");
-    }
-
-    let audited = read_audit(&audit_log);
-    let user = |name: &str| format!("system:serviceaccount:{}:{name}", ns.name());
-    let (old, new) = (user("replica-a"), user("replica-b"));
-    let renewed = audited
-        .iter()
-        .filter(|e| e.user == old && e.resource == "leases" && (200..300).contains(&e.code))
-        .map(|e| e.at)
-        .max()
-        .expect("the old leader renewed its lease");
-    let expiry = renewed + chrono::Duration::from_std(lease).expect("lease");
-    let late: Vec<&AuditEvent> = audited
-        .iter()
-        .filter(|e| e.user == old && e.resource == "persistentvolumeclaims" && e.at >= expiry)
-        .collect();
-    assert!(
-        late.is_empty(),
-        "the old leader sent deletes after its lease could have expired at {expiry}: {late:#?}"
-    );
-    let deletes_by = |who: &str| {
-        audited
-            .iter()
-            .filter(|e| e.user == who && e.resource == "persistentvolumeclaims")
-            .count()
-    };
-    assert!(
-        deletes_by(&old) > 0,
-        "the old leader deleted before the cut"
-    );
-    assert!(deletes_by(&new) > 0, "the new leader deleted after it");
-    let mut successes: std::collections::HashMap<&str, u32> = Default::default();
-    for delete in audited
-        .iter()
-        .filter(|e| e.resource == "persistentvolumeclaims" && (200..300).contains(&e.code))
-    {
-        *successes
-            .entry(delete.uid.as_deref().unwrap_or("?"))
-            .or_default() += 1;
-    }
-    assert!(
-        successes.values().all(|n| *n == 1),
-        "no claim deleted twice: {successes:?}"
-    );
-    // Every DELETE fenced, re-checked live within the bound, preconditioned, once per decision.
-    let mut invariant = DeleteInvariant::new(
-        &[old.clone(), new.clone()],
-        Some((ns.name(), "workspace-gc")),
-        lease,
-    );
-    invariant.bound = LIVE_BOUND;
-    let violations = invariant.check(&audited, &[]);
-    assert!(violations.is_empty(), "{violations:#?}");
-    for name in &names {
-        assert!(deleted(&ns, name).await, "{name} is deleted");
-    }
-}
-
 /// The README's install path: the audit overlay (dry-run) first, then the real daemon on the same
 /// Lease. A dry run must neither spend the real cap nor say that anything was deleted: its
 /// would-deletes once filled the Lease's ledger, so the real daemon then deleted nothing for a
@@ -1457,7 +944,7 @@ async fn a_dry_run_spends_none_of_the_real_cap() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "dry-cap").await;
     let (vars, names) = overdue_under_a_cap(&ns, "dry", 6, 3, "1h").await;
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let kubeconfig = cp.kubeconfig_path();
 
     let mut dry_vars = vars.clone();
@@ -1518,7 +1005,7 @@ async fn a_saturated_cap_tells_each_held_claim_once() {
     let cp = ControlPlane::shared();
     let ns = TestNamespace::new(cp, "cap-noise").await;
     let (vars, names) = overdue_under_a_cap(&ns, "held", 6, 2, "10s").await;
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let daemon = Process::spawn(
         cp.kubeconfig_path(),
         &vars,
@@ -1585,7 +1072,7 @@ async fn a_throttled_delete_is_never_sent_again_for_the_same_decision() {
         .user(user),
     );
     let vars = elected_vars(&ns, "4s");
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let daemon = Process::spawn(&kubeconfig, &vars, "gc", &logs.path().join("gc.log"));
     expiring("busy-build-workspace", in_secs(-60))
         .create(&ns)
@@ -1643,7 +1130,7 @@ async fn sigterm_ends_the_process_within_the_grace_period_whatever_the_api_serve
     let user = support::service_account(ns.name(), "gc");
     let stalled = proxy.add(Rule::new("delete", "persistentvolumeclaims", Fault::Stall).user(user));
     let vars = elected_vars(&ns, "4s");
-    let logs = log_dir();
+    let logs = log_dir("faults");
     let daemon = Process::spawn(&kubeconfig, &vars, "gc", &logs.path().join("gc.log"));
     for i in 0..4 {
         expiring(&format!("stuck{i}-build-workspace"), in_secs(-60))

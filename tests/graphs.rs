@@ -6,6 +6,9 @@
 //! - LIVENESS: it deletes what the oracle requires (owners or their absence say it is due).
 //! - A delete's reason names a condition that holds; a kept claim's `recheck_at` comes no
 //!   later than the first instant the oracle allows deletion, so the daemon wakes up in time.
+//!
+//! No server and no Tekton here: every run status is generated or written JSON, in memory,
+//! garbage and states real Tekton never writes included (tests/tekton.rs runs the real one).
 
 mod support;
 
@@ -537,4 +540,79 @@ fn regression_a_finished_task_run_owner_lets_the_ttl_run() {
         },
         true,
     );
+}
+
+/// Released volumes over generated PersistentVolumes, through the daemon's own conversion
+/// (`resources::volume_facts`) and judgement (`decide::volumes::judge`): deleted exactly when
+/// the oracle allows it, whatever the reclaim policy, phase, claimRef, mark, transition time
+/// (missing, garbage, past or future) and deletion state.
+#[test]
+fn released_volumes_are_deleted_exactly_when_the_oracle_allows() {
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    use workspace_gc::cluster::resources::volume_facts;
+    use workspace_gc::decide::volumes::{VolumeVerdict, judge};
+
+    let ttl = Duration::hours(1);
+    // Weighted towards the one combination that deletes, so that both sides are reached.
+    let text = |values: &'static [&'static str]| {
+        prop_oneof![
+            6 => select(values).prop_map(|v| json!(v)),
+            1 => Just(Value::Null),
+            1 => Just(json!(7)),
+        ]
+    };
+    let transition = prop_oneof![
+        4 => (-7200i64..14400).prop_map(|ago| json!((now() - Duration::seconds(ago)).to_rfc3339())),
+        1 => Just(Value::Null),
+        1 => Just(json!("yesterday")),
+        1 => Just(json!(1_700_000_000)),
+    ];
+    let volumes = (
+        text(&["Retain", "Retain", "Retain", "Delete", "Recycle", "retain"]),
+        text(&["Released", "Released", "Released", "Bound", "Available", "Failed", "released"]),
+        text(&["claim-1", "claim-1", "claim-2", ""]),
+        // Annotations are strings (metadata is typed); absent is the other case.
+        prop_oneof![
+            4 => select(&["claim-1", "claim-1", "claim-2", ""][..]).prop_map(|v| json!(v)),
+            1 => Just(Value::Null),
+        ],
+        transition,
+        proptest::bool::weighted(0.2),
+    )
+        .prop_map(|(policy, phase, claim, mark, since, deleting)| {
+            let mut annotations = serde_json::Map::new();
+            if !mark.is_null() {
+                annotations.insert("workspace-gc.mlops.dev/deleted-claim-uid".into(), mark);
+            }
+            json!({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {
+                    "name": "pv", "uid": "pv-uid", "resourceVersion": "3",
+                    "annotations": annotations,
+                    "deletionTimestamp": if deleting { json!("2026-06-01T11:00:00Z") } else { Value::Null },
+                },
+                "spec": {"persistentVolumeReclaimPolicy": policy, "claimRef": {"uid": claim}},
+                "status": {"phase": phase, "lastPhaseTransitionTime": since},
+            })
+        });
+    let mut runner = TestRunner::new(Config {
+        cases: 2000,
+        ..Config::default()
+    });
+    let (deleted, kept) = (RefCell::new(0), RefCell::new(0));
+    runner
+        .run(&volumes, |volume| {
+            // Only metadata is typed: spec and status are read untyped, as the daemon does.
+            let object: kube::api::DynamicObject = serde_json::from_value(volume.clone())
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let daemon = judge(&volume_facts(&object), ttl, now()) == VolumeVerdict::Delete;
+            let allowed = oracle::volume_deletable(&volume, ttl, now());
+            *if daemon { &deleted } else { &kept }.borrow_mut() += 1;
+            prop_assert_eq!(daemon, allowed, "{}", volume);
+            Ok(())
+        })
+        .unwrap();
+    // The generator reaches both sides.
+    assert!(*deleted.borrow() > 0 && *kept.borrow() > 0);
 }

@@ -27,6 +27,8 @@ use workspace_gc::decide::facts::ObjectKey;
 /// How many graphs are applied; each holds one or two namespaces.
 const GRAPHS: usize = 40;
 
+/// Run statuses written by hand: generated graphs, with completion times hours ago, missing or
+/// garbage, which real Tekton cannot produce.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_audits_generated_graphs_as_the_model_does() {
     // A control plane of its own, without kube-controller-manager: its garbage collector would

@@ -244,6 +244,14 @@ fn chart_renders_what_the_kustomize_manifests_render_in_every_mode() {
             with(&["components/retained-volumes"]),
         ),
         (
+            "retained-volumes and released-volumes",
+            vec![
+                "--set",
+                "namespace.create=true,retainedVolumes.enabled=true,releasedVolumes.enabled=true",
+            ],
+            with(&["components/retained-volumes", "components/released-volumes"]),
+        ),
+        (
             "openshift-console",
             vec![
                 "--set",
@@ -325,6 +333,8 @@ fn schema_refuses_bad_values() {
         "replica=2",
         "namespacePolicy.enabled=yes",
         "retainedVolumes=true",
+        "releasedVolumes.enabled=yes",
+        "releasedVolumes.ttl=",
         "openshiftConsole.enabled=1",
     ] {
         let error = helm_fails(&["--set", bad]);
@@ -354,6 +364,15 @@ fn schema_refuses_bad_values() {
         (
             "retainedVolumes.enabled=true,namespaced.namespaces={team-a}",
             "not with namespaced.namespaces",
+        ),
+        (
+            "config.deletion.read_volumes=true,retainedVolumes.enabled=true,\
+             config.deletion.released_volume_ttl=1d",
+            "set releasedVolumes.enabled",
+        ),
+        (
+            "releasedVolumes.enabled=true",
+            "needs retainedVolumes.enabled",
         ),
     ] {
         let error = helm_fails(&["--set", values]);

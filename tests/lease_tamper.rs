@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Process, TestNamespace, capped, deleted_count, elected_vars,
-    leads_within_the_cap, metric, set_var, wait_until,
+    leads_within_the_cap, log_dir, metric, set_var, wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
@@ -51,13 +51,6 @@ async fn six_due(prefix: &str) -> (TestNamespace, Vec<String>, Vec<(&'static str
     (ns, names, vars)
 }
 
-fn log_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("workspace-gc-lease-tamper-")
-        .tempdir()
-        .expect("a directory for daemon logs")
-}
-
 async fn ledger_on(ns: &TestNamespace) -> Option<String> {
     ns.api::<Lease>()
         .get_opt(&lease_name())
@@ -92,7 +85,7 @@ async fn an_implausible_ledger_holds_a_window(prefix: &str, ledger: &str, fault:
         .create(&PostParams::default(), &lease)
         .await
         .expect("create the tampered lease");
-    let logs = log_dir();
+    let logs = log_dir("lease-tamper");
     let kubeconfig = ControlPlane::shared().kubeconfig_path();
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
     leads_within_the_cap(&a, &ns, &names, 0, "on a tampered ledger").await;
@@ -152,7 +145,7 @@ async fn deletes_up_to_the_cap(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ledger_emptied_while_leading_is_written_back() {
     let (ns, names, vars) = six_due("tamper-emptied").await;
-    let logs = log_dir();
+    let logs = log_dir("lease-tamper");
     let a = deletes_up_to_the_cap(&ns, &names, &vars, &logs.path().join("a.log")).await;
     let empty = format!(r#"{{"bucketMillis":{BUCKET_MILLIS},"deletions":[]}}"#);
     let patch = json!({ "metadata": { "annotations": { annotations::DELETIONS: empty } } });
@@ -207,7 +200,7 @@ async fn delete_the_lease(ns: &TestNamespace, holder: &str, watching: &Process) 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_deleted_while_leading_keeps_the_cap() {
     let (ns, names, vars) = six_due("tamper-deleted").await;
-    let logs = log_dir();
+    let logs = log_dir("lease-tamper");
     let kubeconfig = ControlPlane::shared().kubeconfig_path();
     let a = deletes_up_to_the_cap(&ns, &names, &vars, &logs.path().join("a.log")).await;
     delete_the_lease(&ns, "replica-a", &a).await;

@@ -141,6 +141,8 @@ async fn events(ns: &TestNamespace, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Run statuses written by hand: completions 10 to 65 minutes ago, whose order decides which
+/// claims go, and a run running without pods (real Tekton's would protect the claim alone).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
     let ns = ns("quota-storage").await;
@@ -192,6 +194,8 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
     daemon.stop().await;
 }
 
+/// Run statuses written by hand: completions 20 to 58 minutes ago, whose order decides which claims
+/// go.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_class_scoped_quota_takes_only_claims_of_its_class() {
     let ns = ns("quota-class").await;
@@ -222,6 +226,8 @@ async fn a_class_scoped_quota_takes_only_claims_of_its_class() {
     daemon.stop().await;
 }
 
+/// Run statuses written by hand: runs finished 30 and 65 minutes ago, within and past the
+/// default 1 h TTL.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_claim_count_with_nothing_more_to_take_warns_once() {
     let ns = ns("quota-count").await;

@@ -104,6 +104,9 @@ fn go_zero_time() -> DateTime<Utc> {
 /// time, written on a later reconcile or never. A run that finished long ago must not start
 /// the TTL alone. Go's zero time is no completion time either, and never makes the reclaim lag
 /// absurd.
+///
+/// Run statuses written by hand: a run finished two hours ago, and Go's zero time as a completion
+/// time, neither of which real Tekton writes in a test.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partial_completion_time_never_starts_the_ttl() {
     let ns = TestNamespace::new(ControlPlane::shared(), "partial").await;
@@ -180,6 +183,9 @@ async fn a_partial_completion_time_never_starts_the_ttl() {
 /// An owner reference to one PipelineRun must not stop the workspace binding from linking a
 /// re-run that is still running; an owner reference to one job must not stop the naming
 /// convention from linking the job of the claim's name.
+///
+/// Run statuses written by hand: a run finished two hours ago, and a re-run running without pods
+/// (real Tekton's would mount the claim and protect it alone).
 #[tokio::test(flavor = "multi_thread")]
 async fn links_add_up_and_every_owner_must_allow() {
     let ns = TestNamespace::new(ControlPlane::shared(), "links").await;
@@ -252,6 +258,8 @@ async fn links_add_up_and_every_owner_must_allow() {
 /// A TaskRun that binds a claim keeps it while it runs, whether or not its pod exists (a pod
 /// refused by an exhausted quota is exactly when claims pile up), and its completion time
 /// starts the TTL. A TaskRun named in an owner reference is a managed owner, not a foreign one.
+///
+/// Run statuses written by hand: a TaskRun running with no pod, and one finished two hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn task_runs_are_owners() {
     let ns = TestNamespace::new(ControlPlane::shared(), "taskrun").await;
@@ -301,6 +309,9 @@ async fn task_runs_are_owners() {
 
 /// A cluster without the TaskRun CRD still works and becomes ready; a CRD installed later is
 /// picked up by the watch's next retry, and its runs protect what they bind.
+///
+/// Run statuses written by hand: the test deletes and re-installs the TaskRun CRD, which real
+/// Tekton's controller would need to run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cluster_without_the_task_run_crd_works_and_picks_it_up_later() {
     let cp = ControlPlane::start(true);
@@ -374,6 +385,9 @@ async fn a_cluster_without_the_task_run_crd_works_and_picks_it_up_later() {
 /// The daemon's watches go silent without an error while new requests still work. A
 /// PipelineRun and a TaskRun that start binding orphaned claims never reach the cache; the
 /// live re-check before each delete must find them anyway.
+///
+/// Run statuses written by hand: runs that keep their claims while running, without pods (real
+/// Tekton's pods would protect the claims by themselves).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
     let cp = ControlPlane::shared();
@@ -468,6 +482,9 @@ async fn exclusions_add_up_across_file_environment_and_flags() {
 
 /// When a `ttl` annotation reaches past `max_age`, `max_age` wins: the audit reports the
 /// instant the verdict really changes, and the daemon deletes then.
+///
+/// Run statuses written by hand: a run finished a minute ago, at a precise instant the asserted
+/// recheck time follows from.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_audit_reports_the_earliest_change() {
     let ns = TestNamespace::new(ControlPlane::shared(), "audit-time").await;
@@ -596,6 +613,8 @@ async fn prune(ns: &TestNamespace, job: &str) {
 /// The pruner deletes a build's runs while its job still validates the notebook: the job
 /// still links the claim (naming convention), so it is kept while the job runs, and the TTL
 /// then runs from the job's completion, not from the pruned run's.
+///
+/// Run statuses written by hand: a run finished two hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_pruned_while_the_job_validates_leave_the_claim_to_the_job() {
     let ns = TestNamespace::new(ControlPlane::shared(), "pruned-validating").await;
@@ -637,6 +656,8 @@ async fn runs_pruned_while_the_job_validates_leave_the_claim_to_the_job() {
 /// The pruner deletes the runs of jobs that finished: a claim whose job finished within the
 /// TTL stays until the TTL after the job's completion; one past it goes, as it would have with
 /// its runs.
+///
+/// Run statuses written by hand: runs finished 10 minutes and two hours ago.
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_pruned_after_the_job_finished_keep_the_ttl_of_the_job() {
     let ns = TestNamespace::new(ControlPlane::shared(), "pruned-finished").await;
@@ -674,6 +695,8 @@ async fn runs_pruned_after_the_job_finished_keep_the_ttl_of_the_job() {
 
 /// The job is deleted first (its run still links the claim, within its TTL), then the pruner
 /// deletes the run: with no owner left the claim is an orphan, deleted after the grace.
+///
+/// Run statuses written by hand: a run finished 10 minutes ago, within the TTL for the whole test.
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_pruned_after_the_job_is_gone_leave_an_orphan() {
     let ns = TestNamespace::new(ControlPlane::shared(), "pruned-gone").await;

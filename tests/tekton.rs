@@ -1,8 +1,10 @@
 //! The build lifecycle on the real Tekton Pipelines controller (`scripts/control-plane up
-//! --tekton`, the release pinned in hack/tekton): the operator's claim and PipelineRun go in,
-//! Tekton makes the TaskRuns and pods, tests/support's kubelet stand-in moves the pods, and at
-//! every stage the claim's verdict is read from `workspace-gc audit`; at the end the daemon
-//! deletes the claim past its TTL. Nothing here writes a Tekton status by hand.
+//! --tekton`: the operator's release pinned in hack/tekton, or the one
+//! `CONTROL_PLANE_TEKTON_MODULE` selects; scripts/test runs this file on hack/tekton-latest
+//! too): the operator's claim and PipelineRun go in, Tekton makes the TaskRuns and pods,
+//! tests/support's kubelet stand-in moves the pods, and at every stage the claim's verdict is
+//! read from `workspace-gc audit`; at the end the daemon deletes the claim past its TTL. Nothing
+//! here writes a Tekton status by hand.
 
 mod support;
 
@@ -14,7 +16,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use serde_json::{Value, json};
 use support::{
     ClaimBuilder, ControlPlane, Daemon, PodState, TestNamespace, audit_rows, claim_exists, kubelet,
-    metric, pipeline_run_resource, task_run_resource, wait_until,
+    metric, pipeline_run_resource, task_run_resource, tekton_version, wait_until,
 };
 
 /// The operator's names for job `nb`: claim, PipelineRun, Pipeline.
@@ -507,7 +509,7 @@ fn alive(pid: u32) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_tekton_controller_runs_in_a_network_namespace_of_its_own_and_stops_with_down() {
+async fn the_selected_tekton_release_runs_in_a_network_namespace_of_its_own_and_stops_with_down() {
     let control_plane = ControlPlane::start_tekton();
     let netns = recorded_pid(control_plane.dir(), "tekton-controller");
     let children = std::fs::read_to_string(format!("/proc/{netns}/task/{netns}/children"))
@@ -515,6 +517,17 @@ async fn the_tekton_controller_runs_in_a_network_namespace_of_its_own_and_stops_
     let controller: u32 = (children.split_whitespace().next())
         .and_then(|pid| pid.parse().ok())
         .expect("tekton-netns runs the controller as its child");
+    // scripts/test runs this file on each Tekton release: each run must test the one it names.
+    let executable = std::fs::read_link(format!("/proc/{controller}/exe"))
+        .expect("read the controller's executable");
+    assert!(
+        executable
+            .to_string_lossy()
+            .contains(&format!("/tekton-{}/", tekton_version())),
+        "the controller is Tekton {}: {}",
+        tekton_version(),
+        executable.display()
+    );
     let namespace = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
     assert!(
         namespace(&controller.to_string()).is_some(),

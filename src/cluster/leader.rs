@@ -17,7 +17,8 @@
 //!   its last successful write: [`Fence::check`]. A standby waits a whole lease from when it
 //!   *saw* that write, so the old leader has stopped at least a third of the lease before the
 //!   new one can start.
-//! - The blast-radius cap's [`Ledger`] lives on the same Lease (see `src/cluster/cap_ledger.rs`):
+//! - The blast-radius cap's ledger lives on the same Lease, as its annotation text (see
+//!   `src/daemon/cap_ledger.rs`):
 //!   written before each delete ([`Fence::record`]), which also renews the lease and, being
 //!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
 //!   and read back by whoever wins the lease next ([`Fence::found`]).
@@ -42,7 +43,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::config::LeaderElectionConfig;
 use crate::contract::annotations::{DELETIONS, QUOTA_ROUNDS};
 use crate::observe::metrics::{LedgerFault, Metrics, Operation};
@@ -225,9 +225,10 @@ impl Fence {
             .map_or(Duration::ZERO, |elector| elector.timing.renew_deadline)
     }
 
-    /// Writes `ledger` to the Lease, renewing it: before a delete, with that delete counted.
-    /// Fails unless this replica holds the lease at that moment, as the API server sees it.
-    pub async fn record(&self, ledger: &Ledger) -> Result<(), FenceError> {
+    /// Writes `ledger` (the cap's count as its annotation, `Ledger::to_annotation`) to the
+    /// Lease, renewing it: before a delete, with that delete counted. Fails unless this replica
+    /// holds the lease at that moment, as the API server sees it.
+    pub async fn record(&self, ledger: &str) -> Result<(), FenceError> {
         let Some(elector) = &self.elector else {
             return Ok(());
         };
@@ -235,17 +236,16 @@ impl Fence {
         self.check()?;
         let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
-        let text = ledger.to_annotation();
         let sent = Instant::now();
         // Bounded: the lock it holds also holds up the renewals.
-        let write = elector.write(read, spec, Some(&text));
+        let write = elector.write(read, spec, Some(ledger));
         match tokio::time::timeout(elector.timing.renew_deadline, write).await {
             Ok(Ok(written)) => {
                 *held = Some(written);
                 elector.renewed(sent);
                 // Only once written: a write that failed carried a delete that is not sent.
                 // (One that timed out but landed then reads as changed, and is written back.)
-                *elector.known() = Some(text);
+                *elector.known() = Some(ledger.to_owned());
                 Ok(())
             }
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::{Api, ApiResource, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
@@ -28,6 +28,7 @@ use crate::contract::OwnerKind;
 use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry};
 use crate::decide::linking::{self, Found, Lookup};
 use crate::decide::quota::QuotaEntry;
+use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{Metrics, Operation};
 
 /// What the API server said, for one claim, moments ago.
@@ -452,13 +453,27 @@ pub async fn claim_state(
     }
 }
 
-/// The reclaim policy of PersistentVolume `name`, read live; `None` when it cannot be read.
-pub async fn reclaim_policy(client: &Client, name: &str, metrics: &Metrics) -> Option<String> {
-    let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+/// PersistentVolume `name`, read live; `None` when it cannot be read.
+pub async fn volume(client: &Client, name: &str, metrics: &Metrics) -> Option<VolumeFacts> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resources::volume_resource());
     match api.get_opt(name).await {
-        Ok(volume) => volume?.spec?.persistent_volume_reclaim_policy,
+        Ok(volume) => Some(resources::volume_facts(&volume?)),
         Err(error) => {
             metrics.api_error(Operation::Get, &error);
+            None
+        }
+    }
+}
+
+/// Every PersistentVolume, from the API server's cache (`resourceVersion=0`): a volume is
+/// deleted only with its UID and resourceVersion as a precondition, so one changed since is
+/// refused by the server. `None` when they cannot be listed.
+pub async fn volumes(client: &Client, metrics: &Metrics) -> Option<Vec<VolumeFacts>> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resources::volume_resource());
+    match api.list(&ListParams::default().match_any()).await {
+        Ok(list) => Some(list.items.iter().map(resources::volume_facts).collect()),
+        Err(error) => {
+            metrics.api_error(Operation::List, &error);
             None
         }
     }

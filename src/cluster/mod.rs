@@ -1,11 +1,11 @@
 //! The cluster edge: everything that talks to the API server. API objects are converted into
 //! the core's facts ([`resources`]), watched into the cache ([`watches`], [`cache`]) and read
 //! live before a delete ([`live`]). [`writer`] is the only module that changes the cluster, and
-//! only while [`leader`] holds the Lease; [`cap_ledger`] keeps the blast-radius count on it.
+//! only while [`leader`] holds the Lease, which also carries the blast-radius count
+//! ([`crate::daemon::cap_ledger`]).
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
 
 pub mod cache;
-pub mod cap_ledger;
 pub mod leader;
 pub mod live;
 pub mod resources;

@@ -29,6 +29,7 @@ use crate::decide::facts::{
     ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
 };
 use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
+use crate::decide::volumes::{Transition, VolumeFacts};
 
 /// `mlops.mlops.dev/v1alpha1` NotebookValidationJob.
 pub fn job_resource() -> ApiResource {
@@ -78,6 +79,39 @@ pub fn to_chrono(time: &Time) -> DateTime<Utc> {
         Err(_) if nanos < 0 => DateTime::<Utc>::MIN_UTC,
         Err(_) => DateTime::<Utc>::MAX_UTC,
     }
+}
+
+/// A PersistentVolume's facts for [`crate::decide::volumes`]. Read from the untyped object, so a
+/// `status.lastPhaseTransitionTime` that does not parse keeps that volume alone (the typed one
+/// would fail the whole list).
+pub fn volume_facts(volume: &kube::api::DynamicObject) -> VolumeFacts {
+    let meta = &volume.metadata;
+    let text = |value: &Value| value.as_str().map(str::to_owned);
+    let (spec, status) = (&volume.data["spec"], &volume.data["status"]);
+    let transition = match &status["lastPhaseTransitionTime"] {
+        Value::Null => Transition::Missing,
+        Value::String(raw) => DateTime::parse_from_rfc3339(raw).map_or_else(
+            |_| Transition::Unparsable(raw.clone()),
+            |at| Transition::At(at.with_timezone(&Utc)),
+        ),
+        other => Transition::Unparsable(other.to_string()),
+    };
+    VolumeFacts {
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        being_deleted: meta.deletion_timestamp.is_some(),
+        reclaim_policy: text(&spec["persistentVolumeReclaimPolicy"]),
+        phase: text(&status["phase"]),
+        claim_uid: text(&spec["claimRef"]["uid"]),
+        marked_claim_uid: (meta.annotations.as_ref())
+            .and_then(|notes| notes.get(annotations::DELETED_CLAIM_UID).cloned()),
+        transition,
+    }
+}
+
+pub fn volume_resource() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::core::v1::PersistentVolume>(&())
 }
 
 pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {

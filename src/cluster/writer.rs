@@ -1,4 +1,5 @@
-//! The one place that changes the cluster: claim deletes and the events that explain them.
+//! The one place that changes the cluster: claim deletes and the events that explain them,
+//! and, with `deletion.released_volume_ttl`, the mark on a `Retain` volume and its delete.
 //!
 //! Deletes carry `{uid, resourceVersion}` preconditions, so a claim re-created under the same
 //! name, or changed since the decision, is never deleted; finalizers are never touched.
@@ -12,20 +13,23 @@
 //! fence's reach and the bound on the age of the live re-check it rests on. A refusal goes back
 //! to the controller, which decides again from the start.
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::{Fence, FenceError};
-use crate::contract::annotations::KEEP;
+use crate::cluster::resources;
+use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
 use crate::decide::quota::Pressure;
+use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics, Operation};
 
 /// How deletes are sent.
@@ -91,14 +95,15 @@ impl Writer {
         self.mode
     }
 
-    /// Deletes the claim as it was when decided, once `ledger` (which counts this delete) is on
+    /// Deletes the claim as it was when decided, once `ledger` (the cap's count as its
+    /// annotation, this delete counted) is on
     /// the Lease and this replica still leads, and only before `deadline` (the bound on the age
     /// of the live re-check); `Err` when it may not, and nothing was sent. In client-side
     /// dry-run no delete is sent and the result is `Deleted` as if it had been.
     pub async fn delete(
         &self,
         claim: &ClaimFacts,
-        ledger: &Ledger,
+        ledger: &str,
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
@@ -138,32 +143,119 @@ impl Writer {
         // Past the deadline the request is abandoned: it may still reach the server, but no
         // later than the moment it was already on its way.
         let sent = tokio::time::timeout_at(deadline, api.delete(&claim.key.name, &params));
-        Ok(match sent.await {
-            Ok(Ok(_)) => DeleteResult::Deleted,
-            Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
-            Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
-            Ok(Err(error @ kube::Error::Api(_))) => {
-                metrics.api_error(Operation::Delete, &error);
-                if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
-                    // The message names the policy and the rule broken.
-                    warn!(claim = %claim.key, %error, "delete refused by admission, claim kept: \
-                          the daemon and its admission guard disagree");
-                } else {
-                    warn!(claim = %claim.key, %error, "delete refused");
-                }
-                DeleteResult::Failed
-            }
+        Ok(answered(
+            sent.await,
+            ("claim", &claim.key.to_string()),
+            metrics,
+        ))
+    }
+
+    /// The deadline a write must go out by: the earlier of `deadline` and the fence's reach;
+    /// `Err` when this replica does not lead, or it has passed.
+    fn fenced(&self, deadline: Instant) -> Result<Instant, NotSent> {
+        self.fence.check()?;
+        let deadline = (self.fence.until()).map_or(deadline, |fenced| fenced.min(deadline));
+        if Instant::now() >= deadline {
+            return Err(NotSent::TooLate);
+        }
+        Ok(deadline)
+    }
+
+    /// Writes `claim_uid` on `volume` (as it was read: its UID and resourceVersion are the
+    /// patch's preconditions), before that claim's DELETE, so that only a volume whose claim
+    /// workspace-gc deleted may be deleted once `Released`. Sent once, before `deadline`;
+    /// the volume as marked once the server took it, `None` if not. Nothing in dry-run.
+    pub async fn mark_volume(
+        &self,
+        volume: &VolumeFacts,
+        claim_uid: &str,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<Option<VolumeFacts>, NotSent> {
+        if !matches!(self.mode, Mode::Delete) {
+            return Ok(None);
+        }
+        let deadline = self.fenced(deadline)?;
+        Ok(self
+            .patch_mark(volume, Some(claim_uid), deadline, metrics)
+            .await)
+    }
+
+    /// Takes the mark off again when the claim's DELETE was not carried out: a claim someone
+    /// else deletes later must not free its volume for deletion. `marked` is the volume as the
+    /// mark left it: changed since, it keeps the mark (and a warning). Sent once, if this
+    /// replica leads.
+    pub async fn unmark_volume(&self, marked: &VolumeFacts, metrics: &Metrics) {
+        let unmarked = match self.fenced(Instant::now() + UNMARK_BOUND) {
+            Ok(deadline) => self.patch_mark(marked, None, deadline, metrics).await,
+            Err(_) => None,
+        };
+        if unmarked.is_none() {
+            warn!(volume = %marked.name, "the mark stays on the volume although its claim was not deleted; remove the annotation {DELETED_CLAIM_UID} by hand");
+        }
+    }
+
+    /// Sets (or with `None` removes) the mark. The volume's UID and resourceVersion go in the
+    /// patch: a changed UID is refused (422, immutable), a changed resourceVersion too (409).
+    async fn patch_mark(
+        &self,
+        volume: &VolumeFacts,
+        claim_uid: Option<&str>,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Option<VolumeFacts> {
+        let patch = serde_json::json!({"metadata": {
+            "uid": volume.uid,
+            "resourceVersion": volume.resource_version,
+            "annotations": {DELETED_CLAIM_UID: claim_uid},
+        }});
+        let api: Api<DynamicObject> =
+            Api::all_with(self.client.clone(), &resources::volume_resource());
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        match tokio::time::timeout_at(deadline, api.patch(&volume.name, &params, &patch)).await {
+            Ok(Ok(patched)) => Some(resources::volume_facts(&patched)),
             Ok(Err(error)) => {
-                metrics.api_error(Operation::Delete, &error);
-                warn!(claim = %claim.key, %error, "delete got no answer; it may have been carried out");
-                DeleteResult::Unanswered
+                metrics.api_error(Operation::Patch, &error);
+                warn!(volume = %volume.name, %error, "volume patch refused");
+                None
             }
             Err(_) => {
-                metrics.api_timeout(Operation::Delete);
-                warn!(claim = %claim.key, "delete got no answer before its deadline; it may have been carried out");
-                DeleteResult::Unanswered
+                metrics.api_timeout(Operation::Patch);
+                warn!(volume = %volume.name, "volume patch got no answer before its deadline");
+                None
             }
-        })
+        }
+    }
+
+    /// Deletes a `Released` volume as it was judged: its UID and resourceVersion are the
+    /// DELETE's preconditions. Sent once, before `deadline`; in client-side dry-run, nothing is
+    /// sent and the result is `Deleted` as if it had been.
+    pub async fn delete_volume(
+        &self,
+        volume: &VolumeFacts,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<DeleteResult, NotSent> {
+        let dry_run = match self.mode {
+            Mode::Delete => false,
+            Mode::DryRun { server_side: false } => {
+                self.fence.check()?;
+                return Ok(DeleteResult::Deleted);
+            }
+            Mode::DryRun { server_side: true } => true,
+        };
+        let deadline = self.fenced(deadline)?;
+        let params = DeleteParams {
+            dry_run,
+            preconditions: Some(Preconditions {
+                uid: Some(volume.uid.clone()),
+                resource_version: Some(volume.resource_version.clone()),
+            }),
+            ..DeleteParams::default()
+        };
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let sent = tokio::time::timeout_at(deadline, api.delete(&volume.name, &params));
+        Ok(answered(sent.await, ("volume", &volume.name), metrics))
     }
 
     /// Publishes an event on the claim, if this replica leads; failures are logged and counted,
@@ -302,6 +394,52 @@ impl Writer {
     }
 }
 
+/// How long the unmark after a DELETE not carried out may take: it is not bound to a live
+/// re-check, only to the fence.
+const UNMARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a DELETE's answer (or its absence before the deadline) says, for `(kind, object)`.
+fn answered<T>(
+    sent: Result<Result<T, kube::Error>, tokio::time::error::Elapsed>,
+    (kind, object): (&str, &str),
+    metrics: &Metrics,
+) -> DeleteResult {
+    match sent {
+        Ok(Ok(_)) => DeleteResult::Deleted,
+        Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
+        Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
+        // A 5xx (a timeout, a proxy in front of the API server) does not say whether the server
+        // carried the delete out; 429 and the other 4xx refuse it beforehand.
+        Ok(Err(kube::Error::Api(status))) if status.code >= 500 => {
+            let error = kube::Error::Api(status);
+            metrics.api_error(Operation::Delete, &error);
+            warn!(%object, %error, "delete answered with a server error; it may have been carried out");
+            DeleteResult::Unanswered
+        }
+        Ok(Err(error @ kube::Error::Api(_))) => {
+            metrics.api_error(Operation::Delete, &error);
+            if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
+                // The message names the policy and the rule broken.
+                warn!(%object, %error, "delete refused by admission, {kind} kept: \
+                      the daemon and its admission guard disagree");
+            } else {
+                warn!(%object, %error, "delete refused");
+            }
+            DeleteResult::Failed
+        }
+        Ok(Err(error)) => {
+            metrics.api_error(Operation::Delete, &error);
+            warn!(%object, %error, "delete got no answer; it may have been carried out");
+            DeleteResult::Unanswered
+        }
+        Err(_) => {
+            metrics.api_timeout(Operation::Delete);
+            warn!(%object, "delete got no answer before its deadline; it may have been carried out");
+            DeleteResult::Unanswered
+        }
+    }
+}
+
 /// The Events API refuses a note over 1024 bytes; cut at a character boundary.
 fn bounded(mut note: String) -> String {
     const LIMIT: usize = 1024;
@@ -331,6 +469,7 @@ fn reference(claim: &ClaimFacts) -> ObjectReference {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::cap_ledger::Ledger;
     use http::{Request, Response};
     use kube::client::Body;
     use prometheus_client::registry::Registry;
@@ -344,8 +483,8 @@ mod tests {
         }
     }
 
-    fn ledger() -> Ledger {
-        Ledger::new(std::time::Duration::from_secs(60))
+    fn ledger() -> String {
+        Ledger::new(std::time::Duration::from_secs(60)).to_annotation()
     }
 
     /// A deadline the test's mock server easily meets.
@@ -382,6 +521,7 @@ mod tests {
                            409 => "Conflict",
                            404 => "NotFound",
                            429 => "TooManyRequests",
+                           500 => "InternalError",
                            503 => "ServiceUnavailable",
                            _ => "Timeout",
                        }, "message": "m"})
@@ -476,10 +616,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn throttling_and_server_errors_are_refusals_sent_once() {
-        for status in [429, 503, 504] {
+    async fn throttling_is_a_refusal_and_a_server_error_may_have_been_carried_out() {
+        // Each sent once (delete_against's server takes one request).
+        let (_, _, result) = delete_against(Mode::Delete, 429).await.unwrap();
+        assert_eq!(result, DeleteResult::Failed);
+        for status in [500, 503, 504] {
             let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
-            assert_eq!(result, DeleteResult::Failed, "{status}");
+            assert_eq!(result, DeleteResult::Unanswered, "{status}");
         }
     }
 
@@ -529,5 +672,113 @@ mod tests {
         assert_eq!(result.ok(), Some(DeleteResult::Unanswered));
         assert_eq!(started.elapsed(), std::time::Duration::from_secs(3));
         server.abort();
+    }
+
+    /// A volume, as judged: its UID and resourceVersion go with every write.
+    fn volume() -> VolumeFacts {
+        VolumeFacts::example("uid-1")
+    }
+
+    /// One volume write through a mock API server answering 200 with `answer`: the request's
+    /// method, path and body, and the writer's result.
+    async fn volume_write<T, F>(
+        write: impl FnOnce(Writer, Metrics) -> F,
+        answer: Value,
+    ) -> (http::Method, String, Value, T)
+    where
+        F: std::future::Future<Output = T>,
+    {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writer = Writer::new(
+            kube::Client::new(service, "default"),
+            Mode::Delete,
+            None,
+            Fence::unfenced(),
+        );
+        let metrics = Metrics::register(&mut Registry::default());
+        let server = tokio::spawn(async move {
+            let (request, reply) = handle.next_request().await.expect("a request");
+            let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+            let body = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            let response = Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap();
+            reply.send_response(response);
+            (method, path, body)
+        });
+        let result = bounded_wait(write(writer, metrics)).await;
+        let (method, path, body) = bounded_wait(server).await.unwrap();
+        (method, path, body, result)
+    }
+
+    #[tokio::test]
+    async fn a_volume_delete_carries_its_uid_and_resource_version() {
+        let status =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200});
+        let (method, path, body, result) = volume_write(
+            |writer, metrics| async move {
+                writer.delete_volume(&volume(), soon(), &metrics).await.ok()
+            },
+            status,
+        )
+        .await;
+        assert_eq!(result, Some(DeleteResult::Deleted));
+        assert_eq!(method, http::Method::DELETE);
+        assert_eq!(path, "/api/v1/persistentvolumes/pv-1");
+        assert_eq!(
+            body["preconditions"],
+            json!({"uid": "pv-uid", "resourceVersion": "7"})
+        );
+    }
+
+    #[tokio::test]
+    async fn the_mark_is_written_on_the_volume_as_read() {
+        let marked = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-1", "uid": "pv-uid", "resourceVersion": "8",
+                         "annotations": {DELETED_CLAIM_UID: "uid-1"}}});
+        let (method, path, body, result) = volume_write(
+            |writer, metrics| async move {
+                (writer
+                    .mark_volume(&volume(), "uid-1", soon(), &metrics)
+                    .await)
+                    .ok()
+            },
+            marked,
+        )
+        .await;
+        assert_eq!(method, http::Method::PATCH);
+        assert_eq!(path, "/api/v1/persistentvolumes/pv-1");
+        assert_eq!(
+            body,
+            json!({"metadata": {"uid": "pv-uid", "resourceVersion": "7",
+                                "annotations": {DELETED_CLAIM_UID: "uid-1"}}})
+        );
+        let marked = result.flatten().expect("marked");
+        assert_eq!(marked.resource_version, "8");
+        assert_eq!(marked.marked_claim_uid.as_deref(), Some("uid-1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_volume_write_goes_out_past_its_deadline_or_in_a_dry_run() {
+        let (writer, mut handle) = unanswering();
+        let metrics = Metrics::register(&mut Registry::default());
+        let late = writer
+            .delete_volume(&volume(), Instant::now(), &metrics)
+            .await;
+        assert!(matches!(late, Err(NotSent::TooLate)), "{late:?}");
+        let late = (writer.mark_volume(&volume(), "uid-1", Instant::now(), &metrics)).await;
+        assert!(matches!(late, Err(NotSent::TooLate)));
+        let dry = Writer {
+            mode: Mode::DryRun { server_side: false },
+            ..writer
+        };
+        let marked = dry.mark_volume(&volume(), "uid-1", soon(), &metrics).await;
+        assert!(matches!(marked, Ok(None)));
+        handle.allow(1);
+        let request =
+            tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request());
+        assert!(request.await.is_err(), "nothing reached the server");
     }
 }

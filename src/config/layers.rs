@@ -93,6 +93,7 @@ pub(super) struct DeletionLayer {
     pub(super) window: Slot<String>,
     pub(super) notice_before: Slot<String>,
     pub(super) read_volumes: Slot<bool>,
+    pub(super) released_volume_ttl: Slot<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -323,6 +324,7 @@ impl Layer {
             "deletion.window" => put(&mut d.window, raw, at),
             "deletion.notice_before" => put(&mut d.notice_before, raw, at),
             "deletion.read_volumes" => put(&mut d.read_volumes, raw, at),
+            "deletion.released_volume_ttl" => put(&mut d.released_volume_ttl, raw, at),
             "leader_election.enabled" => put(&mut l.enabled, raw, at),
             "leader_election.lease_name" => put(&mut l.lease_name, raw, at),
             "leader_election.lease_namespace" => put(&mut l.lease_namespace, raw, at),

@@ -128,6 +128,11 @@ pub struct DeletionConfig {
     /// Read a bound claim's PersistentVolume before its delete, to report the storage a
     /// `Retain` reclaim policy keeps (needs `get` on PersistentVolumes).
     pub read_volumes: bool,
+    /// Delete a `Released` volume this long after its claim, which workspace-gc deleted,
+    /// released it (needs `read_volumes`, and get, list, patch and delete on
+    /// PersistentVolumes); `None`: never.
+    #[serde(serialize_with = "serialize_duration_or_empty")]
+    pub released_volume_ttl: Option<Duration>,
 }
 
 /// Lease-based leader election; only the leader deletes.
@@ -243,6 +248,7 @@ impl Default for Config {
                 window: Duration::from_secs(10 * 60),
                 notice_before: None,
                 read_volumes: false,
+                released_volume_ttl: None,
             },
             leader_election: LeaderElectionConfig {
                 enabled: true,

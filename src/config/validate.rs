@@ -119,6 +119,30 @@ impl Layer {
                            expected dry_run = true as well (a server-side dry run is a dry run)";
             return Err(problem(key, at, message));
         }
+        let read_volumes = take(
+            del.read_volumes,
+            "deletion.read_volumes",
+            d.deletion.read_volumes,
+            Ok,
+        )?;
+        let released_volume_ttl = take(
+            del.released_volume_ttl,
+            "deletion.released_volume_ttl",
+            d.deletion.released_volume_ttl,
+            optional_positive_duration,
+        )?;
+        // Only a volume read before its claim's delete is marked, and only a marked one is
+        // ever deleted: without the read, the TTL could never apply.
+        if released_volume_ttl.value.is_some() && !read_volumes.value {
+            let (key, at) = blame(
+                ("deletion.released_volume_ttl", &released_volume_ttl.at),
+                ("deletion.read_volumes", &read_volumes.at),
+            );
+            let message = "deletion.released_volume_ttl is set but deletion.read_volumes is \
+                           false; expected read_volumes = true as well (a volume is marked for \
+                           deletion when it is read, before its claim is deleted)";
+            return Err(problem(key, at, message));
+        }
         let deletes_per_second = take(
             del.deletes_per_second,
             "deletion.deletes_per_second",
@@ -246,13 +270,8 @@ impl Layer {
                     optional_positive_duration,
                 )?
                 .value,
-                read_volumes: take(
-                    del.read_volumes,
-                    "deletion.read_volumes",
-                    d.deletion.read_volumes,
-                    Ok,
-                )?
-                .value,
+                read_volumes: read_volumes.value,
+                released_volume_ttl: released_volume_ttl.value,
             },
             leader_election: LeaderElectionConfig {
                 enabled: enabled.value,

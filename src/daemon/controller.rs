@@ -26,7 +26,7 @@ use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
-use crate::daemon::limiter::{Admission, Limiter, Reservation};
+use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
 use crate::daemon::ports::{Clock, Cluster, KubeCluster};
 use crate::daemon::scheduler::{Failure, Outcome, Schedule, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
@@ -34,9 +34,10 @@ use crate::decide::linking::{self, Found};
 use crate::decide::namespace::Policies;
 use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
+use crate::decide::volumes::{self, Kept, VolumeFacts, VolumeVerdict};
 use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
-use crate::observe::metrics::{DeleteResult, ErrorCategory, Metrics};
+use crate::observe::metrics::{DeleteResult, ErrorCategory, Mark, Metrics};
 
 /// How many claims are reconciled at once (each may wait on the limiter and live reads).
 const CONCURRENCY: usize = 16;
@@ -92,20 +93,26 @@ struct Controller<C, K> {
     /// Quota pressure's thresholds; `None` when disabled.
     quota: Option<Waters>,
     rounds: Mutex<Rounds>,
-    /// Claims told about the cap and still held back by it: each told once per episode (until
-    /// it gets a slot, or is gone), not at every retry.
-    capped: Mutex<BTreeSet<ObjectKey>>,
+    /// The claims the cap holds back, earliest due first. Each is told once per episode (until
+    /// it gets a slot, is no longer due, or is gone), not at every retry.
+    line: Mutex<Line<ObjectKey>>,
     /// How long before a claim becomes due its `DeletionScheduled` event is written; `None`: never.
     notice_before: Option<chrono::Duration>,
     /// Per claim, the UID and due instant last announced (leader only): once per deadline.
     noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
     /// Whether a bound claim's volume is read before its delete (`deletion.read_volumes`).
     read_volumes: bool,
+    /// Whether a `Retain` volume is marked before its claim's delete, so that it is deleted
+    /// once Released (`deletion.released_volume_ttl`).
+    mark_volumes: bool,
+    /// Released volumes warned about (by UID) for a transition time not known: once each.
+    unjudged: Mutex<BTreeSet<String>>,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
-    /// Claims (by UID) whose last DELETE got no answer: whether it was carried out is read
-    /// before anything is sent again.
-    unanswered: Mutex<HashMap<ObjectKey, String>>,
+    /// Claims (by UID) whose DELETE was carried out, or may have been (no answer that says):
+    /// until the watch shows them gone, the claim is read live before anything is sent again,
+    /// since a cache the watch has not caught up on still shows it as it was decided.
+    already_sent: Mutex<HashMap<ObjectKey, String>>,
 }
 
 /// When a kept claim becomes due and why, with the notice's lead time.
@@ -118,9 +125,8 @@ type SendResult = Result<DeleteResult, NotSent>;
 #[derive(Debug, Clone)]
 struct Confirmed {
     reason: Reason,
-    /// The claim's volume, when its reclaim policy is `Retain` (read only with
-    /// `deletion.read_volumes`).
-    retained: Option<String>,
+    /// The claim's volume, as read (only with `deletion.read_volumes`).
+    volume: Option<VolumeFacts>,
     /// The verdict's due instant, for the reclaim lag.
     due_at: Option<DateTime<Utc>>,
     live_until: Instant,
@@ -133,6 +139,17 @@ enum Cause {
     Due(Option<DateTime<Utc>>),
     /// Its namespace's quota plan takes it (see `quota`).
     Pressure,
+}
+
+impl Cause {
+    /// Where the claim waits while the cap holds: quota pressure first, then by due instant,
+    /// one whose instant is not known last.
+    fn place_in_line(self) -> DateTime<Utc> {
+        match self {
+            Cause::Pressure => DateTime::<Utc>::MIN_UTC,
+            Cause::Due(due) => due.unwrap_or(DateTime::<Utc>::MAX_UTC),
+        }
+    }
 }
 
 /// Runs the daemon until `stop` is cancelled: finishes the deletes in flight, releases the
@@ -224,6 +241,9 @@ pub async fn run(
         health.clone(),
     ));
     let follower = tokio::spawn(follow_leadership(controller.clone(), health));
+    // Not among the tasks the daemon cannot work without: it only ever ends on stop.
+    let sweeper = (config.deletion.released_volume_ttl)
+        .map(|ttl| tokio::spawn(sweep_released(controller.clone(), ttl, stop.clone())));
     let aborts = [feeder.abort_handle(), follower.abort_handle()];
     let (mut feeder, mut follower, mut server) = (feeder.fuse(), follower.fuse(), server.fuse());
 
@@ -255,6 +275,9 @@ pub async fn run(
 
     for abort in aborts {
         abort.abort();
+    }
+    if let Some(sweeper) = sweeper {
+        let _ = sweeper.await;
     }
     for task in [&mut feeder, &mut follower] {
         if !task.is_terminated() {
@@ -415,6 +438,32 @@ fn cannot_connect(error: &watcher::Error) -> bool {
     }
 }
 
+/// How often the leader looks for Released volumes to delete: half their TTL, within 1 s and
+/// 1 min (a list of every PersistentVolume, from the API server's cache).
+fn sweep_every(ttl: Duration) -> Duration {
+    (ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// Deletes, as the leader, the Released volumes whose claims it deleted, `ttl` after their
+/// release (`deletion.released_volume_ttl`), until `stop`.
+async fn sweep_released<C: Cluster, K: Clock>(
+    controller: Arc<Controller<C, K>>,
+    ttl: Duration,
+    stop: CancellationToken,
+) {
+    let every = sweep_every(ttl);
+    let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if controller.is_leader() {
+            controller.sweep(ttl).await;
+        }
+    }
+}
+
 /// Publishes leadership to metrics and, on winning the lease, re-evaluates every claim: the
 /// standby decided but did not act.
 async fn follow_leadership<C: Cluster, K: Clock>(
@@ -448,6 +497,7 @@ async fn follow_leadership<C: Cluster, K: Clock>(
         } else {
             info!("standing by: another replica holds the lease");
             controller.lock_limiter().forget();
+            *controller.lock_line() = Line::default();
             controller
                 .warned
                 .lock()
@@ -490,13 +540,15 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             leading,
             quota: config.quota.waters(),
             rounds: Mutex::default(),
-            capped: Mutex::default(),
+            line: Mutex::default(),
             warned: Mutex::default(),
             notice_before: (config.deletion.notice_before)
                 .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
             noticed: Mutex::default(),
             read_volumes: config.deletion.read_volumes,
-            unanswered: Mutex::default(),
+            mark_volumes: config.deletion.released_volume_ttl.is_some(),
+            unjudged: Mutex::default(),
+            already_sent: Mutex::default(),
         }
     }
 
@@ -605,8 +657,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
-            self.lock_capped().remove(key);
-            self.lock_unanswered().remove(key);
+            self.lock_line().leave(key);
+            self.lock_already_sent().remove(key);
             (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
             return Outcome::Done;
         };
@@ -614,6 +666,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.metrics.track(key, Some((&decision.verdict, bytes)));
         let taken = self.relieve(key).await;
         let reason = decision.verdict.reason();
+        let deleting = taken || matches!(decision.verdict, Verdict::Delete { .. });
+        if !deleting || !self.is_leader() {
+            // No longer waiting for a slot: the claims behind it move up.
+            self.lock_line().leave(key);
+        }
         match decision.verdict {
             Verdict::Keep { recheck_at, .. } => {
                 debug!(claim = %key, %reason, ?recheck_at, "keep");
@@ -652,10 +709,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// Deletes a claim for `cause`, in four stages, each taking what the one before returns:
     /// admit (pace and cap), confirm (the live re-check), send (the one DELETE), report.
     async fn act(&self, claim: ClaimFacts, cause: Cause) -> Outcome {
-        if let Some(outcome) = self.after_unanswered(&claim).await {
+        if let Some(outcome) = self.after_earlier_delete(&claim).await {
             return outcome;
         }
-        let reservation = match self.admit(&claim).await {
+        let reservation = match self.admit(&claim, cause).await {
             Ok(reservation) => reservation,
             Err(outcome) => return outcome,
         };
@@ -667,46 +724,72 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 return Outcome::Retry(failure);
             }
         };
-        let sent = self
-            .send(&claim, cause, reservation, confirmed.live_until)
-            .await;
+        let sent = self.send(&claim, cause, reservation, &confirmed).await;
         self.report(&claim, confirmed, sent).await
     }
 
-    /// After a DELETE of this claim that got no answer: whether it was carried out, read live,
-    /// before anything is sent again. `None` to go on: none was unanswered, or the claim is
-    /// there unchanged and not being deleted.
-    async fn after_unanswered(&self, claim: &ClaimFacts) -> Option<Outcome> {
-        let pending = self.lock_unanswered().get(&claim.key) == Some(&claim.uid);
+    /// After a DELETE of this claim that was, or may have been, carried out: whether it was,
+    /// read live, before anything is sent again. `None` to go on: none was sent, or the claim
+    /// is there unchanged and not being deleted.
+    async fn after_earlier_delete(&self, claim: &ClaimFacts) -> Option<Outcome> {
+        let pending = self.lock_already_sent().get(&claim.key) == Some(&claim.uid);
         if !pending {
             return None;
         }
         let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
-            Found::Yes((uid, false)) if uid == claim.uid => None,
+            Found::Yes((uid, false)) if uid == claim.uid => {
+                self.unmark_not_deleted(claim).await;
+                None
+            }
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
-                info!(claim = %claim.key, "the delete that got no answer was carried out");
+                info!(claim = %claim.key, "an earlier delete of this claim was carried out; none is sent again");
                 Some(Outcome::Done)
             }
         };
-        self.lock_unanswered().remove(&claim.key);
+        self.lock_already_sent().remove(&claim.key);
         outcome
     }
 
-    fn lock_unanswered(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
-        self.unanswered.lock().unwrap_or_else(|e| e.into_inner())
+    /// The claim's DELETE that got no answer was not carried out: a mark written for it comes
+    /// off (written again before its next DELETE), so that the claim, if kept now and deleted
+    /// by someone else later, does not free its volume for deletion.
+    async fn unmark_not_deleted(&self, claim: &ClaimFacts) {
+        let Some(name) = claim.volume_name.as_deref().filter(|_| self.mark_volumes) else {
+            return;
+        };
+        let volume = self.cluster.volume(name, &self.metrics).await;
+        let marked = volume.filter(|v| v.marked_claim_uid.as_deref() == Some(claim.uid.as_str()));
+        if let Some(marked) = marked {
+            self.cluster.unmark_volume(&marked, &self.metrics).await;
+            self.metrics.volume_mark(Mark::Removed);
+        }
+    }
+
+    fn lock_already_sent(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
+        self.already_sent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A deletion slot from the limiter, or the outcome that defers the claim: the cap is
     /// reached (told once per claim per episode of it) or the count is not known.
-    async fn admit(&self, claim: &ClaimFacts) -> Result<Reservation, Outcome> {
+    async fn admit(&self, claim: &ClaimFacts, cause: Cause) -> Result<Reservation, Outcome> {
         let key = &claim.key;
-        let (admission, full) = {
+        let place = cause.place_in_line();
+        let (admission, full, first) = {
             let mut limiter = self.lock_limiter();
+            let mut line = self.lock_line();
             // Judged at the earliest the API server's clock can read: never shorter windows.
             let (earliest, _) = self.clock.server();
-            let admission = limiter.reserve(Instant::now(), earliest);
-            (admission, limiter.full(earliest))
+            let admission = limiter.reserve(Instant::now(), earliest, line.ahead(key, place));
+            let first = match admission {
+                Admission::At(_) => {
+                    line.leave(key);
+                    false
+                }
+                Admission::Capped { .. } => line.join(key, place),
+                Admission::Unknown => false,
+            };
+            (admission, limiter.full(earliest), first)
         };
         match admission {
             Admission::At(reservation) => {
@@ -716,7 +799,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 }
                 // A claim's episode of the cap ends when it gets its slot, whatever the others
                 // do: a saturated cap admits one as one expires, several when several expire.
-                self.lock_capped().remove(key);
                 Ok(reservation)
             }
             Admission::Unknown => {
@@ -726,7 +808,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             Admission::Capped { until } => {
                 self.metrics.set_capped(true);
-                let first = self.lock_capped().insert(key.clone());
                 if first {
                     let (max, window) = &self.cap;
                     warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
@@ -760,16 +841,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     self.policies.for_namespace(notes.await.as_ref()).policy
                 }
             };
-            let volume = claim.volume_name.as_deref().filter(|_| self.read_volumes);
-            let retained = match volume {
-                Some(name) => (self.cluster.reclaim_policy(name, &self.metrics).await)
-                    .filter(|policy| policy == "Retain")
-                    .map(|_| name.to_owned()),
+            let volume = match claim.volume_name.as_deref().filter(|_| self.read_volumes) {
+                Some(name) => self.cluster.volume(name, &self.metrics).await,
                 None => None,
             };
-            (live, read_at, policy, retained)
+            (live, read_at, policy, volume)
         };
-        let Ok((live, read_at, policy, retained)) = tokio::time::timeout(LIVE_BOUND, read).await
+        let Ok((live, read_at, policy, volume)) = tokio::time::timeout(LIVE_BOUND, read).await
         else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
             return Err(Failure::LiveTooSlow);
@@ -810,20 +888,23 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
         Ok(Confirmed {
             reason,
-            retained,
+            volume,
             due_at,
             live_until,
         })
     }
 
-    /// Sends the one DELETE, with the ledger that counts it written to the Lease first.
+    /// Sends the one DELETE, with the ledger that counts it written to the Lease first, and
+    /// before it the mark on a `Retain` volume (taken off again if the DELETE is not carried
+    /// out).
     async fn send(
         &self,
         claim: &ClaimFacts,
         cause: Cause,
         reservation: Reservation,
-        live_until: Instant,
+        confirmed: &Confirmed,
     ) -> SendResult {
+        let live_until = confirmed.live_until;
         let pressure = matches!(cause, Cause::Pressure);
         let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
         // Every delete of ours in a namespace under pressure is counted in its round, and
@@ -841,14 +922,23 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .lock_limiter()
             .count_from(reservation, self.clock.server().1 + self.cluster.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
-        let sent = match &ledger {
-            Some(ledger) => {
-                (self.cluster)
+        let (marked, sent) = match (&ledger, self.mark(claim, confirmed).await) {
+            (_, Err(error)) => (None, Err(error)),
+            (Some(ledger), Ok(marked)) => {
+                let sent = (self.cluster)
                     .delete(claim, ledger, live_until, &self.metrics)
-                    .await
+                    .await;
+                (marked, sent)
             }
-            None => Err(NotSent::Fence(FenceError::NotLeading)),
+            (None, Ok(marked)) => (marked, Err(NotSent::Fence(FenceError::NotLeading))),
         };
+        // Not deleted by this DELETE (refused, or gone already: someone else deleted it): the
+        // volume must not qualify. Unanswered, it may have been: the mark stays.
+        let deleted = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
+        if let (Some(marked), false) = (&marked, deleted) {
+            self.cluster.unmark_volume(marked, &self.metrics).await;
+            self.metrics.volume_mark(Mark::Removed);
+        }
         // A delete that was refused frees nothing; one already gone, or unanswered (it may
         // have been carried out), may have: pressure then deletes fewer, never more.
         let not_freed = matches!(
@@ -865,12 +955,39 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     .count_from(reservation, self.clock.server().1);
             }
             // It may have been carried out: it stays counted.
-            Ok(DeleteResult::Unanswered) => {
-                (self.lock_unanswered()).insert(claim.key.clone(), claim.uid.clone());
-            }
+            Ok(DeleteResult::Unanswered) => {}
             Ok(_) | Err(_) => self.release(reservation),
         }
+        let carried_out = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
+        if carried_out && matches!(self.cluster.mode(), Mode::Delete) {
+            self.lock_already_sent()
+                .insert(claim.key.clone(), claim.uid.clone());
+        }
         sent
+    }
+
+    /// With `deletion.released_volume_ttl`, writes the claim's UID on its `Retain` volume
+    /// before the claim's DELETE: the volume as marked, or `None` (nothing to mark, or the
+    /// write failed: the claim is deleted all the same, its volume never qualifies).
+    async fn mark(
+        &self,
+        claim: &ClaimFacts,
+        confirmed: &Confirmed,
+    ) -> Result<Option<VolumeFacts>, NotSent> {
+        let volume = confirmed.volume.as_ref().filter(|_| self.mark_volumes);
+        let Some(volume) = volume.filter(|volume| volumes::to_mark(volume, &claim.uid)) else {
+            return Ok(None);
+        };
+        let marked = (self.cluster)
+            .mark_volume(volume, &claim.uid, confirmed.live_until, &self.metrics)
+            .await?;
+        if marked.is_some() {
+            self.metrics.volume_mark(Mark::Marked);
+        } else if matches!(self.cluster.mode(), Mode::Delete) {
+            warn!(claim = %claim.key, volume = %volume.name, "the volume could not be marked: it will not be deleted once Released");
+            self.metrics.volume_mark(Mark::Failed);
+        }
+        Ok(marked)
     }
 
     /// Metrics, logs and events for what the DELETE did, and what comes next for the claim.
@@ -879,9 +996,12 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Confirmed {
             reason,
             due_at,
-            retained,
+            volume,
             ..
         } = confirmed;
+        let retained = volume
+            .filter(|volume| volume.reclaim_policy.as_deref() == Some("Retain"))
+            .map(|volume| volume.name);
         let result = match sent {
             Ok(result) => result,
             Err(error) => {
@@ -926,6 +1046,48 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             DeleteResult::Failed => Outcome::Retry(Failure::Refused),
             DeleteResult::Unanswered => Outcome::Retry(Failure::Unanswered),
+        }
+    }
+
+    /// One look at every PersistentVolume: each the pure judgement lets go is deleted with its
+    /// UID and resourceVersion as listed as the DELETE's preconditions; one Released since a
+    /// time not known is kept, with a warning once.
+    async fn sweep(&self, ttl: chrono::Duration) {
+        let Some(listed) = self.cluster.volumes(&self.metrics).await else {
+            debug!("cannot list PersistentVolumes; Released volumes are looked at again later");
+            return;
+        };
+        let now = self.clock.now();
+        for volume in listed {
+            match volumes::judge(&volume, ttl, now) {
+                VolumeVerdict::Delete => {
+                    let deadline = Instant::now() + LIVE_BOUND;
+                    let sent = self.cluster.delete_volume(&volume, deadline, &self.metrics);
+                    match sent.await {
+                        // A dry run counts nothing (and marks nothing: only a mark left by an
+                        // earlier real run makes a volume due then).
+                        Ok(result) if matches!(self.cluster.mode(), Mode::DryRun { .. }) => {
+                            info!(volume = %volume.name, result = result.as_str(), "dry-run: would delete Released volume");
+                        }
+                        Ok(result) => {
+                            self.metrics.volume_deletion(result);
+                            info!(volume = %volume.name, claim_uid = volume.claim_uid.as_deref().unwrap_or(""), result = result.as_str(), "Released volume deleted");
+                        }
+                        Err(error) => {
+                            info!(volume = %volume.name, %error, "Released volume not deleted; looked at again later");
+                            return;
+                        }
+                    }
+                }
+                VolumeVerdict::Keep(kept @ Kept::TransitionUnknown(_)) => {
+                    let first = (self.unjudged.lock().unwrap_or_else(|e| e.into_inner()))
+                        .insert(volume.uid.clone());
+                    if first {
+                        warn!(volume = %volume.name, %kept, "Released volume kept");
+                    }
+                }
+                VolumeVerdict::Keep(_) => {}
+            }
         }
     }
 
@@ -1106,8 +1268,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.lock_limiter().release(reservation);
     }
 
-    fn lock_capped(&self) -> std::sync::MutexGuard<'_, BTreeSet<ObjectKey>> {
-        self.capped.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_line(&self) -> std::sync::MutexGuard<'_, Line<ObjectKey>> {
+        self.line.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {
@@ -1139,7 +1301,7 @@ mod tests {
 
     use super::*;
     use crate::cluster::cache::TaskRunEntry;
-    use crate::cluster::cap_ledger::Ledger;
+    use crate::daemon::cap_ledger::Ledger;
     use crate::decide::facts::{JobEntry, PodEntry, RunEntry};
     use crate::decide::namespace::Ignored;
     use crate::decide::quota::{Pressure, QuotaEntry};
@@ -1192,6 +1354,10 @@ mod tests {
         dry_run: bool,
         /// The claim as a live GET finds it (after an unanswered DELETE); `None`: gone.
         claim_state: Mutex<Option<(String, bool)>>,
+        /// The one PersistentVolume there is, read and listed.
+        volume: Mutex<Option<VolumeFacts>>,
+        /// The volume writes, in order: `mark NAME UID`, `unmark NAME`, `delete NAME`.
+        volume_writes: Mutex<Vec<String>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1227,6 +1393,7 @@ mod tests {
             deadline: Instant,
             _: &Metrics,
         ) -> SendResult {
+            lock(&self.volume_writes).push(format!("delete claim {}", claim.key.name));
             lock(&self.sent).push(Sent {
                 claim: claim.key.clone(),
                 uid: claim.uid.clone(),
@@ -1253,8 +1420,35 @@ mod tests {
             None
         }
 
-        async fn reclaim_policy(&self, _: &str, _: &Metrics) -> Option<String> {
-            None
+        async fn volume(&self, _: &str, _: &Metrics) -> Option<VolumeFacts> {
+            lock(&self.volume).clone()
+        }
+
+        async fn volumes(&self, _: &Metrics) -> Option<Vec<VolumeFacts>> {
+            Some(lock(&self.volume).iter().cloned().collect())
+        }
+
+        async fn mark_volume(
+            &self,
+            volume: &VolumeFacts,
+            claim_uid: &str,
+            _: Instant,
+            _: &Metrics,
+        ) -> Result<Option<VolumeFacts>, NotSent> {
+            lock(&self.volume_writes).push(format!("mark {} {claim_uid}", volume.name));
+            Ok(Some(VolumeFacts {
+                marked_claim_uid: Some(claim_uid.into()),
+                ..volume.clone()
+            }))
+        }
+
+        async fn unmark_volume(&self, marked: &VolumeFacts, _: &Metrics) {
+            lock(&self.volume_writes).push(format!("unmark {}", marked.name));
+        }
+
+        async fn delete_volume(&self, volume: &VolumeFacts, _: Instant, _: &Metrics) -> SendResult {
+            lock(&self.volume_writes).push(format!("delete {}", volume.name));
+            Ok(DeleteResult::Deleted)
         }
 
         async fn answers(&self) -> bool {
@@ -1318,7 +1512,19 @@ mod tests {
         claims: &[ClaimFacts],
         leading: bool,
     ) -> Arc<Controller<FakeCluster, FakeClock>> {
+        controller_with(cluster, cap, claims, leading, |_| {})
+    }
+
+    /// [`controller`], with `edit` applied to its configuration.
+    fn controller_with(
+        cluster: FakeCluster,
+        cap: u32,
+        claims: &[ClaimFacts],
+        leading: bool,
+        edit: impl FnOnce(&mut Config),
+    ) -> Arc<Controller<FakeCluster, FakeClock>> {
         let mut config = Config::default();
+        edit(&mut config);
         config.deletion.max_deletions_per_window = cap;
         config.deletion.window = Duration::from_secs(3600);
         config.deletion.deletes_per_second = 1000.0;
@@ -1441,6 +1647,67 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_delete_carried_out_is_not_sent_again_while_the_cache_still_shows_the_claim() {
+        let cluster = FakeCluster::default();
+        // The DELETE was answered 200; the claim is being deleted (its finalizer holds it).
+        *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+        let c = controller(cluster, 10, &[due("a")], true);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        // A watch that has not caught up still shows the claim as decided: deciding it again
+        // reads it live instead of sending the same DELETE a second time.
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
+    }
+
+    /// An orphan created `seconds` after the epoch: the later, the later it is due.
+    fn due_later(name: &str, seconds: i64) -> ClaimFacts {
+        let mut claim = due(name);
+        claim.created = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(seconds);
+        claim
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_a_saturated_cap_a_freed_slot_goes_to_the_claim_due_first() {
+        let claims = [
+            due_later("first", 0),
+            due_later("a", 3),
+            due_later("b", 2),
+            due_later("c", 1),
+        ];
+        let c = controller(FakeCluster::default(), 1, &claims, true);
+        for name in ["first", "a", "b", "c"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        tokio::time::advance(Duration::from_secs(3700)).await;
+        // `a` and `b` retry first, but `c` has waited longest for its slot.
+        for name in ["a", "b"] {
+            let outcome = c.clone().reconcile(key(name)).await;
+            assert!(matches!(outcome, Outcome::At(_)), "{name}: {outcome:?}");
+        }
+        assert_eq!(c.clone().reconcile(key("c")).await, Outcome::Done);
+        let sent: Vec<ObjectKey> = lock(&c.cluster.sent)
+            .iter()
+            .map(|s| s.claim.clone())
+            .collect();
+        assert_eq!(sent, vec![key("first"), key("c")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_no_longer_due_leaves_the_line() {
+        let claims = [due_later("first", 0), due_later("a", 2), due_later("b", 1)];
+        let c = controller(FakeCluster::default(), 1, &claims, true);
+        for name in ["first", "a", "b"] {
+            c.clone().reconcile(key(name)).await;
+        }
+        tokio::time::advance(Duration::from_secs(3700)).await;
+        // `b` is gone before its turn: `a` is next.
+        *c.write_index() = synced(&[due_later("first", 0), due_later("a", 2)], &[]);
+        assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn each_claim_held_back_by_the_cap_is_told_once() {
         let claims = [due("a"), due("b"), due("c")];
         let c = controller(FakeCluster::default(), 1, &claims, true);
@@ -1505,5 +1772,161 @@ mod tests {
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         assert!(lock(&c.cluster.reads).is_empty());
         assert!(lock(&c.cluster.sent).is_empty());
+    }
+
+    /// A claim bound to volume `pv-1`, and that volume: `Retain`, bound to it.
+    fn bound_to_a_retain_volume() -> (ClaimFacts, VolumeFacts) {
+        let claim = ClaimFacts {
+            volume_name: Some("pv-1".into()),
+            ..due("a")
+        };
+        let volume = VolumeFacts {
+            phase: Some("Bound".into()),
+            marked_claim_uid: None,
+            ..VolumeFacts::example(&claim.uid)
+        };
+        (claim, volume)
+    }
+
+    fn releasing(config: &mut Config) {
+        config.deletion.read_volumes = true;
+        config.deletion.released_volume_ttl = Some(Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retain_volume_is_marked_before_its_claims_delete() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        let c = controller_with(cluster, 10, &[claim], true, releasing);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a"]
+        );
+        // Reported as kept, as with read_volumes alone.
+        assert_eq!(
+            lock(&c.cluster.notices).clone(),
+            vec![Notice::Deleted(Reason::Orphaned, Some("pv-1".into()))]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_the_ttl_nothing_is_marked() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        let c = controller_with(cluster, 10, &[claim], true, |config| {
+            config.deletion.read_volumes = true;
+        });
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete claim a"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_delete_not_carried_out_takes_the_mark_off() {
+        for answer in [
+            DeleteResult::Failed,
+            DeleteResult::Conflict,
+            DeleteResult::NotFound,
+        ] {
+            let (claim, volume) = bound_to_a_retain_volume();
+            let cluster = FakeCluster::default();
+            *lock(&cluster.volume) = Some(volume);
+            lock(&cluster.answers).push_back(Ok(answer));
+            let c = controller_with(cluster, 10, &[claim], true, releasing);
+            c.clone().reconcile(key("a")).await;
+            assert_eq!(
+                lock(&c.cluster.volume_writes).clone(),
+                ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
+                "{answer:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_deletes_only_what_the_judgement_lets_go() {
+        let (_, volume) = bound_to_a_retain_volume();
+        let c = controller_with(FakeCluster::default(), 10, &[], true, releasing);
+        let now = c.clock.now();
+        let released = VolumeFacts {
+            phase: Some("Released".into()),
+            marked_claim_uid: volume.claim_uid.clone(),
+            transition: volumes::Transition::At(now - chrono::Duration::minutes(2)),
+            ..volume
+        };
+        let ttl = chrono::Duration::minutes(1);
+        for (kept, why) in [
+            (
+                VolumeFacts {
+                    marked_claim_uid: None,
+                    ..released.clone()
+                },
+                "its claim deleted by someone else",
+            ),
+            (
+                VolumeFacts {
+                    transition: volumes::Transition::Missing,
+                    ..released.clone()
+                },
+                "released since when is not known",
+            ),
+            (
+                VolumeFacts {
+                    transition: volumes::Transition::At(now),
+                    ..released.clone()
+                },
+                "within its TTL",
+            ),
+        ] {
+            *lock(&c.cluster.volume) = Some(kept);
+            c.sweep(ttl).await;
+            assert!(lock(&c.cluster.volume_writes).is_empty(), "{why}");
+        }
+        *lock(&c.cluster.volume) = Some(released);
+        c.sweep(ttl).await;
+        assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete pv-1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_unanswered_delete_not_carried_out_the_mark_comes_off_first() {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        let c = controller_with(cluster, 10, &[claim], true, releasing);
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a"],
+            "it may have been carried out: the mark stays"
+        );
+        // Not carried out: the claim is there as it was; the mark the fake wrote is read back.
+        *lock(&c.cluster.claim_state) = Some(("a-uid".into(), false));
+        let marked = lock(&c.cluster.volume).clone().map(|v| VolumeFacts {
+            marked_claim_uid: Some("a-uid".into()),
+            ..v
+        });
+        *lock(&c.cluster.volume) = marked;
+        lock(&c.cluster.live_pods).push(pod_mounting("a"));
+        c.clone().reconcile(key("a")).await;
+        assert_eq!(
+            lock(&c.cluster.volume_writes).clone(),
+            ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
+            "a build now uses it: kept, and unmarked"
+        );
+    }
+
+    #[test]
+    fn the_sweep_runs_at_half_the_ttl_within_bounds() {
+        assert_eq!(
+            sweep_every(Duration::from_millis(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(sweep_every(Duration::from_secs(10)), Duration::from_secs(5));
+        assert_eq!(
+            sweep_every(Duration::from_secs(86_400)),
+            Duration::from_secs(60)
+        );
     }
 }

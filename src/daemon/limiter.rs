@@ -1,18 +1,22 @@
 //! Deletion pacing and the blast-radius cap: at most one deletion per `interval`, and at most
 //! `max_per_window` in any rolling `window`, so that a wrong selector cannot wipe a cluster.
-//! Pure: the caller passes the instant.
+//! Pure: the caller passes the instant. While the cap holds claims back they wait in a
+//! [`Line`], earliest due first: a slot that frees goes to the claim that has waited longest
+//! for it, not to whichever retry comes first (under a saturated cap that would leave some
+//! claims waiting without end).
 //!
 //! The cap counts through a [`Ledger`] that outlives this process (kept on the Lease by
 //! `src/cluster/leader.rs`). Until the ledger of the current window is known — at start, and from the
 //! moment leadership is lost until it is won again and the ledger read back — nothing is
 //! admitted: the cap fails closed.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::cluster::cap_ledger::{Ledger, LedgerError};
+use crate::daemon::cap_ledger::{Ledger, LedgerError};
 
 /// The answer to a request for a deletion slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,15 +64,27 @@ impl Limiter {
         }
     }
 
-    /// Reserves a deletion slot, or says until when the cap holds.
-    pub fn reserve(&mut self, now: Instant, wall: DateTime<Utc>) -> Admission {
+    /// Reserves a deletion slot, or says until when the cap holds. `ahead` claims wait in line
+    /// before this one ([`Line::ahead`]): the slots they are owed are not this one's.
+    pub fn reserve(&mut self, now: Instant, wall: DateTime<Utc>, ahead: usize) -> Admission {
         let Some(ledger) = &mut self.ledger else {
             return Admission::Unknown;
         };
         ledger.forget_before(wall);
         let slot = self.next_slot.map_or(now, |next| next.max(now));
         let at = wall + (slot - now);
-        if let Some(until) = ledger.capped_until(at, self.max_per_window) {
+        let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
+        let capped = match self.max_per_window.saturating_sub(ahead) {
+            // Once the whole window has turned over, at least; a second if it is empty (those
+            // ahead are taking their slots).
+            0 => Some(
+                ledger
+                    .capped_until(at, 1)
+                    .unwrap_or(at + Duration::from_secs(1)),
+            ),
+            room => ledger.capped_until(at, room),
+        };
+        if let Some(until) = capped {
             let wait = (until - wall).to_std().unwrap_or(Duration::ZERO);
             return Admission::Capped {
                 until: now.checked_add(wait).unwrap_or(now + self.window),
@@ -162,10 +178,57 @@ impl Limiter {
     }
 }
 
+/// The claims the cap holds back, in the order they get slots: earliest due first (a claim
+/// taken for quota pressure before any), then by key.
+#[derive(Debug)]
+pub struct Line<K: Ord + Clone> {
+    order: BTreeSet<(DateTime<Utc>, K)>,
+    places: BTreeMap<K, DateTime<Utc>>,
+}
+
+// Derived, it would ask the key for a default too.
+impl<K: Ord + Clone> Default for Line<K> {
+    fn default() -> Self {
+        Self {
+            order: BTreeSet::new(),
+            places: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone> Line<K> {
+    /// How many wait before `key`, due at `due`, whether it is in line or not.
+    pub fn ahead(&self, key: &K, due: DateTime<Utc>) -> usize {
+        let own = self.places.get(key).map(|&at| (at, key.clone()));
+        let place = (due, key.clone());
+        self.order
+            .range(..&place)
+            .filter(|entry| Some(*entry) != own.as_ref())
+            .count()
+    }
+
+    /// Puts `key` in line (again) at `due`; true if it was not in line: a new episode.
+    pub fn join(&mut self, key: &K, due: DateTime<Utc>) -> bool {
+        let before = self.places.insert(key.clone(), due);
+        if let Some(at) = before {
+            self.order.remove(&(at, key.clone()));
+        }
+        self.order.insert((due, key.clone()));
+        before.is_none()
+    }
+
+    /// Takes `key` out of line: it got its slot, is no longer due, or is gone.
+    pub fn leave(&mut self, key: &K) {
+        if let Some(at) = self.places.remove(key) {
+            self.order.remove(&(at, key.clone()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::cap_ledger::strategies::{T0, annotation};
+    use crate::daemon::cap_ledger::strategies::{T0, annotation};
     use proptest::prelude::*;
 
     fn limiter(interval: Duration, max: u32, window: Duration) -> Limiter {
@@ -190,14 +253,14 @@ mod tests {
     fn paces_deletions() {
         let (now, wall) = (Instant::now(), Utc::now());
         let mut limiter = limiter(Duration::from_millis(250), 100, Duration::from_secs(600));
-        assert_eq!(slot(limiter.reserve(now, wall)), now);
+        assert_eq!(slot(limiter.reserve(now, wall, 0)), now);
         assert_eq!(
-            slot(limiter.reserve(now, wall)),
+            slot(limiter.reserve(now, wall, 0)),
             now + Duration::from_millis(250)
         );
         let later = Duration::from_secs(5);
         assert_eq!(
-            slot(limiter.reserve(now + later, wall + later)),
+            slot(limiter.reserve(now + later, wall + later, 0)),
             now + later
         );
     }
@@ -209,8 +272,8 @@ mod tests {
                 .expect("one deletion per 100 years is accepted");
         let (now, wall) = (Instant::now(), Utc::now());
         let mut limiter = limiter(interval, 100, Duration::from_secs(600));
-        assert_eq!(slot(limiter.reserve(now, wall)), now);
-        assert!(slot(limiter.reserve(now, wall)) >= now + interval);
+        assert_eq!(slot(limiter.reserve(now, wall, 0)), now);
+        assert!(slot(limiter.reserve(now, wall, 0)) >= now + interval);
     }
 
     #[test]
@@ -219,17 +282,17 @@ mod tests {
         let window = Duration::from_secs(60);
         let mut limiter = limiter(Duration::ZERO, 3, window);
         for _ in 0..3 {
-            assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
+            assert!(matches!(limiter.reserve(now, wall, 0), Admission::At(_)));
         }
         assert!(capped(&limiter, wall));
         let half = Duration::from_secs(30);
-        let Admission::Capped { until } = limiter.reserve(now + half, wall + half) else {
+        let Admission::Capped { until } = limiter.reserve(now + half, wall + half, 0) else {
             panic!("capped")
         };
         // The window, plus at most one bucket (a hundredth of it).
         assert!(until >= now + window && until <= now + window + window / 100);
         assert!(matches!(
-            limiter.reserve(until, wall + (until - now)),
+            limiter.reserve(until, wall + (until - now), 0),
             Admission::At(_)
         ));
     }
@@ -238,12 +301,12 @@ mod tests {
     fn released_slots_do_not_count() {
         let (now, wall) = (Instant::now(), Utc::now());
         let mut limiter = limiter(Duration::ZERO, 1, Duration::from_secs(60));
-        let Admission::At(reservation) = limiter.reserve(now, wall) else {
+        let Admission::At(reservation) = limiter.reserve(now, wall, 0) else {
             panic!("first reservation must be admitted")
         };
         limiter.release(reservation);
         assert!(!capped(&limiter, wall));
-        assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
+        assert!(matches!(limiter.reserve(now, wall, 0), Admission::At(_)));
     }
 
     #[test]
@@ -251,14 +314,14 @@ mod tests {
         let (now, wall) = (Instant::now(), Utc::now());
         let window = Duration::from_secs(60);
         let mut limiter = limiter(Duration::ZERO, 1, window);
-        let Admission::At(reservation) = limiter.reserve(now, wall) else {
+        let Admission::At(reservation) = limiter.reserve(now, wall, 0) else {
             panic!("admitted")
         };
         let slow = Duration::from_secs(5);
         let moved = limiter.count_from(reservation, wall + slow);
         // Moving never brings a record forward in time.
         assert_eq!(limiter.count_from(moved, wall), moved);
-        let Admission::Capped { until } = limiter.reserve(now + window, wall + window) else {
+        let Admission::Capped { until } = limiter.reserve(now + window, wall + window, 0) else {
             panic!("still capped a window after the slot: the delete landed later")
         };
         assert!(until >= now + slow + window);
@@ -269,7 +332,7 @@ mod tests {
         let (now, wall) = (Instant::now(), Utc::now());
         let window = Duration::from_secs(30);
         let mut leader = limiter(Duration::ZERO, 1, window);
-        let Admission::At(reservation) = leader.reserve(now, wall) else {
+        let Admission::At(reservation) = leader.reserve(now, wall, 0) else {
             panic!("admitted")
         };
         // The live re-check took 5 s; the ledger is written just before the DELETE.
@@ -287,7 +350,7 @@ mod tests {
         let after_slot = wall + window + Duration::from_secs(1);
         assert!(
             matches!(
-                next.reserve(now + window + Duration::from_secs(1), after_slot),
+                next.reserve(now + window + Duration::from_secs(1), after_slot, 0),
                 Admission::Capped { .. }
             ),
             "a window after the slot, but not after the delete: still capped"
@@ -299,13 +362,13 @@ mod tests {
         let (now, wall) = (Instant::now(), Utc::now());
         let window = Duration::from_secs(60);
         let mut limiter = Limiter::new(Duration::ZERO, 1, window);
-        assert_eq!(limiter.reserve(now, wall), Admission::Unknown);
+        assert_eq!(limiter.reserve(now, wall, 0), Admission::Unknown);
         limiter.restore(Ledger::new(window));
-        let Admission::At(old) = limiter.reserve(now, wall) else {
+        let Admission::At(old) = limiter.reserve(now, wall, 0) else {
             panic!("admitted once known")
         };
         limiter.forget();
-        assert_eq!(limiter.reserve(now, wall), Admission::Unknown);
+        assert_eq!(limiter.reserve(now, wall, 0), Admission::Unknown);
         // The ledger read back from the Lease holds that deletion; a release from the term
         // before must not take it out.
         let mut recovered = Ledger::new(window);
@@ -325,12 +388,12 @@ mod tests {
                 .recover(Some("not a ledger"), wall, Duration::ZERO)
                 .is_err()
         );
-        let Admission::Capped { until } = limiter.reserve(now, wall) else {
+        let Admission::Capped { until } = limiter.reserve(now, wall, 0) else {
             panic!("capped")
         };
         assert!(until >= now + window);
         assert!(limiter.recover(None, wall, Duration::ZERO).is_ok());
-        assert!(matches!(limiter.reserve(now, wall), Admission::At(_)));
+        assert!(matches!(limiter.reserve(now, wall, 0), Admission::At(_)));
     }
 
     proptest! {
@@ -355,7 +418,7 @@ mod tests {
             let start = Instant::now();
             for fraction in within {
                 let later = window.mul_f64(fraction);
-                let admission = limiter.reserve(start + later, wall + later);
+                let admission = limiter.reserve(start + later, wall + later, 0);
                 prop_assert!(!(refused && matches!(admission, Admission::At(_))), "{admission:?}");
             }
         }

@@ -12,15 +12,16 @@ use chrono::{DateTime, Utc};
 use kube::Client;
 use tokio::time::Instant;
 
-use crate::cluster::cap_ledger::Ledger;
 use crate::cluster::leader::Fence;
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
+use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::namespace::Ignored;
 use crate::decide::quota::{Pressure, QuotaEntry};
+use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{DeleteResult, Metrics};
 
 /// The cluster as the controller sees it.
@@ -86,12 +87,40 @@ pub trait Cluster: Send + Sync + 'static {
         metrics: &Metrics,
     ) -> impl Future<Output = Option<BTreeMap<String, String>>> + Send;
 
-    /// A PersistentVolume's reclaim policy, read live; `None` when it cannot be read.
-    fn reclaim_policy(
+    /// A PersistentVolume, read live; `None` when it cannot be read.
+    fn volume(
         &self,
         volume: &str,
         metrics: &Metrics,
-    ) -> impl Future<Output = Option<String>> + Send;
+    ) -> impl Future<Output = Option<VolumeFacts>> + Send;
+
+    /// Every PersistentVolume; `None` when they cannot be listed.
+    fn volumes(&self, metrics: &Metrics) -> impl Future<Output = Option<Vec<VolumeFacts>>> + Send;
+
+    /// Writes the UID of the claim about to be deleted on its volume (see
+    /// [`Writer::mark_volume`]); the volume as marked, `None` if not.
+    fn mark_volume(
+        &self,
+        volume: &VolumeFacts,
+        claim_uid: &str,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Result<Option<VolumeFacts>, NotSent>> + Send;
+
+    /// Removes a mark whose claim was not deleted after all.
+    fn unmark_volume(
+        &self,
+        marked: &VolumeFacts,
+        metrics: &Metrics,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// Deletes a Released volume as judged (see [`Writer::delete_volume`]).
+    fn delete_volume(
+        &self,
+        volume: &VolumeFacts,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Result<DeleteResult, NotSent>> + Send;
 
     /// Whether the API server answers at all.
     fn answers(&self) -> impl Future<Output = bool> + Send;
@@ -173,7 +202,8 @@ impl Cluster for KubeCluster {
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
-        self.writer.delete(claim, ledger, deadline, metrics).await
+        let ledger = ledger.to_annotation();
+        self.writer.delete(claim, &ledger, deadline, metrics).await
     }
 
     async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
@@ -198,8 +228,37 @@ impl Cluster for KubeCluster {
         live::namespace_annotations(&self.client, namespace, metrics).await
     }
 
-    async fn reclaim_policy(&self, volume: &str, metrics: &Metrics) -> Option<String> {
-        live::reclaim_policy(&self.client, volume, metrics).await
+    async fn volume(&self, volume: &str, metrics: &Metrics) -> Option<VolumeFacts> {
+        live::volume(&self.client, volume, metrics).await
+    }
+
+    async fn volumes(&self, metrics: &Metrics) -> Option<Vec<VolumeFacts>> {
+        live::volumes(&self.client, metrics).await
+    }
+
+    async fn mark_volume(
+        &self,
+        volume: &VolumeFacts,
+        claim_uid: &str,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<Option<VolumeFacts>, NotSent> {
+        (self.writer)
+            .mark_volume(volume, claim_uid, deadline, metrics)
+            .await
+    }
+
+    async fn unmark_volume(&self, marked: &VolumeFacts, metrics: &Metrics) {
+        self.writer.unmark_volume(marked, metrics).await;
+    }
+
+    async fn delete_volume(
+        &self,
+        volume: &VolumeFacts,
+        deadline: Instant,
+        metrics: &Metrics,
+    ) -> Result<DeleteResult, NotSent> {
+        self.writer.delete_volume(volume, deadline, metrics).await
     }
 
     async fn answers(&self) -> bool {

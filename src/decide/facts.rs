@@ -144,7 +144,7 @@ impl ClaimFacts {
     }
 }
 
-/// How a claim was linked to an owner. Every rule adds the owners it finds; the README
+/// How a claim was linked to an owner. Every rule adds the owners it finds; docs/policy.md
 /// documents them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

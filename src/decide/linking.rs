@@ -1,7 +1,7 @@
 //! Linking a claim to its owners and users. Pure over a [`Lookup`], which the cache implements
 //! for decisions and the live re-check implements from fresh reads before a delete.
 //!
-//! Every rule adds the owners it finds; none hides what another finds (the README repeats
+//! Every rule adds the owners it finds; none hides what another finds (docs/policy.md repeats
 //! them), and the policy deletes a claim only when every linked owner allows it:
 //! 1. **Owner references, by UID.** A `NotebookValidationJob` (`mlops.mlops.dev`), a
 //!    `PipelineRun` or a `TaskRun` (`tekton.dev`) named in `ownerReferences` is looked up by

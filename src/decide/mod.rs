@@ -8,3 +8,4 @@ pub mod linking;
 pub mod namespace;
 pub mod policy;
 pub mod quota;
+pub mod volumes;

@@ -179,8 +179,9 @@ pub fn effective(
         if policy.max_age >= policy.orphan_grace {
             break;
         }
-        if let Some(value) = source.namespace.remove(key) {
-            let (_, field) = DURATIONS.iter().find(|(k, _)| *k == key).expect("listed");
+        if let Some((_, field)) = DURATIONS.iter().find(|(k, _)| *k == key)
+            && let Some(value) = source.namespace.remove(key)
+        {
             *field(&mut policy) = *field(&mut cluster.clone());
             let why = "max-age would be shorter than orphan-grace";
             problems.push(Ignored::new(key, &value, why));

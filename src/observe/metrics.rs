@@ -107,7 +107,8 @@ pub enum DeleteResult {
     Conflict,
     /// The server answered with an error: not carried out.
     Failed,
-    /// No answer (a broken connection, the deadline): it may or may not have been carried out.
+    /// No answer that says whether it was carried out (a broken connection, the deadline, a
+    /// 5xx): it may have been.
     Unanswered,
 }
 
@@ -195,6 +196,7 @@ pub enum Operation {
     Get,
     List,
     Delete,
+    Patch,
     Event,
     Lease,
 }
@@ -206,6 +208,7 @@ impl Operation {
             Operation::Get => "get",
             Operation::List => "list",
             Operation::Delete => "delete",
+            Operation::Patch => "patch",
             Operation::Event => "event",
             Operation::Lease => "lease",
         }
@@ -240,6 +243,32 @@ impl LedgerFault {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// What became of the mark on a `Retain` volume before its claim's delete: the `result` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// Written: the volume may be deleted once Released.
+    Marked,
+    /// Not written: the claim is deleted all the same, and its volume never qualifies.
+    Failed,
+    /// Taken off again: the claim's delete was not carried out.
+    Removed,
+}
+
+impl Mark {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mark::Marked => "marked",
+            Mark::Failed => "failed",
+            Mark::Removed => "removed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LedgerFaultLabels {
     fault: &'static str,
 }
@@ -259,6 +288,8 @@ pub struct Metrics {
     would_delete: Family<WouldDeleteLabels, Counter>,
     reclaimed_bytes: Counter,
     retained_bytes: Counter,
+    volume_marks: Family<ResultLabels, Counter>,
+    volume_deletions: Family<ResultLabels, Counter>,
     reconcile_duration: Histogram,
     reclaim_lag: Histogram,
     api_errors: Family<ApiErrorLabels, Counter>,
@@ -288,6 +319,8 @@ impl Metrics {
             would_delete: Family::default(),
             reclaimed_bytes: Counter::default(),
             retained_bytes: Counter::default(),
+            volume_marks: Family::default(),
+            volume_deletions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             reclaim_lag: Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
             api_errors: Family::default(),
@@ -337,6 +370,18 @@ impl Metrics {
             "Storage requested by the claims deleted whose volume a Retain reclaim policy keeps \
              (Released, still allocated)",
             metrics.retained_bytes.clone(),
+        );
+        r.register(
+            "volume_marks",
+            "Claim UIDs written on Retain volumes before their claims' deletes \
+             (deletion.released_volume_ttl), by result: marked, failed (the volume never \
+             qualifies) or removed (the claim was not deleted after all)",
+            metrics.volume_marks.clone(),
+        );
+        r.register(
+            "volume_deletions",
+            "Delete requests sent for Released volumes whose claims workspace-gc deleted, by result",
+            metrics.volume_deletions.clone(),
         );
         r.register(
             "reconcile_duration_seconds",
@@ -506,6 +551,22 @@ impl Metrics {
         if let Some(lag) = lag_seconds {
             self.reclaim_lag.observe(lag.max(0.0));
         }
+    }
+
+    pub fn volume_mark(&self, result: Mark) {
+        (self.volume_marks)
+            .get_or_create(&ResultLabels {
+                result: result.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn volume_deletion(&self, result: DeleteResult) {
+        (self.volume_deletions)
+            .get_or_create(&ResultLabels {
+                result: result.as_str(),
+            })
+            .inc();
     }
 
     pub fn would_delete(&self, namespace: &str, reason: Reason) {

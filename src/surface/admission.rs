@@ -3,6 +3,10 @@
 //! cannot say "delete only labelled claims"; a policy sees `oldObject` and `request.options`
 //! on a DELETE, so it can.
 //!
+//! It guards PersistentVolumes too: the daemon may delete only a `Released` volume carrying the
+//! UID of the claim it deleted (`deletion.released_volume_ttl`), and may change a volume only
+//! by writing or removing that mark, equal to the volume's claimRef UID.
+//!
 //! Rendered from the same configuration as the daemon (`workspace-gc admission-policy`), so
 //! the two agree by construction; the shipped copy in `manifests/components/admission-guard`
 //! is checked against the shipped `config.toml` by tests/admission.rs.
@@ -16,6 +20,7 @@ use kube::api::ObjectMeta;
 
 use crate::config::SelectorConfig;
 use crate::config::labels::{cel_list, cel_string};
+use crate::contract::annotations::DELETED_CLAIM_UID;
 
 /// The name of the policy and of its binding.
 pub const NAME: &str = "workspace-gc-guard";
@@ -33,6 +38,13 @@ pub fn guard(
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
     let username = format!("system:serviceaccount:{service_account}");
     let delete = |condition: String| format!("request.operation != 'DELETE' || ({condition})");
+    // Each rule is about claims or about volumes; the UID precondition about both.
+    let of = |resource: &str, condition: String| {
+        format!("request.resource.resource != '{resource}' || ({condition})")
+    };
+    let claims = |condition: String| of("persistentvolumeclaims", condition);
+    let volumes = |condition: String| of("persistentvolumes", condition);
+    let mark = cel_string(DELETED_CLAIM_UID);
     let rule = |name: &str, expression: String, why: String| Validation {
         expression,
         message: Some(format!("{PREFIX}: rule {name}: {why}")),
@@ -43,7 +55,7 @@ pub fn guard(
     let mut validations = vec![
         rule(
             "no-update",
-            "request.operation != 'UPDATE'".into(),
+            claims("request.operation != 'UPDATE'".into()),
             "workspace-gc never updates or patches a claim".into(),
         ),
         // A DeleteCollection is admitted item by item as a DELETE with the collection's
@@ -57,14 +69,50 @@ pub fn guard(
             ),
             "a delete must carry a UID precondition (preconditions.uid)".into(),
         ),
+        rule(
+            "volume-marked",
+            volumes(delete(format!(
+                "{mark} in variables.annotations && has(oldObject.spec.claimRef) \
+                 && has(oldObject.spec.claimRef.uid) \
+                 && oldObject.spec.claimRef.uid == variables.annotations[{mark}]"
+            ))),
+            format!(
+                "a volume is deleted only when its claimRef UID is the claim workspace-gc \
+                 deleted ({DELETED_CLAIM_UID})"
+            ),
+        ),
+        rule(
+            "volume-released",
+            volumes(delete(
+                "has(oldObject.status) && has(oldObject.status.phase) \
+                 && oldObject.status.phase == 'Released'"
+                    .into(),
+            )),
+            "a volume is deleted only when Released, bound to nothing".into(),
+        ),
+        rule(
+            "volume-mark-only",
+            volumes(format!(
+                "request.operation != 'UPDATE' || ((!has(request.subResource) \
+                 || request.subResource == '') \
+                 && object.spec == oldObject.spec \
+                 && (!({mark} in variables.newAnnotations) \
+                 || (has(oldObject.spec.claimRef) && has(oldObject.spec.claimRef.uid) \
+                 && variables.newAnnotations[{mark}] == oldObject.spec.claimRef.uid)))"
+            )),
+            format!(
+                "workspace-gc changes a volume only to write or remove {DELETED_CLAIM_UID}, \
+                 equal to its claimRef UID"
+            ),
+        ),
     ];
     if !selector.namespaces.is_empty() {
         validations.push(rule(
             "watched-namespace",
-            delete(format!(
+            claims(delete(format!(
                 "request.namespace in {}",
                 cel_list(&selector.namespaces)
-            )),
+            ))),
             format!(
                 "claims are deleted only in the watched namespaces {} (selector.namespaces)",
                 selector.namespaces.join(", ")
@@ -74,10 +122,10 @@ pub fn guard(
     if !selector.exclude_namespaces.is_empty() {
         validations.push(rule(
             "excluded-namespace",
-            delete(format!(
+            claims(delete(format!(
                 "!(request.namespace in {})",
                 cel_list(&selector.exclude_namespaces)
-            )),
+            ))),
             format!(
                 "no claim is deleted in the excluded namespaces {} (selector.exclude_namespaces)",
                 selector.exclude_namespaces.join(", ")
@@ -87,7 +135,7 @@ pub fn guard(
     let label_selector = &selector.label_selector;
     validations.push(rule(
         "label-selector",
-        delete(label_selector.to_cel("variables.labels")),
+        claims(delete(label_selector.to_cel("variables.labels"))),
         format!(
             "only claims matching the label selector {label_selector} are deleted \
              (selector.label_selector)"
@@ -106,10 +154,12 @@ pub fn guard(
                 resource_rules: Some(vec![NamedRuleWithOperations {
                     api_groups: Some(vec![String::new()]),
                     api_versions: Some(vec!["*".into()]),
-                    // Subresources too: workspace-gc changes no claim's status either.
+                    // Subresources too: workspace-gc changes no claim's or volume's status.
                     resources: Some(vec![
                         "persistentvolumeclaims".into(),
                         "persistentvolumeclaims/*".into(),
+                        "persistentvolumes".into(),
+                        "persistentvolumes/*".into(),
                     ]),
                     // CREATE is not matched: the creator creates claims under its own identity.
                     operations: Some(vec!["DELETE".into(), "UPDATE".into()]),
@@ -121,11 +171,26 @@ pub fn guard(
                 name: "workspace-gc-service-account".into(),
                 expression: format!("request.userInfo.username == {}", cel_string(&username)),
             }]),
-            variables: Some(vec![Variable {
-                name: "labels".into(),
-                expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"
-                    .into(),
-            }]),
+            variables: Some(vec![
+                Variable {
+                    name: "labels".into(),
+                    expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"
+                        .into(),
+                },
+                Variable {
+                    name: "annotations".into(),
+                    expression: "has(oldObject.metadata.annotations) \
+                                 ? oldObject.metadata.annotations : {}"
+                        .into(),
+                },
+                // Only read on an UPDATE, where `object` is the volume as it would be.
+                Variable {
+                    name: "newAnnotations".into(),
+                    expression: "has(object.metadata.annotations) \
+                                 ? object.metadata.annotations : {}"
+                        .into(),
+                },
+            ]),
             validations: Some(validations),
             ..ValidatingAdmissionPolicySpec::default()
         }),
@@ -151,7 +216,8 @@ pub fn render(selector: &SelectorConfig, service_account: &str) -> Result<String
     Ok(format!(
         "# Generated by `workspace-gc admission-policy` from the configuration; do not edit.\n\
          # For ServiceAccount {service_account}, the API server refuses every claim delete the\n\
-         # daemon must never make, and every update or patch of a claim.\n\
+         # daemon must never make, and every update or patch of a claim; every volume delete\n\
+         # but of a Released one its mark names, and every volume change but that mark.\n\
          {}---\n{}",
         serde_saphyr::to_string(&policy).map_err(|e| e.to_string())?,
         serde_saphyr::to_string(&binding).map_err(|e| e.to_string())?

@@ -3,6 +3,7 @@
 //! same cache, linking, policy and quota plan as the daemon's decisions, so the report is what
 //! the daemon would do.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Duration, Utc};
@@ -27,6 +28,10 @@ pub struct Row {
     pub size_bytes: Option<u64>,
     /// Which policy applied: the cluster's, or the namespace annotations that refined it.
     pub policy: PolicySource,
+    /// The PersistentVolume the claim is bound to, if any.
+    pub volume: Option<String>,
+    /// What that volume's reclaim policy does once the claim is deleted (see [`with_volumes`]).
+    pub volume_policy: VolumePolicy,
     #[serde(flatten)]
     pub decision: Decision,
 }
@@ -45,6 +50,44 @@ pub fn rows(index: &Index, policies: &Policies, now: DateTime<Utc>) -> Vec<Row> 
         .collect();
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     rows
+}
+
+/// A claim's volume, by what its deletion frees: a `Retain` volume stays, `Released`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum VolumePolicy {
+    Delete,
+    Retain,
+    /// Bound, but the volume could not be read, or has another policy (`Recycle`).
+    #[serde(rename = "unknown")]
+    Unknown,
+    #[serde(rename = "unbound")]
+    Unbound,
+}
+
+impl VolumePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumePolicy::Delete => "Delete",
+            VolumePolicy::Retain => "Retain",
+            VolumePolicy::Unknown => "unknown",
+            VolumePolicy::Unbound => "unbound",
+        }
+    }
+}
+
+/// Fills in each bound claim's volume policy from the reclaim policies read (by volume name);
+/// a volume missing from `read` is `unknown`.
+pub fn with_volumes(rows: &mut [Row], read: &BTreeMap<String, String>) {
+    for row in rows {
+        let Some(volume) = &row.volume else {
+            continue;
+        };
+        row.volume_policy = match read.get(volume).map(String::as_str) {
+            Some("Delete") => VolumePolicy::Delete,
+            Some("Retain") => VolumePolicy::Retain,
+            _ => VolumePolicy::Unknown,
+        };
+    }
 }
 
 /// One quota resource's line in the report.
@@ -123,6 +166,12 @@ fn row(facts: Facts, policy: PolicySource, decision: Decision) -> Row {
         owners: facts.owners,
         created: facts.claim.created,
         size_bytes: facts.claim.requested_bytes,
+        volume_policy: if facts.claim.volume_name.is_some() {
+            VolumePolicy::Unknown
+        } else {
+            VolumePolicy::Unbound
+        },
+        volume: facts.claim.volume_name,
         decision,
     }
 }
@@ -174,6 +223,7 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
         "VERDICT",
         "REASON",
         "CHANGES",
+        "RECLAIM",
         "POLICY",
     ];
     let cells: Vec<Vec<String>> = rows
@@ -192,6 +242,7 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
                     .verdict
                     .recheck_at()
                     .map_or_else(|| "-".into(), |at| format!("in {}", short(at - now))),
+                row.volume_policy.as_str().to_owned(),
                 row.policy.to_string(),
             ]
         })
@@ -468,6 +519,57 @@ mod tests {
             text.contains("2 claims: 1 to delete, 0 protected, 1 kept"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn each_claim_shows_what_its_volume_keeps() {
+        let mut index = index();
+        let bound = |name: &str, volume: &str| ClaimFacts {
+            volume_name: Some(volume.into()),
+            ..claim(name, now() - Duration::hours(4))
+        };
+        for claim in [
+            bound("a-build-workspace", "pv-a"),
+            bound("b-build-workspace", "pv-b"),
+            bound("c-build-workspace", "pv-c"),
+        ] {
+            index.update(Update::Claim(Change::Apply(claim)));
+        }
+        let mut rows = rows(&index, &Policies::cluster_only(Policy::default()), now());
+        let read = BTreeMap::from([
+            ("pv-a".to_owned(), "Retain".to_owned()),
+            ("pv-b".to_owned(), "Delete".to_owned()),
+        ]);
+        with_volumes(&mut rows, &read);
+        let policies: Vec<_> = rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.volume_policy))
+            .collect();
+        assert_eq!(
+            policies,
+            vec![
+                ("a-build-workspace", VolumePolicy::Retain),
+                ("b-build-workspace", VolumePolicy::Delete),
+                // Bound, but its volume was not read.
+                ("c-build-workspace", VolumePolicy::Unknown),
+                ("done-build-workspace", VolumePolicy::Unbound),
+                ("young-build-workspace", VolumePolicy::Unbound),
+            ]
+        );
+        let text = table(&rows, now());
+        let columns = |line: usize| -> Vec<String> {
+            let words = text.lines().nth(line).unwrap().split_whitespace();
+            words.rev().take(2).map(str::to_owned).collect()
+        };
+        assert_eq!(columns(0), ["POLICY", "RECLAIM"], "{text}");
+        assert_eq!(columns(1), ["cluster", "Retain"], "{text}");
+        assert_eq!(columns(4), ["cluster", "unbound"], "{text}");
+        let value: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        assert_eq!(value[0]["volume"], "pv-a");
+        assert_eq!(value[0]["volume_policy"], "Retain");
+        assert_eq!(value[2]["volume_policy"], "unknown");
+        assert_eq!(value[3]["volume_policy"], "unbound");
+        assert_eq!(value[3]["volume"], serde_json::Value::Null);
     }
 
     #[test]

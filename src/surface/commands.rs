@@ -19,7 +19,7 @@ use crate::decide::facts::ObjectKey;
 use crate::surface::cli::{AdmissionPolicyArgs, AuditArgs, AuditOutput, CreateArgs, CreateOutput};
 use crate::surface::{admission, audit};
 
-/// Exit codes, documented in the README.
+/// Exit codes, documented in docs/commands.md.
 pub mod exit {
     pub const OK: i32 = 0;
     /// The daemon or a command failed while running.
@@ -147,6 +147,8 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
     let now = clock.now();
     let policies = config.policies();
     let mut rows = audit::rows(&index, &policies, now);
+    let volumes = volume_policies(&client, &rows).await;
+    audit::with_volumes(&mut rows, &volumes);
     let quotas = match config.quota.waters() {
         Some(waters) => audit::quotas(&index, &policies, waters, now, &mut rows),
         None => Vec::new(),
@@ -161,6 +163,37 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
     } else {
         exit::OK
     }
+}
+
+/// The reclaim policy of each bound claim's volume, read by name; a volume that cannot be read
+/// (no `get` on PersistentVolumes, or gone) is left out, and its claims show `unknown`.
+async fn volume_policies(
+    client: &Client,
+    rows: &[audit::Row],
+) -> std::collections::BTreeMap<String, String> {
+    let metrics = crate::observe::metrics::Metrics::register(&mut Default::default());
+    let volumes: std::collections::BTreeSet<&String> =
+        rows.iter().filter_map(|row| row.volume.as_ref()).collect();
+    let mut read = std::collections::BTreeMap::new();
+    for volume in volumes {
+        let found = crate::cluster::live::volume(client, volume, &metrics).await;
+        if let Some(policy) = found.and_then(|found| found.reclaim_policy) {
+            read.insert(volume.clone(), policy);
+        }
+    }
+    let unread = rows.iter().filter(|row| {
+        row.volume
+            .as_ref()
+            .is_some_and(|volume| !read.contains_key(volume))
+    });
+    let unread = unread.count();
+    if unread > 0 {
+        warn!(
+            claims = unread,
+            "the volumes of some bound claims could not be read (get persistentvolumes); their volume policy shows unknown"
+        );
+    }
+    read
 }
 
 /// `workspace-gc create`: reads the job, ensures its claim, prints the claim on stdout.

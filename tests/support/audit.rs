@@ -1,83 +1,19 @@
-//! The API server's audit log (`--audit-log-path`, one JSON event a line): who sent which
-//! request when, and how it was answered; and the invariant every claim DELETE of the daemon
-//! must meet in it ([`DeleteInvariant`]).
+//! The invariant every claim DELETE of the daemon must meet in the API server's audit log
+//! ([`DeleteInvariant`]), read with [`super::audit_log`], and the policy rules it needs.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 
-/// One completed request.
-#[derive(Debug, Clone)]
-pub struct AuditEvent {
-    pub user: String,
-    pub verb: String,
-    pub resource: String,
-    pub namespace: String,
-    pub name: String,
-    /// The UID precondition of a delete (logged at level Request): the incarnation it named.
-    pub uid: Option<String>,
-    /// The resourceVersion precondition of a delete (level Request): the version decided on.
-    pub resource_version: Option<String>,
-    pub code: i64,
-    /// When the API server received it.
-    pub at: DateTime<Utc>,
-    /// When the API server finished answering it (`stageTimestamp`).
-    pub completed: DateTime<Utc>,
-    /// The request body, where the policy logs it (level Request); `Null` otherwise.
-    pub request: Value,
-}
+use super::audit_log::AuditEvent;
 
-impl AuditEvent {
-    pub fn succeeded(&self) -> bool {
-        (200..300).contains(&self.code)
-    }
-
-    /// A Lease write that empties the holder (a release on shutdown). Known only where the
-    /// body is logged; otherwise taken for a renewal.
-    fn releases(&self) -> bool {
-        let holder = &self.request["spec"]["holderIdentity"];
-        self.request["spec"].get("holderIdentity").is_some()
-            && (holder.is_null() || holder.as_str() == Some(""))
-    }
-}
-
-/// Every completed request in the log at `path` (none if it cannot be read).
-pub fn read_audit(path: &Path) -> Vec<AuditEvent> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter_map(|e| {
-            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-            let time = |v: &Value| {
-                DateTime::parse_from_rfc3339(v.as_str()?)
-                    .ok()
-                    .map(|t| t.with_timezone(&Utc))
-            };
-            let precondition = |key: &str| {
-                e["requestObject"]["preconditions"][key]
-                    .as_str()
-                    .map(str::to_owned)
-            };
-            let at = time(&e["requestReceivedTimestamp"])?;
-            Some(AuditEvent {
-                user: e["user"]["username"].as_str()?.to_owned(),
-                verb: text(&e["verb"]),
-                resource: text(&e["objectRef"]["resource"]),
-                namespace: text(&e["objectRef"]["namespace"]),
-                name: text(&e["objectRef"]["name"]),
-                uid: precondition("uid"),
-                resource_version: precondition("resourceVersion"),
-                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
-                at,
-                completed: time(&e["stageTimestamp"]).unwrap_or(at),
-                request: e["requestObject"].clone(),
-            })
-        })
-        .collect()
+/// A Lease write that empties the holder (a release on shutdown). Known only where the body is
+/// logged; otherwise taken for a renewal.
+fn releases(write: &AuditEvent) -> bool {
+    let holder = &write.request["spec"]["holderIdentity"];
+    write.request["spec"].get("holderIdentity").is_some()
+        && (holder.is_null() || holder.as_str() == Some(""))
 }
 
 /// The audit policy rules [`DeleteInvariant`] reads, for the `rules:` list of a policy:
@@ -210,13 +146,13 @@ impl DeleteInvariant {
                         delete,
                         "no successful Lease write before it".into(),
                     ),
-                    Some(w) if w.user != delete.user || w.releases() => breach(
+                    Some(w) if w.user != delete.user || releases(w) => breach(
                         ViolationKind::NotHolder,
                         delete,
                         format!(
                             "the last Lease write before it, at {}, was {} by {}",
                             w.at,
-                            if w.releases() { "a release" } else { "a write" },
+                            if releases(w) { "a release" } else { "a write" },
                             w.user
                         ),
                     ),

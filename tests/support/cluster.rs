@@ -10,12 +10,12 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::Kubeconfig;
 use kube::{Client, Config};
 use serde::de::DeserializeOwned;
 use workspace_gc::config::Config as DaemonConfig;
 
-pub(super) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane");
+use super::script::{self, SCRIPT};
 
 /// What a dedicated control plane runs besides etcd and kube-apiserver.
 #[derive(Debug, Clone, Default)]
@@ -115,7 +115,24 @@ impl ControlPlane {
         Self::launch(options, false)
     }
 
+    /// A dedicated control plane whose kube-controller-manager also runs the PersistentVolume
+    /// controller: volumes bind, and go `Released` when their claim is deleted. Stopped on drop.
+    pub fn start_with_volume_controller() -> ControlPlane {
+        Self::launch_with(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                ..ControlPlaneOptions::default()
+            },
+            false,
+            &["--volume-controller"],
+        )
+    }
+
     fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {
+        Self::launch_with(options, tekton, &[])
+    }
+
+    fn launch_with(options: &ControlPlaneOptions, tekton: bool, extra: &[&str]) -> ControlPlane {
         ensure_binaries("build");
         if tekton {
             ensure_binaries("build-tekton");
@@ -126,39 +143,16 @@ impl ControlPlane {
             .expect("create a directory for the control plane")
             // The script's `down` (or its watchdog) removes it.
             .keep();
-        let mut up = Command::new(SCRIPT);
-        up.arg("up")
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string());
+        let mut flags = Vec::new();
         if options.controller_manager {
-            up.arg("--controller-manager");
+            flags.push("--controller-manager");
         }
         if tekton {
-            up.arg("--tekton");
+            flags.push("--tekton");
         }
-        for arg in &options.apiserver_args {
-            up.arg("--apiserver-arg").arg(arg);
-        }
-        let output = up
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("run {SCRIPT}: {e}"));
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            output.status.success(),
-            "`{SCRIPT} up` failed ({}):\n{stderr}",
-            output.status
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let kubeconfig = PathBuf::from(
-            stdout
-                .lines()
-                .last()
-                .unwrap_or_else(|| panic!("`{SCRIPT} up` printed no kubeconfig path:\n{stderr}"))
-                .trim(),
-        );
+        flags.extend_from_slice(extra);
+        let kubeconfig =
+            script::up(&dir, &flags, &options.apiserver_args).unwrap_or_else(|e| panic!("{e}"));
         let config = load_config(&kubeconfig);
         ControlPlane {
             dir,
@@ -366,20 +360,8 @@ impl Drop for ControlPlane {
             return;
         }
         // Errors are only reported: panicking in drop would abort a test that is unwinding.
-        match Command::new(SCRIPT)
-            .arg("down")
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!(
-                "`{SCRIPT} down` failed ({}):\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            ),
-            Err(e) => eprintln!("run {SCRIPT} down: {e}"),
+        if let Err(e) = script::down(&self.dir) {
+            eprintln!("{e}");
         }
     }
 }
@@ -388,20 +370,30 @@ impl Drop for ControlPlane {
 /// or the one `CONTROL_PLANE_K8S` selects (scripts/test runs part of the suite on each).
 pub fn kubernetes_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
-    VERSION.get_or_init(|| {
-        let output = Command::new(SCRIPT)
-            .arg("version")
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {SCRIPT} version: {e}"));
-        assert!(
-            output.status.success(),
-            "`{SCRIPT} version` failed ({})",
-            output.status
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    })
+    VERSION.get_or_init(|| script_output("version"))
+}
+
+/// The Tekton release `up --tekton` runs (`v0.68.0`): the operator's, pinned in hack/tekton, or
+/// the one `CONTROL_PLANE_TEKTON_MODULE` selects (scripts/test runs tests/tekton.rs on each).
+pub fn tekton_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| script_output("tekton-version"))
+}
+
+/// What `scripts/control-plane VERB` prints, trimmed.
+pub(super) fn script_output(verb: &str) -> String {
+    let output = Command::new(SCRIPT)
+        .arg(verb)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {SCRIPT} {verb}: {e}"));
+    assert!(
+        output.status.success(),
+        "`{SCRIPT} {verb}` failed ({})",
+        output.status
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// The minor of [`kubernetes_version`]: 31 for `v1.31.14`.
@@ -437,19 +429,12 @@ fn ensure_binaries(build: &str) {
     built.push(build.to_owned());
 }
 
-fn load_config(kubeconfig: &Path) -> Config {
-    let parsed = Kubeconfig::read_from(kubeconfig)
-        .unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
-    // Loading an already-parsed kubeconfig does no I/O, so blocking on it is harmless even
+/// The client configuration in `kubeconfig` (never through an HTTPS_PROXY), for a client that
+/// is not the admin's.
+pub fn load_config(kubeconfig: &Path) -> Config {
+    // Loading a kubeconfig from a file does no network I/O, so blocking on it is harmless even
     // inside a Tokio runtime.
-    let mut config = futures::executor::block_on(Config::from_custom_kubeconfig(
-        parsed,
-        &KubeConfigOptions::default(),
-    ))
-    .unwrap_or_else(|e| panic!("load {}: {e}", kubeconfig.display()));
-    // An HTTPS_PROXY from the environment must not intercept 127.0.0.1.
-    config.proxy_url = None;
-    config
+    futures::executor::block_on(script::load_config(kubeconfig)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Creates `object`, treating "already exists" as success.

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -14,7 +13,7 @@ use workspace_gc::cluster::server_clock::ServerClock;
 use workspace_gc::config::Config;
 use workspace_gc::daemon::controller::{self, RunOptions};
 
-use super::wait_until;
+use super::{free_port, http_get, metric, wait_until};
 
 /// A daemon running in this process until stopped.
 pub struct Daemon {
@@ -182,63 +181,6 @@ impl Process {
 /// The `workspace-gc` binary, which Cargo builds for integration tests and names to them.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_workspace-gc"))
-}
-
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// A plain HTTP/1.0 GET; no HTTP client crate needed for three endpoints. A refused
-/// connection reads as status 0.
-pub async fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return (0, String::new());
-    };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return (0, String::new());
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response).await;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// The sum of the samples of metric `name` whose labels include every `key="value"` of `labels`
-/// (as printed, comma-separated; `""` sums every sample), or 0 when there is none: counters appear
-/// only once incremented. Label values here are enums and namespaces, which hold no comma.
-pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    let wanted: Vec<&str> = labels.split(',').filter(|l| !l.is_empty()).collect();
-    text.lines()
-        .filter_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            let (series, present) = match key.split_once('{') {
-                Some((series, rest)) => (series, rest.strip_suffix('}')?),
-                None => (key, ""),
-            };
-            let present: Vec<&str> = present.split(',').collect();
-            (series == name && wanted.iter().all(|l| present.contains(l)))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
-}
-
-/// The sum of every sample of metric `name`, whatever its labels.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    metric(text, name, "")
 }
 
 /// `workspace-gc audit --output json` over `namespaces` under a policy, as rows.

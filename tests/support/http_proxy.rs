@@ -249,9 +249,13 @@ impl Faulted {
             _ => 0,
         };
         AuditEvent {
+            audit_id: String::new(),
+            stage: "ResponseComplete".into(),
             user: self.request.user.clone().unwrap_or_default(),
+            agent: String::new(),
             verb: self.request.verb.clone(),
             resource: self.request.resource.clone(),
+            subresource: String::new(),
             namespace: self.request.namespace.clone(),
             name: self.request.name.clone(),
             uid: self.preconditions.0.clone(),

@@ -1,6 +1,6 @@
 //! The shipped manifests as tests read them: objects rendered by kustomize (or Helm), a
 //! throw-away overlay, OpenShift's restricted-v2 check, and the daemon run as the rendered
-//! Deployment runs it. Shared by tests/deploy.rs and tests/helm.rs.
+//! Deployment runs it. Shared by tests/deploy/ and tests/helm.rs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::daemon::{free_port, http_get};
+use super::scrape::{free_port, http_get};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BINARY: &str = env!("CARGO_BIN_EXE_workspace-gc");

@@ -1,11 +1,19 @@
 //! Test support: a real local control plane (`scripts/control-plane`), per-test namespaces, and
 //! builders for the objects workspace-gc reads. Included by integration tests with `mod support;`.
+//! A few files depend on nothing else here and are shared with the benchmark, which includes
+//! them with `#[path]` (bench/reclaim.rs): audit_log.rs (the API server's audit log), scrape.rs
+//! (a process's HTTP endpoints and metrics), script.rs (scripts/control-plane up and down) and
+//! stats.rs (the one percentile; the soak includes
+//! it the same way, so that its unit tests run once, in the soak's binary).
 // Each test binary compiles this module but uses only part of it.
 #![allow(dead_code)]
 
 mod audit;
+mod audit_log;
+mod claims;
 mod cluster;
 mod daemon;
+mod faketime;
 pub mod graph;
 mod http_proxy;
 mod kubelet;
@@ -15,20 +23,27 @@ pub mod oracle;
 mod prometheus;
 mod proxy;
 mod replicas;
+mod scrape;
+mod script;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
 pub use audit::{
-    AuditEvent, DEFAULT_RECHECK_BOUND, DeleteInvariant, Violation, ViolationKind,
-    invariant_audit_rules, read_audit,
+    DEFAULT_RECHECK_BOUND, DeleteInvariant, Violation, ViolationKind, invariant_audit_rules,
 };
+#[allow(unused_imports)]
+pub use audit_log::{AuditEvent, read_audit};
+#[allow(unused_imports)]
+pub use claims::{Fate, deleted_events, events, expiring, fate, in_secs};
 #[allow(unused_imports)]
 pub use cluster::{
     ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
-    policy_rule,
+    load_config, policy_rule, tekton_version,
 };
 #[allow(unused_imports)]
-pub use daemon::{Daemon, Process, audit_rows, binary, free_port, http_get, metric, metric_sum};
+pub use daemon::{Daemon, Process, audit_rows, binary};
+#[allow(unused_imports)]
+pub use faketime::faketime;
 #[allow(unused_imports)]
 pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account};
 #[allow(unused_imports)]
@@ -49,9 +64,11 @@ pub use prometheus::{helm_binary, prometheus_binary};
 pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use replicas::{
-    binary_vars, capped, deleted, deleted_count, elected_vars, leads_within_the_cap,
-    overdue_under_a_cap, set_var,
+    binary_vars, capped, daemon_role, deleted, deleted_count, elected_role, elected_vars,
+    leads_within_the_cap, log_dir, overdue_under_a_cap, set_var,
 };
+#[allow(unused_imports)]
+pub use scrape::{free_port, http_get, metric, metric_sum};
 
 use std::future::Future;
 use std::time::{Duration, Instant};

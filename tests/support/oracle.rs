@@ -344,3 +344,21 @@ fn text(value: &Value) -> &str {
 fn list(value: &Value) -> impl Iterator<Item = &Value> {
     value.as_array().into_iter().flatten()
 }
+
+/// The rule for a Released volume (`deletion.released_volume_ttl`), from the raw object: it MAY
+/// be deleted at `now` only when it has no `metadata.deletionTimestamp`, its
+/// `spec.persistentVolumeReclaimPolicy` is "Retain", its `status.phase` is "Released", its
+/// `workspace-gc.mlops.dev/deleted-claim-uid` annotation is a non-empty string equal to
+/// `spec.claimRef.uid`, and `status.lastPhaseTransitionTime` is an RFC 3339 instant T with
+/// T + ttl ≤ now. Everything else keeps it.
+pub fn volume_deletable(volume: &Value, ttl: Duration, now: DateTime<Utc>) -> bool {
+    let mark = volume["metadata"]["annotations"][format!("{PREFIX}deleted-claim-uid")].as_str();
+    let claim = volume["spec"]["claimRef"]["uid"].as_str();
+    volume["metadata"]["deletionTimestamp"].is_null()
+        && volume["spec"]["persistentVolumeReclaimPolicy"].as_str() == Some("Retain")
+        && volume["status"]["phase"].as_str() == Some("Released")
+        && mark.is_some_and(|mark| !mark.is_empty() && Some(mark) == claim)
+        && instant(&volume["status"]["lastPhaseTransitionTime"])
+            .and_then(|since| since.checked_add_signed(ttl))
+            .is_some_and(|due| due <= now)
+}

@@ -4,10 +4,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-use super::cluster::SCRIPT;
+use super::cluster::script_output;
 
 /// The bin dir `scripts/control-plane VERB` builds (if missing) and prints last, once per verb.
 fn built(verb: &str) -> PathBuf {
@@ -19,18 +18,7 @@ fn built(verb: &str) -> PathBuf {
     if let Some(dir) = dirs.get(verb) {
         return dir.clone();
     }
-    let output = Command::new(SCRIPT)
-        .arg(verb)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("run {SCRIPT} {verb}: {e}"));
-    assert!(
-        output.status.success(),
-        "`{SCRIPT} {verb}` failed ({})",
-        output.status
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = script_output(verb);
     let dir = PathBuf::from(stdout.lines().last().expect("the bin dir, last").trim());
     dirs.insert(verb.to_owned(), dir.clone());
     dir

@@ -1,11 +1,22 @@
-//! Replicas of the real binary with leader election, and the blast-radius cap they share
-//! through the Lease: shared by tests/faults.rs and tests/lease_tamper.rs.
+//! Replicas of the real binary with leader election, their Roles and logs, and the
+//! blast-radius cap they share through the Lease: shared by tests/faults.rs,
+//! tests/leadership.rs and tests/lease_tamper.rs.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::rbac::v1::Role;
+use kube::api::ObjectMeta;
 
-use super::{Process, TestNamespace, metric, wait_until};
+use super::{Process, TestNamespace, metric, policy_rule, wait_until};
+
+/// A directory for the logs of the replicas a test starts, named after the test file.
+pub fn log_dir(file: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("workspace-gc-{file}-"))
+        .tempdir()
+        .expect("a directory for daemon logs")
+}
 
 /// The configuration of a replica of the binary that watches only `ns`, without leader
 /// election, deleting as fast as asked, and with an orphan grace long enough that only the
@@ -125,4 +136,49 @@ pub async fn overdue_under_a_cap(
             .await;
     }
     (vars, names)
+}
+
+/// The daemon's Role, with or without `delete` on claims.
+pub fn daemon_role(can_delete: bool) -> Role {
+    let claim_verbs: &[&str] = if can_delete {
+        &["get", "list", "watch", "delete"]
+    } else {
+        &["get", "list", "watch"]
+    };
+    Role {
+        metadata: ObjectMeta {
+            name: Some("workspace-gc".into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![
+            policy_rule(&[""], &["persistentvolumeclaims"], claim_verbs),
+            policy_rule(&[""], &["pods"], &["list", "watch"]),
+            policy_rule(
+                &["tekton.dev"],
+                &["pipelineruns", "taskruns"],
+                &["list", "watch"],
+            ),
+            policy_rule(
+                &["mlops.mlops.dev"],
+                &["notebookvalidationjobs"],
+                &["get", "list", "watch"],
+            ),
+            policy_rule(&[""], &["resourcequotas"], &["list", "watch"]),
+            policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        ]),
+    }
+}
+
+/// The daemon's Role in the test namespace, with the Lease rights old and new election need.
+pub fn elected_role(name: &str) -> Role {
+    let mut role = daemon_role(true);
+    role.metadata.name = Some(name.to_owned());
+    if let Some(rules) = role.rules.as_mut() {
+        rules.push(policy_rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "create", "update", "patch"],
+        ));
+    }
+    role
 }

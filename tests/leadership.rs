@@ -1,0 +1,427 @@
+//! Leadership against a real kube-apiserver and etcd: two replicas of the real binary share a
+//! Lease. The leader killed with SIGKILL is replaced within the lease, a partitioned leader stops
+//! deleting before its lease can expire (fencing, read from the API server's audit log), only
+//! the leader writes (events included), and the blast-radius cap's count, kept on the Lease,
+//! holds across hand-overs and restarts. Each test also checks that every due claim is deleted
+//! exactly once and nothing protected is touched. The other faults are in tests/faults.rs;
+//! someone else's changes to the Lease in tests/lease_tamper.rs. RELIABILITY.md has the matrix.
+//!
+//! scripts/test runs this file again on each older Kubernetes release of its matrix.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::rbac::v1::Role;
+use kube::api::PostParams;
+use support::{
+    AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, PodBuilder, Process,
+    Proxy, TestNamespace, capped, deleted, deleted_count, deleted_events, elected_role,
+    elected_vars, events, expiring, fate, in_secs, invariant_audit_rules, leads_within_the_cap,
+    log_dir, metric, overdue_under_a_cap, read_audit, wait_until,
+};
+use workspace_gc::contract::annotations;
+use workspace_gc::daemon::controller::LIVE_BOUND;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Two replicas of the real binary with a 4 s lease; the leader is SIGKILLed between two
+/// deadlines. The standby takes over within the lease duration (plus the up-to-1 s random
+/// wait the lease manager adds), each due claim is deleted exactly once (one `Deleted` event,
+/// from the replica that led at its deadline), and nothing protected is touched.
+#[tokio::test(flavor = "multi_thread")]
+async fn leader_killed_with_sigkill_standby_takes_over() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "leader").await;
+    let lease_duration = secs(4);
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir("leadership");
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || a.leading()).await,
+        "replica-a leads:\n{}",
+        a.logs()
+    );
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    assert!(!b.leading().await, "one leader at a time");
+
+    // Deadlines a whole second away from the kill on either side, so no delete is in flight
+    // when it lands: the kill is at `kill_at`.
+    let kill_at = in_secs(10);
+    let offsets = [-2, -1, 1, 2, 3, 5, 7, 9];
+    let wave: Vec<(String, DateTime<Utc>)> = offsets
+        .iter()
+        .map(|offset| {
+            let name = format!("wave{}-build-workspace", offset + 2);
+            (name, kill_at + chrono::Duration::seconds(*offset))
+        })
+        .collect();
+    for (name, due) in &wave {
+        expiring(name, *due).create(&ns).await;
+    }
+    expiring("kept-build-workspace", in_secs(-60))
+        .annotation(annotations::KEEP, "true")
+        .create(&ns)
+        .await;
+    // The user first: the replicas are running, and an expired claim without one is due.
+    PodBuilder::new("user")
+        .mounting("busy-build-workspace")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    expiring("busy-build-workspace", in_secs(-60))
+        .create(&ns)
+        .await;
+    let all = (wave.len() + 2) as f64;
+    for replica in [&a, &b] {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(
+                    &replica.metrics().await,
+                    "workspace_gc_cached_objects",
+                    "kind=\"claims\"",
+                ) == all
+            })
+            .await,
+            "both replicas cached every claim: {}",
+            replica.metrics().await
+        );
+    }
+
+    let wait = (kill_at - Utc::now()).to_std().expect("the kill is ahead");
+    tokio::time::sleep(wait).await;
+    let killed = Instant::now();
+    a.kill().await;
+    assert!(
+        wait_until(secs(15), || b.leading()).await,
+        "replica-b takes over:\n{}",
+        b.logs()
+    );
+    let takeover = killed.elapsed();
+    eprintln!(
+        "leader: replica-b took over {takeover:?} after the SIGKILL (lease {lease_duration:?})"
+    );
+    // The lease runs out at most `lease_duration` after the kill; the standby then waits up to
+    // 1 s at random before taking it, and polling and a loaded machine add up to a second more.
+    assert!(
+        takeover <= lease_duration + secs(3),
+        "took over after {takeover:?}, lease {lease_duration:?}"
+    );
+
+    let last_due = wave.iter().map(|(_, due)| *due).max().unwrap_or(kill_at);
+    let wait = (last_due - Utc::now()).to_std().unwrap_or_default() + secs(5);
+    for (name, _) in &wave {
+        assert!(
+            wait_until(wait, || deleted(&ns, name)).await,
+            "{name} is deleted:\n{}",
+            b.logs()
+        );
+    }
+    for (name, due) in &wave {
+        let events = deleted_events(&ns, name).await;
+        assert_eq!(events.len(), 1, "{name}: one Deleted event, got {events:?}");
+        let by = events[0].reporting_instance.as_deref();
+        let expected = if *due < kill_at {
+            "replica-a"
+        } else {
+            "replica-b"
+        };
+        assert_eq!(
+            by,
+            Some(expected),
+            "{name}, due {due}, deleted by the leader"
+        );
+    }
+    for name in ["kept-build-workspace", "busy-build-workspace"] {
+        assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
+        assert!(deleted_events(&ns, name).await.is_empty());
+    }
+    let lease = ns
+        .api::<Lease>()
+        .get("workspace-gc")
+        .await
+        .expect("the lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-b")
+    );
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// A cap of 2 per hour and 6 claims due: 2 are deleted, and no more within the hour although
+/// the leader shuts down and hands over to a standby, and that one is killed and restarted. The
+/// count of the window lives on the Lease, so each new leader starts from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cap_holds_across_restarts_and_hand_overs() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "cap").await;
+    let (vars, names) = overdue_under_a_cap(&ns, "due", 6, 2, "1h").await;
+    let logs = log_dir("leadership");
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || async {
+            capped(&a).await && deleted_count(&ns, &names).await == 2
+        })
+        .await,
+        "replica-a deletes 2 and reaches the cap:\n{}",
+        a.logs()
+    );
+
+    // Each of the 4 claims held back is told about once per episode of the cap, however often
+    // it is retried (once a warning and an event rewrite at every bucket's expiry).
+    tokio::time::sleep(secs(3)).await;
+    let warnings = a.logs().matches("blast-radius cap reached").count();
+    assert!(warnings <= 4, "{warnings} cap warnings:\n{}", a.logs());
+
+    // A hand-over: the standby takes the released lease at once.
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    let status = a.terminate().await;
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(logs.path().join("a.log")).unwrap_or_default()
+    );
+    leads_within_the_cap(&b, &ns, &names, 2, "after the hand-over").await;
+
+    // A crash and a restart of the same pod: it holds its own lease and leads at once.
+    b.kill().await;
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b2.log"));
+    leads_within_the_cap(&b, &ns, &names, 2, "after the restart").await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// Only the leader writes to the cluster, events included: a standby that sees a claim with an
+/// invalid annotation keeps it and says so in its metrics, but writes no event.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_leader_writes_events() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "events").await;
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir("leadership");
+    let kubeconfig = cp.kubeconfig_path();
+    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
+    let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    assert!(!b.leading().await);
+
+    expiring("odd-build-workspace", in_secs(-60))
+        .annotation(annotations::TTL, "a while")
+        .create(&ns)
+        .await;
+    for replica in [&a, &b] {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(
+                    &replica.metrics().await,
+                    "workspace_gc_claims",
+                    "state=\"keep\",reason=\"invalid-annotation\"",
+                ) == 1.0
+            })
+            .await,
+            "both replicas decided: {}",
+            replica.metrics().await
+        );
+    }
+    assert!(
+        wait_until(secs(10), || async {
+            !events(&ns, "odd-build-workspace", "InvalidAnnotation")
+                .await
+                .is_empty()
+        })
+        .await,
+        "the leader explains the kept claim"
+    );
+    tokio::time::sleep(secs(2)).await;
+    let by: Vec<Option<String>> = events(&ns, "odd-build-workspace", "InvalidAnnotation")
+        .await
+        .into_iter()
+        .map(|e| e.reporting_instance)
+        .collect();
+    assert_eq!(
+        by,
+        vec![Some("replica-a".to_owned())],
+        "only the leader wrote"
+    );
+    assert_eq!(fate(&ns, "odd-build-workspace").await, Fate::Live);
+    // The standby has read the Lease every half second for seconds: it says it stands by once,
+    // on the transition, not at every round (once about 1,900 lines an hour).
+    let standing_by = b.logs().matches("standing by").count();
+    assert_eq!(standing_by, 1, "{}", b.logs());
+    for replica in [b, a] {
+        let status = replica.terminate().await;
+        assert!(status.success(), "{status}");
+    }
+}
+
+/// What the fencing test's audit log records: what [`DeleteInvariant`] reads, for every user (the
+/// namespace, and so the replicas' names, is made after the API server starts).
+fn fencing_audit_policy() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{}  - level: None\n",
+        invariant_audit_rules(&[])
+    )
+}
+
+/// Fencing. Only the leader is partitioned (its proxy cut) while claims fall due every second;
+/// the standby takes over. The API server's audit log shows that the old leader sent no DELETE
+/// after its lease could have expired (its last successful Lease write plus the lease
+/// duration), during the partition or after it heals, and that no claim was deleted twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
+    let work = tempfile::tempdir().expect("a directory for the audit log");
+    let audit_log = work.path().join("audit.log");
+    let audit_policy = work.path().join("audit-policy.yaml");
+    std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
+    let cp = ControlPlane::start_with(&ControlPlaneOptions {
+        controller_manager: true,
+        apiserver_args: vec![
+            format!("--audit-log-path={}", audit_log.display()),
+            format!("--audit-policy-file={}", audit_policy.display()),
+        ],
+    });
+    let ns = TestNamespace::new(&cp, "fencing").await;
+    let lease = secs(4);
+    let vars = elected_vars(&ns, "4s");
+    let server = cp.config().cluster_url.to_string();
+    let server = server.trim_end_matches('/').to_owned();
+    let mut kubeconfigs = Vec::new();
+    for name in ["replica-a", "replica-b"] {
+        ns.api::<Role>()
+            .create(&PostParams::default(), &elected_role(name))
+            .await
+            .expect("role");
+        ns.bind_role(name, name).await;
+        kubeconfigs.push(cp.service_account_kubeconfig(ns.name(), name).await);
+    }
+    let proxy = Proxy::start(cp.api_address()).await;
+    let via_proxy = work.path().join("a.kubeconfig");
+    let text = std::fs::read_to_string(&kubeconfigs[0]).expect("read the kubeconfig");
+    std::fs::write(&via_proxy, text.replace(&server, &proxy.url())).expect("write it");
+
+    let logs = log_dir("leadership");
+    let a = Process::spawn(&via_proxy, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
+    let b = Process::spawn(
+        &kubeconfigs[1],
+        &vars,
+        "replica-b",
+        &logs.path().join("b.log"),
+    );
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+    assert!(!b.leading().await, "one leader at a time");
+
+    // Claims due every second from just before the cut until long after the heal.
+    let cut_at = in_secs(10);
+    let names: Vec<String> = (-2..=24)
+        .map(|offset: i64| format!("due{}-build-workspace", offset + 2))
+        .collect();
+    for (name, offset) in names.iter().zip(-2i64..) {
+        expiring(name, cut_at + chrono::Duration::seconds(offset))
+            .create(&ns)
+            .await;
+    }
+    for replica in [&a, &b] {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(
+                    &replica.metrics().await,
+                    "workspace_gc_cached_objects",
+                    "kind=\"claims\"",
+                ) == names.len() as f64
+            })
+            .await,
+            "both replicas cached every claim"
+        );
+    }
+
+    tokio::time::sleep((cut_at - Utc::now()).to_std().unwrap_or_default()).await;
+    proxy.cut();
+    let cut = Instant::now();
+    assert!(
+        wait_until(lease + secs(5), || b.leading()).await,
+        "the standby takes over:\n{}",
+        b.logs()
+    );
+    eprintln!("fencing: replica-b leads {:?} after the cut", cut.elapsed());
+    tokio::time::sleep(secs(1)).await;
+    proxy.heal();
+    let last = names.last().expect("claims");
+    assert!(
+        wait_until(secs(40), || deleted(&ns, last)).await,
+        "the new leader deletes the last claim:\n{}",
+        b.logs()
+    );
+    tokio::time::sleep(secs(3)).await;
+    assert!(!a.leading().await, "the old leader stood down");
+    // The standby first, so that no release hands the lease back to it.
+    for replica in [a, b] {
+        let status = replica.terminate().await;
+        assert!(status.success(), "{status}");
+    }
+
+    let audited = read_audit(&audit_log);
+    let user = |name: &str| format!("system:serviceaccount:{}:{name}", ns.name());
+    let (old, new) = (user("replica-a"), user("replica-b"));
+    let renewed = audited
+        .iter()
+        .filter(|e| e.user == old && e.resource == "leases" && (200..300).contains(&e.code))
+        .map(|e| e.at)
+        .max()
+        .expect("the old leader renewed its lease");
+    let expiry = renewed + chrono::Duration::from_std(lease).expect("lease");
+    let late: Vec<&AuditEvent> = audited
+        .iter()
+        .filter(|e| e.user == old && e.resource == "persistentvolumeclaims" && e.at >= expiry)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the old leader sent deletes after its lease could have expired at {expiry}: {late:#?}"
+    );
+    let deletes_by = |who: &str| {
+        audited
+            .iter()
+            .filter(|e| e.user == who && e.resource == "persistentvolumeclaims")
+            .count()
+    };
+    assert!(
+        deletes_by(&old) > 0,
+        "the old leader deleted before the cut"
+    );
+    assert!(deletes_by(&new) > 0, "the new leader deleted after it");
+    let mut successes: std::collections::HashMap<&str, u32> = Default::default();
+    for delete in audited
+        .iter()
+        .filter(|e| e.resource == "persistentvolumeclaims" && (200..300).contains(&e.code))
+    {
+        *successes
+            .entry(delete.uid.as_deref().unwrap_or("?"))
+            .or_default() += 1;
+    }
+    assert!(
+        successes.values().all(|n| *n == 1),
+        "no claim deleted twice: {successes:?}"
+    );
+    // Every DELETE fenced, re-checked live within the bound, preconditioned, once per decision.
+    let mut invariant = DeleteInvariant::new(
+        &[old.clone(), new.clone()],
+        Some((ns.name(), "workspace-gc")),
+        lease,
+    );
+    invariant.bound = LIVE_BOUND;
+    let violations = invariant.check(&audited, &[]);
+    assert!(violations.is_empty(), "{violations:#?}");
+    for name in &names {
+        assert!(deleted(&ns, name).await, "{name} is deleted");
+    }
+}
