@@ -68,6 +68,8 @@ async fn cached_claims(daemon: &Daemon) -> f64 {
 /// Meanwhile the daemon stays alive and says it is not ready; a deadline that passes during the
 /// outage is met once the server is back, one set before the outage for after it is met on
 /// time, changes made after the restart reach the daemon, and nothing protected is deleted.
+/// Run statuses written by hand: a run running without pods (real Tekton's pods would protect
+/// the claim by themselves), finished right after the restart at the instant the test times from.
 #[tokio::test(flavor = "multi_thread")]
 async fn apiserver_restart_mid_run() {
     let cp = ControlPlane::start(false);
@@ -639,7 +641,9 @@ async fn claim_recreated_just_before_its_delete_survives() {
 
 /// Completion times in the future (the operator's or Tekton's clock ahead of ours) are not
 /// expired: such a claim is kept, and one whose completion time comes in a few seconds is
-/// deleted only once it has come, as the Job TTL controller does.
+/// deleted only once it has come, as the Job TTL controller does. Run statuses written by
+/// hand: completion times an hour ago, and an hour or 8 s ahead (a skewed clock), which real
+/// Tekton never stamps.
 #[tokio::test(flavor = "multi_thread")]
 async fn completion_times_in_the_future_are_not_expired() {
     let cp = ControlPlane::shared();
@@ -680,7 +684,9 @@ async fn completion_times_in_the_future_are_not_expired() {
 /// phases, finished without a completion time, a pod of unknown phase, annotations that are
 /// huge or not ASCII. No panic; each claim is kept and the reason is visible in the metrics,
 /// in an event for a bad annotation, and in `workspace-gc audit --output json`. A claim with
-/// harmless odd annotations is still collected.
+/// harmless odd annotations is still collected. Run statuses written by hand: missing, unknown
+/// and garbage fields (unknown conditions, finished without a completion time), which real
+/// Tekton never writes.
 #[tokio::test(flavor = "multi_thread")]
 async fn odd_objects_keep_their_claims_and_say_why() {
     let cp = ControlPlane::shared();

@@ -145,7 +145,9 @@ fn seconds(n: i64) -> chrono::Duration {
 }
 
 /// The soak's options come from `SOAK_ARGS` (the flags of [`Args`]), which `scripts/soak` sets
-/// from its own command line.
+/// from its own command line. Run statuses written by hand: thousands of runs started and
+/// finished on the soak's own schedule, which its ground truth must know exactly; real Tekton
+/// would add pods and timing of its own.
 #[test]
 #[ignore = "minutes long; run by scripts/soak"]
 fn randomized_safety_run() {
