@@ -55,138 +55,107 @@ use crate::cluster::{ControlPlane, DAEMON_USER, KCM_USER, ProcSample, SWEEP_USER
 use crate::observe::Observer;
 use crate::population::{Build, EventKind, Plan, State, Target};
 
-#[derive(Debug, Clone, serde::Serialize)]
+/// The benchmark's options (`cargo bench --bench reclaim -- --help`).
+#[derive(Debug, Clone, serde::Serialize, clap::Parser)]
+#[command(
+    name = "reclaim",
+    about = "workspace-gc against a sweep janitor and Kubernetes' garbage collector, on a local \
+             control plane; rewrites bench/RESULTS.md"
+)]
 pub struct Options {
+    /// Sizes to measure, in builds (comma-separated; `_` separators allowed).
+    #[arg(long, value_delimiter = ',', value_parser = positive_count, default_value = "1000,10000")]
     pub sizes: Vec<usize>,
+    /// Namespaces the builds are spread over.
+    #[arg(long, value_parser = positive_count, default_value = "20")]
     pub namespaces: usize,
     /// Events per kind and contender; default min(N/10, 400).
+    #[arg(long, value_parser = positive_count)]
     pub events: Option<usize>,
     /// Events per second per kind.
+    #[arg(long, value_parser = positive_rate, default_value = "8")]
     pub rate: f64,
+    /// The TTL after a build finishes, in seconds.
+    #[arg(long = "ttl", default_value_t = 30)]
     pub ttl_s: u64,
+    /// The sweep janitor's interval, in seconds.
+    #[arg(long = "sweep-interval", default_value_t = 30)]
     pub sweep_interval_s: u64,
+    /// Requests in flight while creating the builds.
+    #[arg(long, value_parser = positive_count, default_value = "48")]
     pub concurrency: usize,
+    /// The report to write.
+    #[arg(long, default_value_os_t = cluster::root().join("bench/RESULTS.md"))]
     pub out: PathBuf,
+    /// Where etcd's data and the audit log go (a tmpfs).
+    #[arg(long, default_value = "/dev/shm")]
     pub workdir: PathBuf,
     /// Other workspace-gc binaries to measure instead of the one built here (variants of src/
-    /// built elsewhere); without --with-baselines the baselines are then skipped.
+    /// built elsewhere), as LABEL,PATH[,KEY=VALUE...]; without --with-baselines the baselines
+    /// are then skipped.
+    #[arg(long = "variant", value_parser = daemon_spec)]
     pub variants: Vec<DaemonSpec>,
+    /// Measure the baselines too when --variant is given.
+    #[arg(long)]
     pub with_baselines: bool,
     /// Sizes from this one on are built lean: one pod per build.
+    #[arg(long, value_parser = positive_count)]
     pub lean_from: Option<usize>,
     /// Sizes above this one measure workspace-gc's burst alone: no baselines, churn or idle.
+    #[arg(long, value_parser = positive_count, default_value = "10000")]
     pub full_up_to: usize,
-    /// Claims coming due one at a time: (claims per second, seconds), per contender.
+    /// Claims coming due one at a time, as RATE,SECONDS (claims per second, seconds), per
+    /// contender.
+    #[arg(long, value_parser = churn)]
     pub churn: Option<(f64, u64)>,
     /// Minutes with nothing due, per contender (0: none).
+    #[arg(long, default_value_t = 0.0)]
     pub idle_minutes: f64,
-    /// Other workspace-gc binaries measured in the churn alone (a build before a change).
+    /// Other workspace-gc binaries measured in the churn alone (a build before a change), as
+    /// LABEL,PATH[,KEY=VALUE...].
+    #[arg(long = "churn-compare", value_parser = daemon_spec)]
     pub churn_compare: Vec<DaemonSpec>,
 }
 
-impl Options {
-    fn parse(args: &[String]) -> Result<Self> {
-        let mut options = Options {
-            sizes: vec![1000, 10_000],
-            namespaces: 20,
-            events: None,
-            rate: 8.0,
-            ttl_s: 30,
-            sweep_interval_s: 30,
-            concurrency: 48,
-            out: cluster::root().join("bench/RESULTS.md"),
-            workdir: PathBuf::from("/dev/shm"),
-            variants: Vec::new(),
-            with_baselines: false,
-            lean_from: None,
-            full_up_to: 10_000,
-            churn: None,
-            idle_minutes: 0.0,
-            churn_compare: Vec::new(),
-        };
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let mut value = || {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| anyhow!("{arg} needs a value"))
-            };
-            match arg.as_str() {
-                "--sizes" => {
-                    options.sizes = value()?
-                        .split(',')
-                        .map(|s| s.trim().replace('_', "").parse())
-                        .collect::<Result<_, _>>()?
-                }
-                "--namespaces" => options.namespaces = value()?.parse()?,
-                "--events" => options.events = Some(value()?.parse()?),
-                "--rate" => options.rate = value()?.parse()?,
-                "--ttl" => options.ttl_s = value()?.parse()?,
-                "--sweep-interval" => options.sweep_interval_s = value()?.parse()?,
-                "--concurrency" => options.concurrency = value()?.parse()?,
-                "--out" => options.out = PathBuf::from(value()?),
-                "--workdir" => options.workdir = PathBuf::from(value()?),
-                "--variant" | "--churn-compare" => {
-                    // LABEL,PATH[,KEY=VALUE...]
-                    let text = value()?;
-                    let mut parts = text.split(',');
-                    let label = parts.next().unwrap_or_default().to_owned();
-                    let path = PathBuf::from(
-                        parts
-                            .next()
-                            .ok_or_else(|| anyhow!("--variant LABEL,PATH[,KEY=VALUE...]"))?,
-                    );
-                    let env = parts
-                        .map(|kv| {
-                            kv.split_once('=')
-                                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                                .ok_or_else(|| anyhow!("--variant: {kv} is not KEY=VALUE"))
-                        })
-                        .collect::<Result<_>>()?;
-                    let spec = DaemonSpec { label, path, env };
-                    if arg == "--variant" {
-                        options.variants.push(spec);
-                    } else {
-                        options.churn_compare.push(spec);
-                    }
-                }
-                "--with-baselines" => options.with_baselines = true,
-                "--lean-from" => options.lean_from = Some(value()?.replace('_', "").parse()?),
-                "--full-up-to" => options.full_up_to = value()?.replace('_', "").parse()?,
-                "--churn" => {
-                    let text = value()?;
-                    let (rate, seconds) = text
-                        .split_once(',')
-                        .ok_or_else(|| anyhow!("--churn RATE,SECONDS"))?;
-                    options.churn = Some((rate.parse()?, seconds.parse()?));
-                }
-                "--idle-minutes" => options.idle_minutes = value()?.parse()?,
-                "-h" | "--help" => {
-                    eprintln!(
-                        "cargo bench --bench reclaim -- [--sizes 1000,10000] [--namespaces 20] \
-                         [--events E] [--rate 8] [--ttl 30] [--sweep-interval 30] \
-                         [--concurrency 48] [--out bench/RESULTS.md] [--workdir /dev/shm] \
-                         [--variant LABEL,PATH[,KEY=VALUE...]]... [--with-baselines] \
-                         [--lean-from N] [--full-up-to 10000] [--churn RATE,SECONDS] \
-                         [--idle-minutes M] [--churn-compare LABEL,PATH[,KEY=VALUE...]]..."
-                    );
-                    std::process::exit(0);
-                }
-                other => bail!("unknown argument {other} (try --help)"),
-            }
-        }
-        if options.namespaces == 0 || options.rate <= 0.0 || options.sizes.is_empty() {
-            bail!("--namespaces, --rate and --sizes must be positive");
-        }
-        if options
-            .churn
-            .is_some_and(|(rate, seconds)| rate <= 0.0 || seconds == 0)
-        {
-            bail!("--churn RATE,SECONDS must be positive");
-        }
-        Ok(options)
+fn positive_count(text: &str) -> Result<usize, String> {
+    match text.trim().replace('_', "").parse() {
+        Ok(0) => Err("must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}")),
     }
+}
 
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate.is_finite() => Ok(rate),
+        Ok(_) => Err("must be positive".into()),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
+/// RATE,SECONDS, both positive.
+fn churn(text: &str) -> Result<(f64, u64), String> {
+    let (rate, seconds) = text.split_once(',').ok_or("RATE,SECONDS")?;
+    let seconds = positive_count(seconds)?;
+    Ok((positive_rate(rate)?, seconds as u64))
+}
+
+/// LABEL,PATH[,KEY=VALUE...]
+fn daemon_spec(text: &str) -> Result<DaemonSpec, String> {
+    let mut parts = text.split(',');
+    let label = parts.next().unwrap_or_default().to_owned();
+    let path = PathBuf::from(parts.next().ok_or("LABEL,PATH[,KEY=VALUE...]")?);
+    let env = parts
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("{kv} is not KEY=VALUE"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(DaemonSpec { label, path, env })
+}
+
+impl Options {
     /// Whether the baselines run at size `n`.
     fn baselines(&self, n: usize) -> bool {
         (self.variants.is_empty() || self.with_baselines) && self.full(n)
@@ -346,7 +315,8 @@ fn main() -> Result<()> {
     if args.first().map(String::as_str) == Some(sweep::SUBCOMMAND) {
         return sweep::main(&args[1..]);
     }
-    let options = Options::parse(&args)?;
+    let options =
+        <Options as clap::Parser>::parse_from(std::iter::once("reclaim".to_owned()).chain(args));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
