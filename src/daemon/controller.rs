@@ -780,7 +780,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let mut line = self.lock_line();
             // Judged at the earliest the API server's clock can read: never shorter windows.
             let (earliest, _) = self.clock.server();
-            let admission = limiter.reserve(Instant::now(), earliest, line.ahead(key, place));
+            let ahead = line.ahead(key, place, self.cap.0 as usize);
+            let admission = limiter.reserve(Instant::now(), earliest, ahead);
             let first = match admission {
                 Admission::At(_) => {
                     line.leave(key);

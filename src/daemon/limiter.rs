@@ -197,13 +197,16 @@ impl<K: Ord + Clone> Default for Line<K> {
 }
 
 impl<K: Ord + Clone> Line<K> {
-    /// How many wait before `key`, due at `due`, whether it is in line or not.
-    pub fn ahead(&self, key: &K, due: DateTime<Utc>) -> usize {
+    /// How many wait before `key`, due at `due`, whether it is in line or not, counted up to
+    /// `at_most` (the cap: more ahead than it holds changes nothing, and a long line is
+    /// not walked at every retry).
+    pub fn ahead(&self, key: &K, due: DateTime<Utc>, at_most: usize) -> usize {
         let own = self.places.get(key).map(|&at| (at, key.clone()));
         let place = (due, key.clone());
         self.order
             .range(..&place)
             .filter(|entry| Some(*entry) != own.as_ref())
+            .take(at_most)
             .count()
     }
 
