@@ -935,8 +935,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         // Not deleted by this DELETE (refused, or gone already: someone else deleted it): the
         // volume must not qualify. Unanswered, it may have been: the mark stays.
-        let deleted = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
-        if let (Some(marked), false) = (&marked, deleted) {
+        // Carried out, or it may have been.
+        let carried_out = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
+        if let (Some(marked), false) = (&marked, carried_out) {
             self.cluster.unmark_volume(marked, &self.metrics).await;
             self.metrics.volume_mark(Mark::Removed);
         }
@@ -959,7 +960,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Ok(DeleteResult::Unanswered) => {}
             Ok(_) | Err(_) => self.release(reservation),
         }
-        let carried_out = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
         if carried_out && matches!(self.cluster.mode(), Mode::Delete) {
             self.lock_already_sent()
                 .insert(claim.key.clone(), claim.uid.clone());
