@@ -100,6 +100,17 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
         1_073_741_824.0,
         "{metrics}"
     );
+    // The namespace is quiet: the cache is proven fresh by a round of small reads, and its
+    // runs and pods are not listed.
+    let rechecks = |read: &str| {
+        let labels = format!("read=\"{read}\"");
+        metric(&metrics, "workspace_gc_rechecks_total", &labels)
+    };
+    assert_eq!(
+        (rechecks("proven"), rechecks("listed")),
+        (1.0, 0.0),
+        "{metrics}"
+    );
     daemon.stop().await;
 }
 

@@ -450,6 +450,11 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
         Fate::Live,
         "the claim in use survived its deadline"
     );
+    assert_eq!(
+        metric(&metrics, "workspace_gc_rechecks_total", "read=\"proven\""),
+        0.0,
+        "a stalled watch is never proven fresh: the re-check listed\n{metrics}"
+    );
 
     proxy.unstall();
     assert!(

@@ -47,6 +47,9 @@ pub enum Update {
     Pod(Change<PodEntry>),
     Quota(Change<QuotaEntry>),
     Namespace(Change<NamespaceEntry>),
+    /// A kind's watch of a scope has delivered everything up to this resourceVersion: sent
+    /// after the change that carried it, so the cache never claims more than it holds.
+    Delivered(Kind, Scope, u64),
 }
 
 /// One kind's entries, each stored under its own key: a map from key to entry would hold every
@@ -138,6 +141,8 @@ pub struct Index {
     pods_by_claim: HashMap<ObjectKey, Row<String>>,
     /// Owner UID → the claims whose ownerReferences name it.
     claims_by_owner: HashMap<String, Row<ObjectKey>>,
+    /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
+    delivered: HashMap<(Kind, Scope), u64>,
 }
 
 /// A cache entry kind: where it lives in the index and which claims it touches.
@@ -173,6 +178,7 @@ impl Index {
             runs_by_claim: HashMap::new(),
             pods_by_claim: HashMap::new(),
             claims_by_owner: HashMap::new(),
+            delivered: HashMap::new(),
         }
     }
 
@@ -215,6 +221,30 @@ impl Index {
             Update::Pod(change) => self.apply(change),
             Update::Quota(change) => self.apply(change),
             Update::Namespace(change) => self.apply(change),
+            Update::Delivered(kind, scope, revision) => {
+                let delivered = self.delivered.entry((kind, scope)).or_default();
+                *delivered = (*delivered).max(revision);
+                BTreeSet::new()
+            }
+        }
+    }
+
+    /// The resourceVersion up to which `kind`'s watch of `scope` has delivered every change:
+    /// `None` until it has said.
+    pub fn delivered(&self, kind: Kind, scope: &Scope) -> Option<u64> {
+        self.delivered.get(&(kind, scope.clone())).copied()
+    }
+
+    /// Whether the cache holds an object of `kind` under `key`.
+    pub fn holds(&self, kind: Kind, key: &ObjectKey) -> bool {
+        match kind {
+            Kind::Claims => self.claims.entry(key).is_some(),
+            Kind::Jobs => self.jobs.entry(key).is_some(),
+            Kind::Runs => self.runs.entry(key).is_some(),
+            Kind::TaskRuns => self.task_runs.entry(key).is_some(),
+            Kind::Pods => self.pods.entry(key).is_some(),
+            Kind::Quotas => self.quotas.entry(key).is_some(),
+            Kind::Namespaces => self.namespaces.entry(key).is_some(),
         }
     }
 

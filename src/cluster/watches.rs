@@ -22,9 +22,11 @@ use serde::de::DeserializeOwned;
 use tracing::info;
 
 use crate::cluster::cache::{Change, Index, Scope, TaskRunEntry, Update};
+use crate::cluster::progress;
 use crate::cluster::resources::{self, OwnerObject};
 use crate::config::{Config, SelectorConfig};
 use crate::decide::facts::ObjectKey;
+use crate::decide::linking::Found;
 use crate::observe::metrics::Kind;
 
 /// One item of the merged watch streams.
@@ -205,13 +207,107 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     E: Send + 'static,
 {
-    watch(name, api, config)
-        .default_backoff()
-        .map(move |event| match event {
-            Ok(event) => Ok(wrap(change(event, &scope, convert))),
-            Err(error) => Err((name, error)),
-        })
-        .boxed()
+    after_floor(
+        name,
+        Client::from(api.clone()),
+        scope.clone(),
+        move |mut progress| {
+            let scope = scope.clone();
+            watch(name, api.clone(), config.clone())
+                .default_backoff()
+                .flat_map(move |event| {
+                    stream::iter(match event {
+                        Ok(event) => progress.updates(event, &scope, convert, wrap),
+                        Err(error) => vec![Err((name, error))],
+                    })
+                })
+                .boxed()
+        },
+    )
+}
+
+/// The kinds whose watches say how far they have delivered ([`Update::Delivered`]): what the
+/// live re-check can prove fresh instead of listing (`daemon::proof`).
+pub const PROVEN: [Kind; 4] = [Kind::Jobs, Kind::Runs, Kind::TaskRuns, Kind::Pods];
+
+/// `events` (given the watch's [`Progress`]), after, for a kind in [`PROVEN`], its
+/// collection's revision is read: every list of the watch is served at that revision or later,
+/// so once one is done the cache holds every change up to it, even of a kind that has no
+/// objects and so no event to tell.
+fn after_floor(
+    name: Kind,
+    client: Client,
+    scope: Scope,
+    mut events: impl FnMut(Progress) -> BoxStream<'static, Item> + Send + 'static,
+) -> BoxStream<'static, Item> {
+    stream::once(async move {
+        if !PROVEN.contains(&name) {
+            return 0;
+        }
+        let metrics = crate::observe::metrics::Metrics::register(&mut Default::default());
+        match progress::revision(&client, name, &scope, &metrics).await {
+            Found::Yes(revision) => revision,
+            _ => 0,
+        }
+    })
+    .flat_map(move |floor| events(Progress::of(name, floor)))
+    .boxed()
+}
+
+/// How far one watch has delivered: the resourceVersion of each event, once applied, and of the
+/// newest object of a (re-)list once it is done (the list itself was served at that or later).
+/// Only for the kinds in [`PROVEN`].
+struct Progress {
+    name: Kind,
+    tracked: bool,
+    /// The revision read before the watch started (0 if it could not be read).
+    floor: u64,
+    /// The newest object of the (re-)list in progress.
+    listing: u64,
+}
+
+impl Progress {
+    fn of(name: Kind, floor: u64) -> Self {
+        let tracked = PROVEN.contains(&name);
+        Progress {
+            name,
+            tracked,
+            floor,
+            listing: 0,
+        }
+    }
+
+    /// The cache updates for one watcher event: its change, then how far it has delivered.
+    fn updates<K: Resource, E>(
+        &mut self,
+        event: Event<K>,
+        scope: &Scope,
+        convert: fn(&K) -> E,
+        wrap: fn(Change<E>) -> Update,
+    ) -> Vec<Item> {
+        let revision = |object: &K| {
+            let version = object.meta().resource_version.as_deref();
+            version.and_then(|version| version.parse::<u64>().ok())
+        };
+        let delivered = match &event {
+            _ if !self.tracked => None,
+            Event::Apply(object) | Event::Delete(object) => revision(object),
+            Event::Init => {
+                self.listing = 0;
+                None
+            }
+            Event::InitApply(object) => {
+                self.listing = self.listing.max(revision(object).unwrap_or(0));
+                None
+            }
+            Event::InitDone => {
+                Some(std::mem::take(&mut self.listing).max(self.floor)).filter(|r| *r > 0)
+            }
+        };
+        let change = Ok(wrap(change(event, scope, convert)));
+        let delivered = delivered.map(|r| Ok(Update::Delivered(self.name, scope.clone(), r)));
+        std::iter::once(change).chain(delivered).collect()
+    }
 }
 
 /// A kind whose CRD may be missing: a list (streamed or paged) that answers 404 means no such
@@ -224,34 +320,45 @@ fn optional_kind<E: Send + 'static>(
     convert: fn(&OwnerObject) -> E,
     wrap: fn(Change<E>) -> Update,
 ) -> BoxStream<'static, Item> {
-    let mut absent = false;
-    watch(name, api, watcher::Config::default())
+    after_floor(
+        name,
+        Client::from(api.clone()),
+        scope.clone(),
+        move |mut progress| {
+            let scope = scope.clone();
+            let mut absent = false;
+            watch(name, api.clone(), watcher::Config::default())
         .backoff(PatientBackoff::default())
-        .map(move |event| match event {
-            // A streamed list starts as a watch, so its 404 comes as the watch's.
-            Err(
-                watcher::Error::InitialListFailed(error) | watcher::Error::WatchStartFailed(error),
-            ) if resources::is_not_found(&error) => {
-                if !absent {
-                    absent = true;
-                    info!(
-                        kind = name.as_str(),
-                        "the CRD is not installed: no such objects exist; checking again with backoff"
-                    );
+        .flat_map(move |event| {
+            stream::iter(match event {
+                // A streamed list starts as a watch, so its 404 comes as the watch's.
+                Err(
+                    watcher::Error::InitialListFailed(error)
+                    | watcher::Error::WatchStartFailed(error),
+                ) if resources::is_not_found(&error) => {
+                    if !absent {
+                        absent = true;
+                        info!(
+                            kind = name.as_str(),
+                            "the CRD is not installed: no such objects exist; checking again with backoff"
+                        );
+                    }
+                    vec![Ok(wrap(Change::InitDone(scope.clone())))]
                 }
-                Ok(wrap(Change::InitDone(scope.clone())))
-            }
-            Ok(event) => {
-                // A paged list reports `Init` before every attempt, so only what follows it
-                // shows the kind is served.
-                if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
-                    info!(kind = name.as_str(), "the CRD is installed now");
+                Ok(event) => {
+                    // A paged list reports `Init` before every attempt, so only what follows
+                    // it shows the kind is served.
+                    if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
+                        info!(kind = name.as_str(), "the CRD is installed now");
+                    }
+                    progress.updates(event, &scope, convert, wrap)
                 }
-                Ok(wrap(change(event, &scope, convert)))
-            }
-            Err(error) => Err((name, error)),
+                Err(error) => vec![Err((name, error))],
+            })
         })
         .boxed()
+        },
+    )
 }
 
 /// A kind's watcher. Its initial list, and every re-list, streams as watch events
@@ -365,6 +472,7 @@ fn namespace_of(update: &Update) -> Option<&str> {
         Update::Pod(c) => of(c),
         Update::Quota(c) => of(c),
         Update::Namespace(c) => of(c),
+        Update::Delivered(..) => None,
     }
 }
 

@@ -19,15 +19,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cluster::cache::{Change, Index, Update};
+use crate::cluster::cache::{Change, Index, Scope, Update};
 use crate::cluster::leader::{FenceError, Leadership};
 use crate::cluster::live::Snapshots;
 use crate::cluster::server_clock::ServerClock;
-use crate::cluster::watches;
+use crate::cluster::watches::{self, PROVEN};
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
 use crate::daemon::ports::{Clock, Cluster, KubeCluster};
+use crate::daemon::proof::{self, PROOF_BOUND, Proofs, Recheck, Recorded};
 use crate::daemon::scheduler::{Failure, Outcome, Schedule, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self, Found};
@@ -37,7 +38,7 @@ use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
 use crate::decide::volumes::{self, Kept, VolumeFacts, VolumeVerdict};
 use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
-use crate::observe::metrics::{DeleteResult, ErrorCategory, Mark, Metrics};
+use crate::observe::metrics::{DeleteResult, ErrorCategory, Kind, Mark, Metrics};
 
 /// How many claims are reconciled at once (each may wait on the limiter and live reads).
 const CONCURRENCY: usize = 16;
@@ -48,6 +49,8 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// not live any more, and the claim is decided again from the start. It bounds how long a pod
 /// or a run started after the re-check can go unseen by the delete.
 pub const LIVE_BOUND: Duration = Duration::from_secs(5);
+/// How often a proof waiting for the watches to deliver what a replay found looks again.
+const CATCH_UP_POLL: Duration = Duration::from_millis(20);
 /// Shutdown must finish within the pod's grace period (30 s) whatever the API server does:
 /// the lease release and the HTTP server each get this long.
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
@@ -113,6 +116,10 @@ struct Controller<C, K> {
     /// until the watch shows them gone, the claim is read live before anything is sent again,
     /// since a cache the watch has not caught up on still shows it as it was decided.
     already_sent: Mutex<HashMap<ObjectKey, String>>,
+    /// The rounds that prove the cache fresh for the live re-check.
+    proofs: Proofs,
+    /// Whether the watches cover one namespace each (`selector.namespaces`), not the cluster.
+    per_namespace: bool,
 }
 
 /// When a kept claim becomes due and why, with the notice's lead time.
@@ -549,6 +556,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             mark_volumes: config.deletion.released_volume_ttl.is_some(),
             unjudged: Mutex::default(),
             already_sent: Mutex::default(),
+            proofs: Proofs::default(),
+            per_namespace: !config.selector.namespaces.is_empty(),
         }
     }
 
@@ -831,8 +840,19 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // Whatever may protect the claim is read live: a watch can go silent without an error
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
         // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
+        let proven = self.prove_fresh(&key.namespace).await;
         let read = async {
-            let (live, read_at) = self.cluster.read_live(claim, &self.metrics).await;
+            let (live, read_at) = match proven {
+                Some(read_at) => {
+                    let recorded = Recorded::of(claim, &*self.read_index());
+                    (Recheck::Proven(recorded), read_at)
+                }
+                None => {
+                    let (live, read_at) = self.cluster.read_live(claim, &self.metrics).await;
+                    (Recheck::Listed(live), read_at)
+                }
+            };
+            self.metrics.recheck(proven.is_some());
             // The namespace's settings too, when they count.
             let policy = match self.policies.namespaces {
                 None => self.policies.cluster.clone(),
@@ -893,6 +913,60 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             due_at,
             live_until,
         })
+    }
+
+    /// When a round proving the cache fresh for `namespace`'s watches sent its first read,
+    /// a round started after this call (`daemon::proof`); `None` when it was not proven and
+    /// the re-check must list.
+    async fn prove_fresh(&self, namespace: &str) -> Option<Instant> {
+        let scope = self.per_namespace.then(|| namespace.to_owned());
+        self.proofs
+            .prove(&scope, || async {
+                let read_at = Instant::now();
+                let kinds = PROVEN.map(|kind| self.prove_kind(kind, &scope, read_at));
+                let proven = tokio::time::timeout(PROOF_BOUND, futures::future::join_all(kinds));
+                let proven = proven.await.is_ok_and(|kinds| kinds.into_iter().all(|k| k));
+                proven.then_some(read_at)
+            })
+            .await
+    }
+
+    /// Whether the cache holds every change of `kind` in `scope` up to its current
+    /// resourceVersion, as `daemon::proof` proves it.
+    async fn prove_kind(&self, kind: Kind, scope: &Scope, started: Instant) -> bool {
+        let revision = match self.cluster.revision(kind, scope, &self.metrics).await {
+            Found::Yes(revision) => revision,
+            // Not served: no such object exists; one the cache still holds only keeps claims.
+            Found::No => return true,
+            Found::Unknown(_) => return false,
+        };
+        let Some(from) = self.read_index().delivered(kind, scope) else {
+            return false;
+        };
+        if from >= revision {
+            return true;
+        }
+        let bound = PROOF_BOUND.saturating_sub(started.elapsed());
+        let span = (from, revision);
+        let Some(changes) = (self
+            .cluster
+            .changes(kind, scope, span, bound, &self.metrics))
+        .await
+        else {
+            return false;
+        };
+        // The watch delivers the same changes, moments later; the caller's bound ends the wait.
+        loop {
+            let reflected = {
+                let index = self.read_index();
+                let delivered = index.delivered(kind, scope);
+                proof::reflects(delivered, &changes, |key| index.holds(kind, key))
+            };
+            if reflected {
+                return true;
+            }
+            tokio::time::sleep(CATCH_UP_POLL).await;
+        }
     }
 
     /// Sends the one DELETE, with the ledger that counts it written to the Lease first, and
@@ -1375,6 +1449,22 @@ mod tests {
             tokio::time::sleep(takes).await;
             let pods = lock(&self.live_pods).clone();
             (synced(std::slice::from_ref(claim), &pods), read_at)
+        }
+
+        /// No revision: every re-check here lists (the proof's rounds have tests of their own).
+        async fn revision(&self, _: Kind, _: &Scope, _: &Metrics) -> Found<u64> {
+            Found::Unknown("the fake cluster proves nothing".into())
+        }
+
+        async fn changes(
+            &self,
+            _: Kind,
+            _: &Scope,
+            _: (u64, u64),
+            _: Duration,
+            _: &Metrics,
+        ) -> Option<Vec<crate::cluster::progress::Delivery>> {
+            None
         }
 
         async fn claim_state(&self, _: &ObjectKey, _: &Metrics) -> Found<(String, bool)> {

@@ -12,8 +12,10 @@ use chrono::{DateTime, Utc};
 use kube::Client;
 use tokio::time::Instant;
 
+use crate::cluster::cache::Scope;
 use crate::cluster::leader::Fence;
 use crate::cluster::live::{self, LiveView, Snapshots};
+use crate::cluster::progress::{self, Delivery};
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
 use crate::daemon::cap_ledger::Ledger;
@@ -22,7 +24,7 @@ use crate::decide::linking::{Found, Lookup};
 use crate::decide::namespace::Ignored;
 use crate::decide::quota::{Pressure, QuotaEntry};
 use crate::decide::volumes::VolumeFacts;
-use crate::observe::metrics::{DeleteResult, Metrics};
+use crate::observe::metrics::{DeleteResult, Kind, Metrics};
 
 /// The cluster as the controller sees it.
 pub trait Cluster: Send + Sync + 'static {
@@ -35,6 +37,26 @@ pub trait Cluster: Send + Sync + 'static {
         claim: &ClaimFacts,
         metrics: &Metrics,
     ) -> impl Future<Output = (Self::Live, Instant)> + Send;
+
+    /// A kind's current resourceVersion in a watch scope, read consistently (`No`: the kind
+    /// is not served).
+    fn revision(
+        &self,
+        kind: Kind,
+        scope: &Scope,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Found<u64>> + Send;
+
+    /// The last change of each object of a kind in a watch scope after resourceVersion
+    /// `span.0`, up to `span.1` at least; `None` when they cannot be told within `bound`.
+    fn changes(
+        &self,
+        kind: Kind,
+        scope: &Scope,
+        span: (u64, u64),
+        bound: Duration,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Option<Vec<Delivery>>> + Send;
 
     /// The claim as the API server has it now: its UID, and whether it is being deleted.
     fn claim_state(
@@ -185,6 +207,21 @@ impl Cluster for KubeCluster {
         let live = LiveView::read(&self.client, claim, &self.snapshots, metrics).await;
         let read_at = live.read_at();
         (live, read_at)
+    }
+
+    async fn revision(&self, kind: Kind, scope: &Scope, metrics: &Metrics) -> Found<u64> {
+        progress::revision(&self.client, kind, scope, metrics).await
+    }
+
+    async fn changes(
+        &self,
+        kind: Kind,
+        scope: &Scope,
+        span: (u64, u64),
+        bound: Duration,
+        metrics: &Metrics,
+    ) -> Option<Vec<Delivery>> {
+        progress::changes(&self.client, kind, scope, span, bound, metrics).await
     }
 
     async fn claim_state(&self, claim: &ObjectKey, metrics: &Metrics) -> Found<(String, bool)> {

@@ -44,6 +44,11 @@ struct WouldDeleteLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecheckLabels {
+    read: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ApiErrorLabels {
     operation: &'static str,
     category: &'static str,
@@ -67,7 +72,7 @@ struct BoundLabels {
 }
 
 /// The kinds the watches feed and the cache holds: the `kind` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Claims,
     Jobs,
@@ -293,6 +298,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     reclaim_lag: Histogram,
     api_errors: Family<ApiErrorLabels, Counter>,
+    rechecks: Family<RecheckLabels, Counter>,
     reconcile_retries: Family<CategoryLabels, Counter>,
     watch_restarts: Family<KindLabels, Counter>,
     cached_objects: Family<KindLabels, Gauge>,
@@ -324,6 +330,7 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             reclaim_lag: Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
             api_errors: Family::default(),
+            rechecks: Family::default(),
             reconcile_retries: Family::default(),
             watch_restarts: Family::default(),
             cached_objects: Family::default(),
@@ -397,6 +404,12 @@ impl Metrics {
             "api_errors",
             "Kubernetes API errors by operation and category",
             metrics.api_errors.clone(),
+        );
+        r.register(
+            "rechecks",
+            "Live re-checks before a delete, by how they read: `proven` (the cache proven fresh \
+             by a shared round of small reads) or `listed` (the claim's namespace listed)",
+            metrics.rechecks.clone(),
         );
         r.register(
             "reconcile_retries",
@@ -589,6 +602,12 @@ impl Metrics {
                 category: ErrorCategory::of(error).as_str(),
             })
             .inc();
+    }
+
+    /// A live re-check, read from the cache proven fresh or by listing.
+    pub fn recheck(&self, proven: bool) {
+        let read = if proven { "proven" } else { "listed" };
+        self.rechecks.get_or_create(&RecheckLabels { read }).inc();
     }
 
     /// A request abandoned at its deadline, unanswered.
