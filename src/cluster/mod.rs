@@ -1,6 +1,7 @@
 //! The cluster edge: everything that talks to the API server. API objects are converted into
 //! the core's facts ([`resources`]), watched into the cache ([`watches`], [`cache`]) and read
-//! live before a delete ([`live`]), or proven fresh by the small reads of [`progress`]. [`writer`] is the only module that changes the cluster, and
+//! live before a delete ([`live`]), or proven fresh by the small reads of [`progress`].
+//! [`writer`] is the only module that changes the cluster, and
 //! only while [`leader`] holds the Lease, which also carries the blast-radius count
 //! ([`crate::daemon::cap_ledger`]).
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
