@@ -661,6 +661,11 @@ fn a_delete_without_a_fresh_recheck_of_its_namespace_is_a_violation() {
         [unchecked],
         "of another namespace"
     );
+    assert_eq!(
+        kinds(&with(recheck(A, "", 10_500)), &[]),
+        [],
+        "of the whole cluster (a proof's first read)"
+    );
     let mut failed = recheck(A, "ml", 10_500);
     failed.code = 429;
     assert_eq!(kinds(&with(failed), &[]), [unchecked], "refused");

@@ -3,7 +3,8 @@
 //! back unknown, which keeps the claim.
 //!
 //! A watch can go silent without an error (a wedged API server, a dead connection), so its
-//! cache cannot vouch for itself. Whatever may protect a claim is therefore read live:
+//! cache cannot vouch for itself. Unless a round of `daemon::proof` has proven the cache fresh,
+//! whatever may protect a claim is therefore read live:
 //! - the jobs linking can name (by reference or by the naming convention), one GET each;
 //! - every PipelineRun and TaskRun of the claim's namespace, since any of them may bind the
 //!   claim and no selector finds them by binding;

@@ -55,8 +55,9 @@ pub const DEFAULT_RECHECK_BOUND: Duration = Duration::from_secs(10);
 /// - **fenced**: it was received from the Lease holder (the writer of the last successful Lease
 ///   write before it, unless that write released the Lease), within `renew_deadline` of that
 ///   write;
-/// - **re-checked**: a LIST of pods in its namespace by the same user finished less than
-///   `bound` before it (the live re-check);
+/// - **re-checked**: a LIST of pods in its namespace, or of the whole cluster, by the same
+///   user finished less than `bound` before it (the live re-check: the namespace listed, or
+///   the first read of a round that proved the cache fresh, `daemon::proof`);
 /// - **preconditioned**: it names the claim's UID and resourceVersion;
 /// - **once per decision**: no two DELETEs name the same UID and resourceVersion, unless the
 ///   earlier one was not answered with success and a new live re-check started after that
@@ -113,7 +114,7 @@ impl DeleteInvariant {
         let recheck = |user: &str, namespace: &str, at, since: Option<DateTime<Utc>>| {
             rechecks
                 .iter()
-                .filter(|r| r.user == user && r.namespace == namespace)
+                .filter(|r| r.user == user && (r.namespace == namespace || r.namespace.is_empty()))
                 .filter(|r| r.completed <= at && since.is_none_or(|s| r.at >= s))
                 .max_by_key(|r| r.completed)
                 .copied()
@@ -181,7 +182,7 @@ impl DeleteInvariant {
                             r.completed,
                             self.bound
                         ),
-                        None => "no pod LIST of the namespace by it before".into(),
+                        None => "no pod LIST of the namespace or the cluster by it before".into(),
                     },
                 ),
             }
