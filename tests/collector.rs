@@ -71,6 +71,9 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
     ClaimBuilder::for_job("nb").create(&ns).await;
     // Not a build workspace: the label selector keeps it out of reach.
     ClaimBuilder::plain("nb-user-data").create(&ns).await;
+    // Other builds' runs: a namespace this large is proven fresh rather than listed.
+    let others = (0..100).map(|i| PipelineRunBuilder::new(&format!("other-{i}")));
+    futures::future::join_all(others.map(|run| async { run.create(&ns).await })).await;
 
     let daemon = Daemon::start(ns.client().clone(), ns.config(), "ttl").await;
     assert!(
@@ -100,8 +103,8 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
         1_073_741_824.0,
         "{metrics}"
     );
-    // The namespace is quiet: the cache is proven fresh by a round of small reads, and its
-    // runs and pods are not listed.
+    // The namespace is large and quiet: the cache is proven fresh by a round of small reads,
+    // and its runs and pods are not listed.
     let rechecks = |read: &str| {
         let labels = format!("read=\"{read}\"");
         metric(&metrics, "workspace_gc_rechecks_total", &labels)

@@ -235,6 +235,20 @@ impl Index {
         self.delivered.get(&(kind, scope.clone())).copied()
     }
 
+    /// How many runs (PipelineRuns and TaskRuns) and pods mounting a claim the cache holds in
+    /// `namespace`: what a live LIST of it would carry.
+    pub fn namespace_size(&self, namespace: &str) -> usize {
+        let in_namespace = |key: &ObjectKey| &*key.namespace == namespace;
+        let runs = self.runs.values().filter(|e| in_namespace(&e.key)).count();
+        let task_runs = self
+            .task_runs
+            .values()
+            .filter(|e| in_namespace(&e.0.key))
+            .count();
+        let pods = self.pods.values().filter(|e| in_namespace(&e.key)).count();
+        runs + task_runs + pods
+    }
+
     /// Whether the cache holds an object of `kind` under `key`.
     pub fn holds(&self, kind: Kind, key: &ObjectKey) -> bool {
         match kind {

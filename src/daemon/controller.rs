@@ -49,6 +49,10 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// not live any more, and the claim is decided again from the start. It bounds how long a pod
 /// or a run started after the re-check can go unseen by the delete.
 pub const LIVE_BOUND: Duration = Duration::from_secs(5);
+/// The cached runs and pods in a claim's namespace from which its re-check proves the cache
+/// fresh (`daemon::proof`) instead of listing the namespace: about 100 KiB of LIST bytes for
+/// one round of reads of about 2 KiB and a second or two.
+const PROVE_FROM: usize = 100;
 /// How often a proof waiting for the watches to deliver what a replay found looks again.
 const CATCH_UP_POLL: Duration = Duration::from_millis(20);
 /// Shutdown must finish within the pod's grace period (30 s) whatever the API server does:
@@ -840,7 +844,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // Whatever may protect the claim is read live: a watch can go silent without an error
         // (a wedged API server, a dead connection) and its cache would miss a pod or a run
         // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
-        let proven = self.prove_fresh(&key.namespace).await;
+        // A small namespace is listed: the LISTs cost little and answer in milliseconds, where
+        // a proof round takes a second or two for a quiet kind.
+        let large = self.read_index().namespace_size(&key.namespace) >= PROVE_FROM;
+        let proven = match large {
+            true => self.prove_fresh(&key.namespace).await,
+            false => None,
+        };
         let read = async {
             let (live, read_at) = match proven {
                 Some(read_at) => {
