@@ -671,6 +671,21 @@ impl Lookup for Index {
 }
 
 #[cfg(test)]
+impl Index {
+    /// A cluster-wide index whose claim, job, run, TaskRun and pod watches have each listed
+    /// nothing: synced and empty.
+    pub(crate) fn listed_empty() -> Index {
+        let mut index = Index::default();
+        index.apply::<ClaimFacts>(Change::InitDone(None));
+        index.apply::<JobEntry>(Change::InitDone(None));
+        index.apply::<RunEntry>(Change::InitDone(None));
+        index.apply::<TaskRunEntry>(Change::InitDone(None));
+        index.apply::<PodEntry>(Change::InitDone(None));
+        index
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::contract::OwnerKind;
@@ -709,12 +724,7 @@ mod tests {
 
     /// An index whose four kinds have listed once, empty.
     fn synced() -> Index {
-        let mut index = Index::default();
-        index.apply::<ClaimFacts>(Change::InitDone(None));
-        index.apply::<JobEntry>(Change::InitDone(None));
-        index.apply::<RunEntry>(Change::InitDone(None));
-        index.apply::<TaskRunEntry>(Change::InitDone(None));
-        index.apply::<PodEntry>(Change::InitDone(None));
+        let index = Index::listed_empty();
         assert!(index.synced());
         index
     }

@@ -37,11 +37,20 @@ pub struct Delivery {
 /// The resourceVersion of a kind's collection in `scope` now: a list with `resourceVersion`
 /// unset is served from etcd, or (Kubernetes 1.31+) from the watch cache once it has caught
 /// up with etcd's current revision, which also moves the watch cache's bookmarks up to it.
-/// `No` when the kind is not served (its CRD is not installed).
-pub async fn revision(client: &Client, kind: Kind, scope: &Scope, metrics: &Metrics) -> Found<u64> {
+/// `No` when the kind is not served (its CRD is not installed). Errors are counted in
+/// `metrics`, when given.
+pub async fn revision(
+    client: &Client,
+    kind: Kind,
+    scope: &Scope,
+    metrics: Option<&Metrics>,
+) -> Found<u64> {
     let params = ListParams::default().labels(NEVER_SET).limit(1);
     let listed = match kind {
-        Kind::Pods => collection_revision(&api::<PodVolumes>(client, scope), &params).await,
+        Kind::Pods => {
+            let api = resources::scoped_api::<PodVolumes>(client, scope.as_deref());
+            collection_revision(&api, &params).await
+        }
         _ => match owner_api(client, kind, scope) {
             Some(api) => collection_revision(&api, &params).await,
             None => return Found::Unknown(format!("{} carry no revision", kind.as_str())),
@@ -52,7 +61,9 @@ pub async fn revision(client: &Client, kind: Kind, scope: &Scope, metrics: &Metr
         Ok(None) => Found::Unknown(format!("{}: no resourceVersion", kind.as_str())),
         Err(error) if resources::is_not_found(&error) => Found::No,
         Err(error) => {
-            metrics.api_error(Operation::List, &error);
+            if let Some(metrics) = metrics {
+                metrics.api_error(Operation::List, &error);
+            }
             Found::Unknown(format!("reading the {} revision: {error}", kind.as_str()))
         }
     }
@@ -61,13 +72,13 @@ pub async fn revision(client: &Client, kind: Kind, scope: &Scope, metrics: &Metr
 /// What changed of `kind` in `scope` after resourceVersion `from`, up to `until` at least: the
 /// last change of each object (pods that mount no claim left out, as the cache leaves them
 /// out). `None` when the replay cannot vouch for it: the server no longer has `from` (410),
-/// an error, or no bookmark or change at `until` or later within `bound`.
+/// an error, or no bookmark or change at `until` or later before the server closes the watch
+/// (a connection gone silent is given up a second after that).
 pub async fn changes(
     client: &Client,
     kind: Kind,
     scope: &Scope,
     (from, until): (u64, u64),
-    bound: Duration,
     metrics: &Metrics,
 ) -> Option<Vec<Delivery>> {
     let replay = async {
@@ -75,7 +86,7 @@ pub async fn changes(
             Kind::Pods => {
                 let relevant = |pod: &PodVolumes| !resources::pod_entry(pod).claims.is_empty();
                 replay(
-                    &api::<PodVolumes>(client, scope),
+                    &resources::scoped_api::<PodVolumes>(client, scope.as_deref()),
                     from,
                     until,
                     relevant,
@@ -95,32 +106,19 @@ pub async fn changes(
             }
         }
     };
+    let bound = Duration::from_secs(u64::from(REPLAY_SECONDS) + 1);
     tokio::time::timeout(bound, replay).await.ok().flatten()
 }
 
-fn api<K>(client: &Client, scope: &Scope) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    match scope {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    }
-}
-
-/// The API of an owner kind (NotebookValidationJobs, PipelineRuns, TaskRuns).
-pub fn owner_api(client: &Client, kind: Kind, scope: &Scope) -> Option<Api<OwnerObject>> {
+/// The API of an owner kind in a watch scope; `None` for a kind that is not one.
+fn owner_api(client: &Client, kind: Kind, scope: &Scope) -> Option<Api<OwnerObject>> {
     let resource = match kind {
         Kind::Jobs => resources::job_resource(),
         Kind::Runs => resources::run_resource(),
         Kind::TaskRuns => resources::task_run_resource(),
         _ => return None,
     };
-    Some(match scope {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    })
+    Some(resources::owner_api(client, scope.as_deref(), &resource))
 }
 
 async fn collection_revision<K>(api: &Api<K>, params: &ListParams) -> kube::Result<Option<u64>>
@@ -231,10 +229,9 @@ mod tests {
     }
 
     async fn pod_changes(body: String, until: u64) -> Option<Vec<Delivery>> {
-        let bound = Duration::from_secs(5);
         let metrics = Metrics::register(&mut Default::default());
         let client = answering(body);
-        let found = changes(&client, Kind::Pods, &None, (10, until), bound, &metrics);
+        let found = changes(&client, Kind::Pods, &None, (10, until), &metrics);
         found.await.map(|mut found| {
             found.sort_by(|a, b| a.key.name.cmp(&b.key.name));
             found
@@ -300,27 +297,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_revision_is_the_collections_resource_version() {
-        let list = json!({"apiVersion": "v1", "kind": "PodList",
-                          "metadata": {"resourceVersion": "42"}, "items": []});
-        let client = answering(list.to_string());
-        let found = revision(
-            &client,
-            Kind::Pods,
-            &None,
-            &Metrics::register(&mut Default::default()),
-        )
-        .await;
-        assert_eq!(found, Found::Yes(42));
-        let garbled = json!({"apiVersion": "v1", "kind": "PodList",
-                             "metadata": {"resourceVersion": "abc"}, "items": []});
-        let client = answering(garbled.to_string());
-        let found = revision(
-            &client,
-            Kind::Pods,
-            &None,
-            &Metrics::register(&mut Default::default()),
-        )
-        .await;
-        assert!(matches!(found, Found::Unknown(_)), "{found:?}");
+        let pods_at = |version: &'static str| async move {
+            let list = json!({"apiVersion": "v1", "kind": "PodList",
+                              "metadata": {"resourceVersion": version}, "items": []});
+            revision(&answering(list.to_string()), Kind::Pods, &None, None).await
+        };
+        assert_eq!(pods_at("42").await, Found::Yes(42));
+        let garbled = pods_at("abc").await;
+        assert!(matches!(garbled, Found::Unknown(_)), "{garbled:?}");
     }
 }

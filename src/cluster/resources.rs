@@ -31,6 +31,32 @@ use crate::decide::facts::{
 use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 use crate::decide::volumes::{Transition, VolumeFacts};
 
+/// The API of a namespaced kind in one namespace, or the whole cluster (`None`): a watch's
+/// scope.
+pub fn scoped_api<K>(client: &kube::Client, namespace: Option<&str>) -> kube::Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => kube::Api::namespaced(client.clone(), namespace),
+        None => kube::Api::all(client.clone()),
+    }
+}
+
+/// The API of an owner kind (`resource`: NotebookValidationJobs, PipelineRuns, TaskRuns) in
+/// one namespace, or the whole cluster (`None`).
+pub fn owner_api(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    resource: &ApiResource,
+) -> kube::Api<OwnerObject> {
+    match namespace {
+        Some(namespace) => kube::Api::namespaced_with(client.clone(), namespace, resource),
+        None => kube::Api::all_with(client.clone(), resource),
+    }
+}
+
 /// `mlops.mlops.dev/v1alpha1` NotebookValidationJob.
 pub fn job_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(

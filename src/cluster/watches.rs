@@ -14,7 +14,7 @@ use std::fmt::Debug;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ResourceQuota};
-use kube::api::{Api, ApiResource, PartialObjectMeta};
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
@@ -67,7 +67,7 @@ pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
     for scope in scopes(selector) {
         streams.push(kind(
             Kind::Claims,
-            typed::<PersistentVolumeClaim>(client, &scope),
+            resources::scoped_api::<PersistentVolumeClaim>(client, scope.as_deref()),
             claims.clone(),
             scope.clone(),
             resources::claim_facts,
@@ -75,7 +75,7 @@ pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
         ));
         streams.push(kind(
             Kind::Jobs,
-            owners(client, &scope, &resources::job_resource()),
+            resources::owner_api(client, scope.as_deref(), &resources::job_resource()),
             watcher::Config::default(),
             scope.clone(),
             resources::job_entry,
@@ -83,7 +83,7 @@ pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
         ));
         streams.push(kind(
             Kind::Runs,
-            owners(client, &scope, &resources::run_resource()),
+            resources::owner_api(client, scope.as_deref(), &resources::run_resource()),
             watcher::Config::default(),
             scope.clone(),
             resources::run_entry,
@@ -91,14 +91,14 @@ pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
         ));
         streams.push(optional_kind(
             Kind::TaskRuns,
-            owners(client, &scope, &resources::task_run_resource()),
+            resources::owner_api(client, scope.as_deref(), &resources::task_run_resource()),
             scope.clone(),
             |run| TaskRunEntry(resources::task_run_entry(run)),
             Update::TaskRun,
         ));
         streams.push(kind(
             Kind::Pods,
-            typed::<resources::PodVolumes>(client, &scope),
+            resources::scoped_api::<resources::PodVolumes>(client, scope.as_deref()),
             watcher::Config::default(),
             scope.clone(),
             resources::pod_entry,
@@ -107,7 +107,7 @@ pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
         if quotas {
             streams.push(kind(
                 Kind::Quotas,
-                typed::<ResourceQuota>(client, &scope),
+                resources::scoped_api::<ResourceQuota>(client, scope.as_deref()),
                 watcher::Config::default(),
                 scope.clone(),
                 resources::quota_entry,
@@ -176,24 +176,6 @@ fn namespaces(client: &Client) -> BoxStream<'static, Item> {
     )
 }
 
-fn typed<K>(client: &Client, scope: &Scope) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    match scope {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    }
-}
-
-fn owners(client: &Client, scope: &Scope, resource: &ApiResource) -> Api<OwnerObject> {
-    match scope {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
-        None => Api::all_with(client.clone(), resource),
-    }
-}
-
 /// One kind's watch, converted to cache updates as objects arrive.
 fn kind<K, E>(
     name: Kind,
@@ -207,23 +189,18 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     E: Send + 'static,
 {
-    after_floor(
-        name,
-        Client::from(api.clone()),
-        scope.clone(),
-        move |mut progress| {
-            let scope = scope.clone();
-            watch(name, api.clone(), config.clone())
-                .default_backoff()
-                .flat_map(move |event| {
-                    stream::iter(match event {
-                        Ok(event) => progress.updates(event, &scope, convert, wrap),
-                        Err(error) => vec![Err((name, error))],
-                    })
+    let client = Client::from(api.clone());
+    after_floor(name, client, scope.clone(), move |mut progress| {
+        watch(name, api, config)
+            .default_backoff()
+            .flat_map(move |event| {
+                stream::iter(match event {
+                    Ok(event) => progress.updates(event, &scope, convert, wrap),
+                    Err(error) => vec![Err((name, error))],
                 })
-                .boxed()
-        },
-    )
+            })
+            .boxed()
+    })
 }
 
 /// The kinds whose watches say how far they have delivered ([`Update::Delivered`]): what the
@@ -238,19 +215,22 @@ fn after_floor(
     name: Kind,
     client: Client,
     scope: Scope,
-    mut events: impl FnMut(Progress) -> BoxStream<'static, Item> + Send + 'static,
+    events: impl FnOnce(Progress) -> BoxStream<'static, Item> + Send + 'static,
 ) -> BoxStream<'static, Item> {
     stream::once(async move {
-        if !PROVEN.contains(&name) {
-            return 0;
-        }
-        let metrics = crate::observe::metrics::Metrics::register(&mut Default::default());
-        match progress::revision(&client, name, &scope, &metrics).await {
+        // Not counted: a failure leaves the floor at 0, and the watch's own list fails and is
+        // counted.
+        let floor = match PROVEN.contains(&name) {
+            true => progress::revision(&client, name, &scope, None).await,
+            false => Found::No,
+        };
+        let floor = match floor {
             Found::Yes(revision) => revision,
             _ => 0,
-        }
+        };
+        events(Progress::of(name, floor))
     })
-    .flat_map(move |floor| events(Progress::of(name, floor)))
+    .flatten()
     .boxed()
 }
 
@@ -320,45 +300,38 @@ fn optional_kind<E: Send + 'static>(
     convert: fn(&OwnerObject) -> E,
     wrap: fn(Change<E>) -> Update,
 ) -> BoxStream<'static, Item> {
-    after_floor(
-        name,
-        Client::from(api.clone()),
-        scope.clone(),
-        move |mut progress| {
-            let scope = scope.clone();
-            let mut absent = false;
-            watch(name, api.clone(), watcher::Config::default())
-        .backoff(PatientBackoff::default())
-        .flat_map(move |event| {
-            stream::iter(match event {
-                // A streamed list starts as a watch, so its 404 comes as the watch's.
-                Err(
-                    watcher::Error::InitialListFailed(error)
-                    | watcher::Error::WatchStartFailed(error),
-                ) if resources::is_not_found(&error) => {
-                    if !absent {
-                        absent = true;
-                        info!(
-                            kind = name.as_str(),
-                            "the CRD is not installed: no such objects exist; checking again with backoff"
-                        );
-                    }
-                    vec![Ok(wrap(Change::InitDone(scope.clone())))]
+    let client = Client::from(api.clone());
+    after_floor(name, client, scope.clone(), move |mut progress| {
+        let mut absent = false;
+        let mut items = move |event| match event {
+            // A streamed list starts as a watch, so its 404 comes as the watch's.
+            Err(
+                watcher::Error::InitialListFailed(error) | watcher::Error::WatchStartFailed(error),
+            ) if resources::is_not_found(&error) => {
+                if !absent {
+                    absent = true;
+                    info!(
+                        kind = name.as_str(),
+                        "the CRD is not installed: no such objects exist; checking again with backoff"
+                    );
                 }
-                Ok(event) => {
-                    // A paged list reports `Init` before every attempt, so only what follows
-                    // it shows the kind is served.
-                    if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
-                        info!(kind = name.as_str(), "the CRD is installed now");
-                    }
-                    progress.updates(event, &scope, convert, wrap)
+                vec![Ok(wrap(Change::InitDone(scope.clone())))]
+            }
+            Ok(event) => {
+                // A paged list reports `Init` before every attempt, so only what follows it
+                // shows the kind is served.
+                if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
+                    info!(kind = name.as_str(), "the CRD is installed now");
                 }
-                Err(error) => vec![Err((name, error))],
-            })
-        })
-        .boxed()
-        },
-    )
+                progress.updates(event, &scope, convert, wrap)
+            }
+            Err(error) => vec![Err((name, error))],
+        };
+        watch(name, api, watcher::Config::default())
+            .backoff(PatientBackoff::default())
+            .flat_map(move |event| stream::iter(items(event)))
+            .boxed()
+    })
 }
 
 /// A kind's watcher. Its initial list, and every re-list, streams as watch events

@@ -847,9 +847,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // A small namespace is listed: the LISTs cost little and answer in milliseconds, where
         // a proof round takes a second or two for a quiet kind.
         let large = self.read_index().namespace_size(&key.namespace) >= PROVE_FROM;
-        let proven = match large {
-            true => self.prove_fresh(&key.namespace).await,
-            false => None,
+        let proven = if large {
+            self.prove_fresh(&key.namespace).await
+        } else {
+            None
         };
         let read = async {
             let (live, read_at) = match proven {
@@ -933,7 +934,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.proofs
             .prove(&scope, || async {
                 let read_at = Instant::now();
-                let kinds = PROVEN.map(|kind| self.prove_kind(kind, &scope, read_at));
+                let kinds = PROVEN.map(|kind| self.prove_kind(kind, &scope));
                 let proven = tokio::time::timeout(PROOF_BOUND, futures::future::join_all(kinds));
                 let proven = proven.await.is_ok_and(|kinds| kinds.into_iter().all(|k| k));
                 proven.then_some(read_at)
@@ -943,7 +944,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
 
     /// Whether the cache holds every change of `kind` in `scope` up to its current
     /// resourceVersion, as `daemon::proof` proves it.
-    async fn prove_kind(&self, kind: Kind, scope: &Scope, started: Instant) -> bool {
+    async fn prove_kind(&self, kind: Kind, scope: &Scope) -> bool {
         let revision = match self.cluster.revision(kind, scope, &self.metrics).await {
             Found::Yes(revision) => revision,
             // Not served: no such object exists; one the cache still holds only keeps claims.
@@ -956,13 +957,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if from >= revision {
             return true;
         }
-        let bound = PROOF_BOUND.saturating_sub(started.elapsed());
         let span = (from, revision);
-        let Some(changes) = (self
-            .cluster
-            .changes(kind, scope, span, bound, &self.metrics))
-        .await
-        else {
+        let Some(changes) = (self.cluster.changes(kind, scope, span, &self.metrics)).await else {
             return false;
         };
         // The watch delivers the same changes, moments later; the caller's bound ends the wait.
@@ -1385,20 +1381,14 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
-    use crate::cluster::cache::TaskRunEntry;
     use crate::daemon::cap_ledger::Ledger;
-    use crate::decide::facts::{JobEntry, PodEntry, RunEntry};
+    use crate::decide::facts::PodEntry;
     use crate::decide::namespace::Ignored;
     use crate::decide::quota::{Pressure, QuotaEntry};
 
     /// A synced index holding `claims` and `pods`, as the watches would leave it.
     fn synced(claims: &[ClaimFacts], pods: &[PodEntry]) -> Index {
-        let mut index = Index::default();
-        index.update(Update::Claim(Change::InitDone(None)));
-        index.update(Update::Job(Change::<JobEntry>::InitDone(None)));
-        index.update(Update::Run(Change::<RunEntry>::InitDone(None)));
-        index.update(Update::TaskRun(Change::<TaskRunEntry>::InitDone(None)));
-        index.update(Update::Pod(Change::<PodEntry>::InitDone(None)));
+        let mut index = Index::listed_empty();
         for claim in claims {
             index.update(Update::Claim(Change::Apply(claim.clone())));
         }
@@ -1471,7 +1461,6 @@ mod tests {
             _: Kind,
             _: &Scope,
             _: (u64, u64),
-            _: Duration,
             _: &Metrics,
         ) -> Option<Vec<crate::cluster::progress::Delivery>> {
             None

@@ -48,13 +48,12 @@ pub trait Cluster: Send + Sync + 'static {
     ) -> impl Future<Output = Found<u64>> + Send;
 
     /// The last change of each object of a kind in a watch scope after resourceVersion
-    /// `span.0`, up to `span.1` at least; `None` when they cannot be told within `bound`.
+    /// `span.0`, up to `span.1` at least; `None` when they cannot be told.
     fn changes(
         &self,
         kind: Kind,
         scope: &Scope,
         span: (u64, u64),
-        bound: Duration,
         metrics: &Metrics,
     ) -> impl Future<Output = Option<Vec<Delivery>>> + Send;
 
@@ -210,7 +209,7 @@ impl Cluster for KubeCluster {
     }
 
     async fn revision(&self, kind: Kind, scope: &Scope, metrics: &Metrics) -> Found<u64> {
-        progress::revision(&self.client, kind, scope, metrics).await
+        progress::revision(&self.client, kind, scope, Some(metrics)).await
     }
 
     async fn changes(
@@ -218,10 +217,9 @@ impl Cluster for KubeCluster {
         kind: Kind,
         scope: &Scope,
         span: (u64, u64),
-        bound: Duration,
         metrics: &Metrics,
     ) -> Option<Vec<Delivery>> {
-        progress::changes(&self.client, kind, scope, span, bound, metrics).await
+        progress::changes(&self.client, kind, scope, span, metrics).await
     }
 
     async fn claim_state(&self, claim: &ObjectKey, metrics: &Metrics) -> Found<(String, bool)> {

@@ -307,15 +307,10 @@ mod tests {
 
     #[test]
     fn a_recording_answers_what_was_asked_and_nothing_else() {
-        use crate::cluster::cache::{Change, Index, TaskRunEntry, Update};
+        use crate::cluster::cache::{Change, Index, Update};
         use crate::decide::facts::PodEntry;
         let claim = ClaimFacts::example("build-workspace");
-        let mut index = Index::default();
-        index.update(Update::Claim(Change::InitDone(None)));
-        index.update(Update::Job(Change::<JobEntry>::InitDone(None)));
-        index.update(Update::Run(Change::<RunEntry>::InitDone(None)));
-        index.update(Update::TaskRun(Change::<TaskRunEntry>::InitDone(None)));
-        index.update(Update::Pod(Change::<PodEntry>::InitDone(None)));
+        let mut index = Index::listed_empty();
         index.update(Update::Pod(Change::Apply(PodEntry {
             key: ObjectKey::new(&claim.key.namespace, "build-pod"),
             phase: Some("Running".into()),
