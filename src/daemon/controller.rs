@@ -50,8 +50,8 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// or a run started after the re-check can go unseen by the delete.
 pub const LIVE_BOUND: Duration = Duration::from_secs(5);
 /// The cached runs and pods in a claim's namespace from which its re-check proves the cache
-/// fresh (`daemon::proof`) instead of listing the namespace: about 100 KiB of LIST bytes for
-/// one round of reads of about 2 KiB and a second or two.
+/// fresh (`daemon::proof`) instead of listing the namespace: below it the LISTs are small and
+/// answer at once, where a round costs a second or two when a kind is quiet.
 const PROVE_FROM: usize = 100;
 /// How often a proof waiting for the watches to deliver what a replay found looks again.
 const CATCH_UP_POLL: Duration = Duration::from_millis(20);
@@ -841,11 +841,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// [`LIVE_BOUND`].
     async fn confirm(&self, claim: &ClaimFacts, cause: Cause) -> Result<Confirmed, Failure> {
         let key = &claim.key;
-        // Whatever may protect the claim is read live: a watch can go silent without an error
-        // (a wedged API server, a dead connection) and its cache would miss a pod or a run
-        // started since (tests/faults.rs, silently_stalled_watch_does_not_hide_a_new_user).
-        // A small namespace is listed: the LISTs cost little and answer in milliseconds, where
-        // a proof round takes a second or two for a quiet kind.
+        // Whatever may protect the claim is read from a cache proven fresh, or live: a watch
+        // can go silent without an error (a wedged API server, a dead connection) and its cache
+        // would miss a pod or a run started since (tests/faults.rs,
+        // silently_stalled_watch_does_not_hide_a_new_user). A small namespace is listed
+        // (`PROVE_FROM`).
         let large = self.read_index().namespace_size(&key.namespace) >= PROVE_FROM;
         let proven = if large {
             self.prove_fresh(&key.namespace).await
@@ -1015,7 +1015,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         // Not deleted by this DELETE (refused, or gone already: someone else deleted it): the
         // volume must not qualify. Unanswered, it may have been: the mark stays.
-        // Carried out, or it may have been.
         let carried_out = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
         if let (Some(marked), false) = (&marked, carried_out) {
             self.cluster.unmark_volume(marked, &self.metrics).await;
