@@ -3,7 +3,7 @@
 //! kube-controller-manager, with its verb, resource, namespace, user agent and the instant the
 //! server received it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::Result;
@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 
 use crate::audit_log;
 use crate::cluster::{DAEMON_USER, KCM_USER, SWEEP_USER};
+use crate::results::Counts;
 
 pub fn policy() -> String {
     format!(
@@ -58,40 +59,6 @@ pub fn read(path: &Path) -> Result<Vec<Request>> {
         });
     }
     Ok(out)
-}
-
-/// Requests matching `filter` received within `[from, to)`, counted by verb and by
-/// `verb resource`.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct Counts {
-    pub by_verb: BTreeMap<String, u64>,
-    pub by_verb_resource: BTreeMap<String, u64>,
-    /// LIST requests scoped to one namespace (the live re-check's pod lists).
-    pub namespaced_lists: u64,
-    /// LIST requests across all namespaces (initial lists, watch re-lists, sweeps).
-    pub cluster_lists: u64,
-    /// Answers of 400 and above, by `verb resource code` (a GET of a deleted owner is a 404).
-    pub errors: BTreeMap<String, u64>,
-    pub total: u64,
-}
-
-impl Counts {
-    pub fn verb(&self, verb: &str) -> u64 {
-        self.by_verb.get(verb).copied().unwrap_or(0)
-    }
-
-    /// Requests with `verb` on Leases (leader election).
-    pub fn lease(&self, verb: &str) -> u64 {
-        self.by_verb_resource
-            .get(&format!("{verb} leases"))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Requests other than watches (a watch is one long-lived request per kind).
-    pub fn non_watch(&self) -> u64 {
-        self.total - self.verb("watch")
-    }
 }
 
 pub fn count(

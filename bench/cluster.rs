@@ -16,6 +16,7 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 
+use crate::results::ProcSample;
 use crate::script;
 
 /// The user names the contenders authenticate as (the CN of their client certificates). The
@@ -351,14 +352,6 @@ pub fn signal(pid: u32, signal: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-}
-
-/// What /proc says about a process: peak and current resident memory, CPU seconds.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct ProcSample {
-    pub hwm_kib: u64,
-    pub rss_kib: u64,
-    pub cpu_s: f64,
 }
 
 pub fn sample(pid: u32) -> Option<ProcSample> {

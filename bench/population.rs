@@ -34,6 +34,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams
 use serde_json::{Value, json};
 use workspace_gc::cluster::resources::{job_resource, run_resource};
 
+use crate::results::EventKind;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum State {
     Running,
@@ -491,14 +493,6 @@ fn pod(name: &str, run: &str, task: &str, claim: &str) -> Pod {
 }
 
 // --- deadline events ---------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum EventKind {
-    /// The claim's owner (its job, named in ownerReferences) is deleted: due at once.
-    OwnerDeleted,
-    /// The job finishes now; the claim is due `ttl` after the recorded completion time.
-    TtlPassed,
-}
 
 /// A claim the benchmark made due, and when.
 #[derive(Debug, Clone, serde::Serialize)]

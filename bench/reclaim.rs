@@ -26,6 +26,7 @@ mod cluster;
 mod observe;
 mod population;
 mod report;
+mod results;
 // From the test kit (tests/support), one definition for the tests and the benchmark: the audit
 // log, a process's HTTP endpoints and metrics, scripts/control-plane, and the percentile.
 // The benchmark counts requests; what only the tests read of a record is unused here.
@@ -50,10 +51,10 @@ use chrono::{DateTime, Utc};
 use kube::Client;
 use tokio::io::AsyncBufReadExt;
 
-use crate::audit::Counts;
-use crate::cluster::{ControlPlane, DAEMON_USER, KCM_USER, ProcSample, SWEEP_USER};
+use crate::cluster::{ControlPlane, DAEMON_USER, KCM_USER, SWEEP_USER};
 use crate::observe::Observer;
-use crate::population::{Build, EventKind, Plan, State, Target};
+use crate::population::{Build, Plan, State, Target};
+use crate::results::{Contender, Counts, EventKind, ProcSample, Role, Run, SizeResult, Steady};
 
 /// The benchmark's options (`cargo bench --bench reclaim -- --help`).
 #[derive(Debug, Clone, serde::Serialize, clap::Parser)]
@@ -115,6 +116,10 @@ pub struct Options {
     /// LABEL,PATH[,KEY=VALUE...].
     #[arg(long = "churn-compare", value_parser = daemon_spec)]
     pub churn_compare: Vec<DaemonSpec>,
+    /// Render the report from the figures of an earlier run (its JSON in
+    /// target/bench-reclaim/) instead of measuring.
+    #[arg(long, value_name = "JSON")]
+    pub report_from: Option<PathBuf>,
 }
 
 fn positive_count(text: &str) -> Result<usize, String> {
@@ -217,96 +222,6 @@ impl Options {
     }
 }
 
-/// One contender's figures for one size.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct Contender {
-    pub name: String,
-    pub role: Role,
-    /// From process start to /readyz (daemon) or to the end of the first sweep (janitor).
-    pub ready_s: Option<f64>,
-    /// (kind, lag in seconds or None if not reclaimed in the window).
-    pub lags: Vec<(EventKind, Option<f64>)>,
-    /// Requests from start to ready.
-    pub sync: Counts,
-    /// Requests from ready (or the first event) to the end of the phase.
-    pub steady: Counts,
-    /// For the garbage-collector phase: PVC protection's requests, reported apart.
-    pub other: Option<(String, Counts)>,
-    /// Bytes the API server returned to LIST requests from ready to the end of the phase.
-    pub list_bytes: f64,
-    /// The same, from start to ready (the initial lists).
-    pub sync_list_bytes: f64,
-    pub at_ready: Option<ProcSample>,
-    pub at_end: Option<ProcSample>,
-    /// Objects held in the contender's caches (the daemon's metric), or in the cluster.
-    pub tracked: Option<u64>,
-    pub apiserver_cpu_s: f64,
-    pub etcd_cpu_s: f64,
-    pub window_s: f64,
-    pub unexpected_deletions: usize,
-    pub notes: Vec<String>,
-    /// The janitor's sweeps: (list seconds, whole sweep seconds).
-    pub sweeps: Vec<(f64, f64)>,
-    /// Claims coming due one at a time, after the burst.
-    pub churn: Option<Steady>,
-    /// Nothing due, after the churn.
-    pub idle: Option<Steady>,
-    /// Measured in the churn alone, to compare another build of workspace-gc with this one.
-    pub churn_only: bool,
-}
-
-/// A contender's cost over a window of steady churn or idleness.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct Steady {
-    pub window_s: f64,
-    /// (kind, lag in seconds or None if not reclaimed in the window).
-    pub lags: Vec<(EventKind, Option<f64>)>,
-    pub requests: Counts,
-    pub list_bytes: f64,
-    pub apiserver_cpu_s: f64,
-    pub etcd_cpu_s: f64,
-    /// The contender's own CPU seconds in the window.
-    pub cpu_s: Option<f64>,
-    pub at_end: Option<ProcSample>,
-}
-
-impl Steady {
-    pub fn reclaimed(&self) -> usize {
-        self.lags.iter().filter(|(_, lag)| lag.is_some()).count()
-    }
-}
-
-impl Contender {
-    pub fn reclaimed(&self) -> usize {
-        self.lags.iter().filter(|(_, lag)| lag.is_some()).count()
-    }
-}
-
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct SizeResult {
-    pub n: usize,
-    pub namespaces: usize,
-    pub events: usize,
-    pub states: Vec<(String, usize)>,
-    pub pods_per_build: usize,
-    /// Whether the baselines, churn and idle phases ran at this size.
-    pub full: bool,
-    pub control_plane_s: f64,
-    pub create_s: f64,
-    pub create_requests: usize,
-    pub create_objects: usize,
-    pub etcd_bytes: u64,
-    pub etcd_db_bytes: u64,
-    /// Events per second per kind actually used: at most --rate, and spread over at least one
-    /// sweep interval, so the janitor's lag is not biased by where its cycle happens to be.
-    pub rate: f64,
-    pub load_before: String,
-    pub load_after: String,
-    pub contenders: Vec<Contender>,
-    pub versions: Vec<(String, String)>,
-    pub total_s: f64,
-}
-
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -317,29 +232,39 @@ fn main() -> Result<()> {
     }
     let options =
         <Options as clap::Parser>::parse_from(std::iter::once("reclaim".to_owned()).chain(args));
+    if let Some(saved) = &options.report_from {
+        let text = std::fs::read_to_string(saved)
+            .with_context(|| format!("reading {}", saved.display()))?;
+        let run: Run = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a benchmark run", saved.display()))?;
+        return write_report(&options, &run);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let started = Utc::now();
-    let mut results = Vec::new();
+    let mut run = report::start(&options, Utc::now());
+    let stem = options
+        .out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "results".into());
+    let raw = cluster::root().join(format!("target/bench-reclaim/{stem}.json"));
+    if let Some(dir) = raw.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     for &n in &options.sizes {
         eprintln!("bench: === N = {n} ===");
-        let result = runtime.block_on(run_size(n, &options))?;
-        let stem = options
-            .out
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "results".into());
-        let raw = cluster::root().join(format!("target/bench-reclaim/{stem}-{n}.json"));
-        if let Some(dir) = raw.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(&raw, serde_json::to_string_pretty(&result)?)?;
-        eprintln!("bench: raw results in {}", raw.display());
-        results.push(result);
+        run.sizes.push(runtime.block_on(run_size(n, &options))?);
+        // After every size, so that a later failure keeps what was measured.
+        std::fs::write(&raw, serde_json::to_string_pretty(&run)?)?;
+        eprintln!("bench: figures so far in {}", raw.display());
     }
-    let text = report::render(&options, &results, started);
-    std::fs::write(&options.out, &text)?;
+    write_report(&options, &run)
+}
+
+fn write_report(options: &Options, run: &Run) -> Result<()> {
+    std::fs::write(&options.out, report::render(run))
+        .with_context(|| format!("writing {}", options.out.display()))?;
     eprintln!("bench: wrote {}", options.out.display());
     Ok(())
 }
@@ -466,15 +391,6 @@ async fn run_phases(
     };
     body.await?;
     Ok(result)
-}
-
-/// Which kind of contender a column is.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Role {
-    #[default]
-    Daemon,
-    Sweep,
-    Gc,
 }
 
 /// A workspace-gc binary to measure: the one built with this benchmark, or a variant.
