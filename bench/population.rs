@@ -21,20 +21,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    Pod, PodSpec, ServiceAccount, Volume, VolumeMount, VolumeResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use workspace_gc::cluster::resources::{job_resource, run_resource};
 
 use crate::results::EventKind;
+use crate::shapes::{OPERATOR_CLAIM_LABELS, claim_spec, pod_spec, succeeded_condition, timestamp};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum State {
@@ -169,10 +166,6 @@ impl Plan {
     }
 }
 
-fn ts(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
 /// Retries a request a few times on errors a loaded 2-core API server may return.
 async fn retry<T, F, Fut>(what: &str, mut f: F) -> Result<T>
 where
@@ -303,7 +296,7 @@ async fn create_build(client: &Client, build: &Build, pod_count: usize) -> Resul
         (State::Validating | State::Owned, Some(at)) => json!({
             "phase": "ValidationRunning",
             "buildStatus": { "phase": "Complete", "buildName": run_name, "strategy": "tekton",
-                             "completionTime": ts(at) },
+                             "completionTime": timestamp(at) },
         }),
         (State::Kept, Some(at)) => {
             let succeeded = outcome.0 == "True";
@@ -314,10 +307,10 @@ async fn create_build(client: &Client, build: &Build, pod_count: usize) -> Resul
             };
             json!({
                 "phase": if succeeded { "Succeeded" } else { "Failed" },
-                "completionTime": ts(done),
+                "completionTime": timestamp(done),
                 "buildStatus": { "phase": if succeeded { "Complete" } else { "Failed" },
                                  "buildName": run_name, "strategy": "tekton",
-                                 "completionTime": ts(at) },
+                                 "completionTime": timestamp(at) },
             })
         }
     };
@@ -345,31 +338,24 @@ async fn create_build(client: &Client, build: &Build, pod_count: usize) -> Resul
         None => {
             let now = Utc::now();
             json!({
-                "startTime": ts(now - chrono::Duration::minutes(1)),
-                "conditions": [condition("Unknown", "Running", now)],
+                "startTime": timestamp(now - chrono::Duration::minutes(1)),
+                "conditions": [succeeded_condition("Unknown", "Running", now)],
             })
         }
         Some(at) => json!({
-            "startTime": ts(at - chrono::Duration::minutes(5)),
-            "completionTime": ts(at),
-            "conditions": [condition(outcome.0, outcome.1, at)],
+            "startTime": timestamp(at - chrono::Duration::minutes(5)),
+            "completionTime": timestamp(at),
+            "conditions": [succeeded_condition(outcome.0, outcome.1, at)],
         }),
     };
     let patch = Patch::Merge(json!({ "status": status }));
     retry("run status", || runs.patch_status(&run_name, &pa, &patch)).await?;
 
     // The claim, as the operator makes it (plus an owner reference or keep annotation).
-    let mut labels = BTreeMap::new();
-    for (k, v) in [
-        (
-            "app.kubernetes.io/managed-by",
-            "jupyter-notebook-validator-operator",
-        ),
-        ("app.kubernetes.io/component", "tekton-build"),
-        ("mlops.redhat.com/build-workspace", "true"),
-    ] {
-        labels.insert(k.to_owned(), v.to_owned());
-    }
+    let labels = OPERATOR_CLAIM_LABELS
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(claim_name.clone()),
@@ -389,17 +375,7 @@ async fn create_build(client: &Client, build: &Build, pod_count: usize) -> Resul
             }),
             ..ObjectMeta::default()
         },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity("1Gi".into()),
-                )])),
-                ..VolumeResourceRequirements::default()
-            }),
-            ..PersistentVolumeClaimSpec::default()
-        }),
+        spec: Some(claim_spec(None)),
         status: None,
     };
     retry("create claim", || claims.create(&pp, &claim)).await?;
@@ -433,16 +409,6 @@ async fn create_build(client: &Client, build: &Build, pod_count: usize) -> Resul
     Ok(5 + 2 * pod_count)
 }
 
-fn condition(status: &str, reason: &str, at: DateTime<Utc>) -> Value {
-    json!({
-        "type": "Succeeded",
-        "status": status,
-        "reason": reason,
-        "message": format!("PipelineRun {reason}"),
-        "lastTransitionTime": ts(at),
-    })
-}
-
 fn pod(name: &str, run: &str, task: &str, claim: &str) -> Pod {
     let mut labels = BTreeMap::from([
         ("tekton.dev/pipelineRun".to_owned(), run.to_owned()),
@@ -466,28 +432,7 @@ fn pod(name: &str, run: &str, task: &str, claim: &str) -> Pod {
             labels: Some(labels),
             ..ObjectMeta::default()
         },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "step".into(),
-                image: Some("registry.example.com/notebook-build:latest".into()),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: "ws".into(),
-                    mount_path: "/workspace/shared".into(),
-                    ..VolumeMount::default()
-                }]),
-                ..Container::default()
-            }],
-            volumes: Some(vec![Volume {
-                name: "ws".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim.to_owned(),
-                    read_only: None,
-                }),
-                ..Volume::default()
-            }]),
-            restart_policy: Some("Never".into()),
-            ..PodSpec::default()
-        }),
+        spec: Some(pod_spec(&[claim.to_owned()], None)),
         status: None,
     }
 }
@@ -529,7 +474,7 @@ pub async fn fire(
                     let at = DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
                     let patch = Patch::Merge(json!({ "status": {
                         "phase": "Succeeded",
-                        "completionTime": ts(at),
+                        "completionTime": timestamp(at),
                     }}));
                     jobs.patch_status(&build.job, &PatchParams::default(), &patch)
                         .await

@@ -27,8 +27,10 @@ mod observe;
 mod population;
 mod report;
 mod results;
+mod statistics;
 // From the test kit (tests/support), one definition for the tests and the benchmark: the audit
-// log, a process's HTTP endpoints and metrics, scripts/control-plane, and the percentile.
+// log, a process's HTTP endpoints and metrics, scripts/control-plane, the objects' shapes, and
+// the percentile.
 // The benchmark counts requests; what only the tests read of a record is unused here.
 #[allow(dead_code)]
 #[path = "../tests/support/audit_log.rs"]
@@ -37,9 +39,12 @@ mod audit_log;
 mod scrape;
 #[path = "../tests/support/script.rs"]
 mod script;
+#[path = "../tests/support/shapes.rs"]
+mod shapes;
 #[path = "../tests/support/stats.rs"]
 mod stats;
 mod sweep;
+mod targets;
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -102,8 +107,9 @@ pub struct Options {
     /// Sizes from this one on are built lean: one pod per build.
     #[arg(long, value_parser = positive_count)]
     pub lean_from: Option<usize>,
-    /// Sizes above this one measure workspace-gc's burst alone: no baselines, churn or idle.
-    #[arg(long, value_parser = positive_count, default_value = "10000")]
+    /// Sizes above this one measure workspace-gc's burst alone: no baselines, churn or idle
+    /// (0: at every size).
+    #[arg(long, default_value = "10000")]
     pub full_up_to: usize,
     /// Claims coming due one at a time, as RATE,SECONDS (claims per second, seconds), per
     /// contender.

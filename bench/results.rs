@@ -105,6 +105,22 @@ impl Steady {
     }
 }
 
+impl SizeResult {
+    /// The first workspace-gc measured at this size (a churn-only comparison is not one).
+    pub fn daemon(&self) -> Option<&Contender> {
+        self.contenders
+            .iter()
+            .find(|c| c.role == Role::Daemon && !c.churn_only)
+    }
+
+    /// A contender of `role`, other than workspace-gc's churn-only comparisons.
+    pub fn baseline(&self, role: Role) -> Option<&Contender> {
+        self.contenders
+            .iter()
+            .find(|c| c.role == role && !c.churn_only)
+    }
+}
+
 impl Contender {
     pub fn reclaimed(&self) -> usize {
         self.lags.iter().filter(|(_, lag)| lag.is_some()).count()

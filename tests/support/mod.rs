@@ -2,8 +2,8 @@
 //! builders for the objects workspace-gc reads. Included by integration tests with `mod support;`.
 //! A few files depend on nothing else here and are shared with the benchmark, which includes
 //! them with `#[path]` (bench/reclaim.rs): audit_log.rs (the API server's audit log), scrape.rs
-//! (a process's HTTP endpoints and metrics), script.rs (scripts/control-plane up and down) and
-//! stats.rs (the one percentile; the soak includes
+//! (a process's HTTP endpoints and metrics), script.rs (scripts/control-plane up and down),
+//! shapes.rs (the objects' specs, labels and conditions) and stats.rs (the one percentile; the soak includes
 //! it the same way, so that its unit tests run once, in the soak's binary).
 // Each test binary compiles this module but uses only part of it.
 #![allow(dead_code)]
@@ -25,6 +25,7 @@ mod proxy;
 mod replicas;
 mod scrape;
 mod script;
+mod shapes;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]

@@ -5,12 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
-use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    Pod, PodSpec, Volume, VolumeMount, VolumeResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use chrono::{DateTime, Duration, Utc};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
@@ -18,19 +14,8 @@ use kube::api::{
 use serde_json::{Value, json};
 
 use super::TestNamespace;
-
-/// The label that marks a claim as a build workspace.
-pub const BUILD_WORKSPACE_LABEL: &str = "mlops.redhat.com/build-workspace";
-
-/// The labels the operator puts on every build-workspace claim.
-const OPERATOR_CLAIM_LABELS: [(&str, &str); 3] = [
-    (
-        "app.kubernetes.io/managed-by",
-        "jupyter-notebook-validator-operator",
-    ),
-    ("app.kubernetes.io/component", "tekton-build"),
-    (BUILD_WORKSPACE_LABEL, "true"),
-];
+pub use super::shapes::BUILD_WORKSPACE_LABEL;
+use super::shapes::{OPERATOR_CLAIM_LABELS, claim_spec, pod_spec, succeeded_condition, timestamp};
 
 /// `mlops.mlops.dev/v1alpha1` `NotebookValidationJob` (tests/crds).
 pub fn notebook_validation_job_resource() -> ApiResource {
@@ -54,11 +39,6 @@ pub fn task_run_resource() -> ApiResource {
         &GroupVersionKind::gvk("tekton.dev", "v1", "TaskRun"),
         "taskruns",
     )
-}
-
-/// Kubernetes writes times in RFC 3339 with whole seconds and `Z`.
-fn timestamp(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 /// Creates a custom object, then writes `status` (if any) through the status subresource: the
@@ -224,7 +204,7 @@ impl PipelineRunBuilder {
     pub fn pending(mut self) -> Self {
         self.pending = true;
         self.status = Some(json!({
-            "conditions": [condition("Unknown", "PipelineRunPending", Utc::now())],
+            "conditions": [succeeded_condition("Unknown", "PipelineRunPending", Utc::now())],
         }));
         self
     }
@@ -234,7 +214,7 @@ impl PipelineRunBuilder {
         let now = Utc::now();
         self.status = Some(json!({
             "startTime": timestamp(now - Duration::minutes(1)),
-            "conditions": [condition("Unknown", "Running", now)],
+            "conditions": [succeeded_condition("Unknown", "Running", now)],
         }));
         self
     }
@@ -256,7 +236,7 @@ impl PipelineRunBuilder {
         self.status = Some(json!({
             "startTime": timestamp(at - Duration::minutes(5)),
             "completionTime": timestamp(at),
-            "conditions": [condition(outcome, reason, at)],
+            "conditions": [succeeded_condition(outcome, reason, at)],
         }));
         self
     }
@@ -284,16 +264,6 @@ impl PipelineRunBuilder {
         }
         create_dynamic(ns, &resource, &self.name, self.labels, spec, self.status).await
     }
-}
-
-fn condition(status: &str, reason: &str, at: DateTime<Utc>) -> Value {
-    json!({
-        "type": "Succeeded",
-        "status": status,
-        "reason": reason,
-        "message": format!("PipelineRun {reason}"),
-        "lastTransitionTime": timestamp(at),
-    })
 }
 
 /// A `PersistentVolumeClaim` (ReadWriteOnce, 1Gi, no storage class). No provisioner runs, so it
@@ -400,18 +370,7 @@ impl ClaimBuilder {
                 owner_references: Some(self.owner_references).filter(|r| !r.is_empty()),
                 ..ObjectMeta::default()
             },
-            spec: Some(PersistentVolumeClaimSpec {
-                access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-                resources: Some(VolumeResourceRequirements {
-                    requests: Some(BTreeMap::from([(
-                        "storage".to_owned(),
-                        Quantity("1Gi".to_owned()),
-                    )])),
-                    ..VolumeResourceRequirements::default()
-                }),
-                storage_class_name: self.storage_class,
-                ..PersistentVolumeClaimSpec::default()
-            }),
+            spec: Some(claim_spec(self.storage_class)),
             status: None,
         };
         let api = ns.api::<PersistentVolumeClaim>();
@@ -486,46 +445,13 @@ impl PodBuilder {
     }
 
     pub async fn create(self, ns: &TestNamespace) -> Pod {
-        let volume_name = |i: usize| format!("claim-{i}");
         let pod = Pod {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 labels: Some(self.labels).filter(|l| !l.is_empty()),
                 ..ObjectMeta::default()
             },
-            spec: Some(PodSpec {
-                containers: vec![Container {
-                    name: "build".to_owned(),
-                    image: Some("registry.example.com/notebook-build:latest".to_owned()),
-                    volume_mounts: Some(
-                        (0..self.claims.len())
-                            .map(|i| VolumeMount {
-                                name: volume_name(i),
-                                mount_path: format!("/workspace/{i}"),
-                                ..VolumeMount::default()
-                            })
-                            .collect(),
-                    ),
-                    ..Container::default()
-                }],
-                volumes: Some(
-                    self.claims
-                        .iter()
-                        .enumerate()
-                        .map(|(i, claim)| Volume {
-                            name: volume_name(i),
-                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                                claim_name: claim.clone(),
-                                read_only: None,
-                            }),
-                            ..Volume::default()
-                        })
-                        .collect(),
-                ),
-                restart_policy: Some("Never".to_owned()),
-                node_name: self.node,
-                ..PodSpec::default()
-            }),
+            spec: Some(pod_spec(&self.claims, self.node)),
             status: None,
         };
         let api = ns.api::<Pod>();
