@@ -212,7 +212,8 @@ mod targets_tests {
 
     #[test]
     fn each_figure_past_its_bound_misses_its_own_target_only() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Contender)>)> = vec![
+        type Spoil = Box<dyn Fn(&mut Contender)>;
+        let cases: Vec<(&str, Spoil)> = vec![
             (
                 "memory",
                 Box::new(|d| d.at_end.as_mut().unwrap().hwm_kib = 64 * 1024),
