@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use crate::results::{
     Contender, Counts, EventKind, Machine, Measured, Role, Run, Settings, SizeResult, Steady,
 };
-use crate::statistics::{LagStats, lag_stats, memory_model, reads_per_claim};
+use crate::statistics::{LagStats, group, lag_stats, memory_model, reads_per_claim};
 use crate::targets::{self, Verdict};
 use crate::{Options, cluster};
 
@@ -776,18 +776,6 @@ fn render_steady(out: &mut String, r: &SizeResult, cs: &[&Contender]) {
         });
         out.push('\n');
     }
-}
-
-fn group(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn render_targets(out: &mut String, sizes: &[SizeResult]) {

@@ -1,6 +1,6 @@
-//! Statistics of a run's figures: lag percentiles, costs per reclaimed claim, and the memory
-//! line. Pure; the report (report.rs) and the targets (targets.rs) read the figures through
-//! these. Their unit tests run in tests/bench_figures.rs.
+//! Statistics of a run's figures: lag percentiles, costs per reclaimed claim, the memory line,
+//! and counts as the report writes them. Pure; the report (report.rs) and the targets
+//! (targets.rs) read the figures through these. Their unit tests run in tests/bench_figures.rs.
 
 use crate::results::{Counts, EventKind, SizeResult};
 use crate::stats::percentile;
@@ -99,4 +99,17 @@ pub fn memory_model(sizes: &[SizeResult]) -> Option<MemoryModel> {
         in_flight_bytes: points.iter().map(|p| p.2 - p.1).fold(0.0, f64::max),
         points: [(first.0, first.3), (last.0, last.3)],
     })
+}
+
+/// A count as the report writes it, in groups of three digits: 47,280.
+pub fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

@@ -3,7 +3,7 @@
 //! tests. Why a target is missed is explained in docs/performance.md, where it is kept true.
 
 use crate::results::{Counts, Role, SizeResult, Steady};
-use crate::statistics::{LagStats, lag_stats, per_claim, reads_per_claim};
+use crate::statistics::{LagStats, group, lag_stats, per_claim, reads_per_claim};
 
 /// The size most targets are set at.
 pub const REFERENCE_N: usize = 10_000;
@@ -181,7 +181,7 @@ fn peak_rss_mib(sizes: &[SizeResult]) -> Option<Reading> {
     let peak = d.at_end?.hwm_kib as f64 * 1024.0 / MIB;
     let cached = d
         .tracked
-        .map(|t| format!(" ({t} objects cached)"))
+        .map(|t| format!(" ({} objects cached)", group(t as usize)))
         .unwrap_or_default();
     reading(peak, format!("{peak:.1} MiB{cached}"))
 }
@@ -194,7 +194,7 @@ fn ready_at_largest_s(sizes: &[SizeResult]) -> Option<Reading> {
     } else {
         ""
     };
-    reading(ready, format!("{ready:.2} s at N = {}{lean}", r.n))
+    reading(ready, format!("{ready:.2} s at N = {}{lean}", group(r.n)))
 }
 
 fn burst_lag_p99_s(sizes: &[SizeResult]) -> Option<Reading> {

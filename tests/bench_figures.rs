@@ -66,6 +66,14 @@ mod statistics_tests {
     }
 
     #[test]
+    fn counts_are_written_in_groups_of_three_digits() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(47_280), "47,280");
+        assert_eq!(group(1_234_567), "1,234,567");
+    }
+
+    #[test]
     fn no_lags_have_no_percentiles() {
         let stats = lag_stats(&[(OWNER, None)], None);
         assert_eq!((stats.p50, stats.p99, stats.max), (None, None, None));
