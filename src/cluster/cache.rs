@@ -6,6 +6,7 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
 use std::collections::BTreeMap;
@@ -141,6 +142,9 @@ pub struct Index {
     pods_by_claim: HashMap<ObjectKey, Row<String>>,
     /// Owner UID → the claims whose ownerReferences name it.
     claims_by_owner: HashMap<String, Row<ObjectKey>>,
+    /// Namespace → how many runs (of both kinds) and pods the cache holds there: asked at
+    /// every re-check ([`Index::namespace_size`]), so counted, not scanned.
+    sizes_by_namespace: HashMap<Arc<str>, usize>,
     /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
     delivered: HashMap<(Kind, Scope), u64>,
 }
@@ -178,6 +182,7 @@ impl Index {
             runs_by_claim: HashMap::new(),
             pods_by_claim: HashMap::new(),
             claims_by_owner: HashMap::new(),
+            sizes_by_namespace: HashMap::new(),
             delivered: HashMap::new(),
         }
     }
@@ -238,15 +243,23 @@ impl Index {
     /// How many runs (PipelineRuns and TaskRuns) and pods mounting a claim the cache holds in
     /// `namespace`: what a live LIST of it would carry.
     pub fn namespace_size(&self, namespace: &str) -> usize {
-        let in_namespace = |key: &ObjectKey| &*key.namespace == namespace;
-        let runs = self.runs.values().filter(|e| in_namespace(&e.key)).count();
-        let task_runs = self
-            .task_runs
-            .values()
-            .filter(|e| in_namespace(&e.0.key))
-            .count();
-        let pods = self.pods.values().filter(|e| in_namespace(&e.key)).count();
-        runs + task_runs + pods
+        self.sizes_by_namespace.get(namespace).copied().unwrap_or(0)
+    }
+
+    /// Counts an entry of a kind [`Index::namespace_size`] counts in (or out of) its namespace.
+    fn count(&mut self, key: &ObjectKey, add: bool) {
+        let count = self
+            .sizes_by_namespace
+            .entry(key.namespace.clone())
+            .or_default();
+        if add {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.sizes_by_namespace.remove(&key.namespace);
+            }
+        }
     }
 
     /// Whether the cache holds an object of `kind` under `key`.
@@ -527,8 +540,9 @@ impl Cached for TaskRunEntry {
     }
 }
 
-/// Adds (or removes) a run's rows in the claim → binding runs index.
+/// Adds (or removes) a run's rows in the claim → binding runs index, and counts it.
 fn index_bindings(run: &RunEntry, index: &mut Index, add: bool) {
+    index.count(&run.key, add);
     for claim in &run.claims {
         let claim = sibling(&run.key, claim.clone());
         let row = (run.kind, run.key.name.clone());
@@ -556,6 +570,7 @@ impl Cached for PodEntry {
     }
 
     fn index(&self, index: &mut Index, add: bool) {
+        index.count(&self.key, add);
         for claim in &self.claims {
             let claim = sibling(&self.key, claim.clone());
             set_row(&mut index.pods_by_claim, claim, self.key.name.clone(), add);
@@ -749,6 +764,35 @@ mod tests {
                 .owners
                 .iter()
                 .all(|o| matches!(o.state, OwnerState::Unknown { .. }))
+        );
+    }
+
+    #[test]
+    fn namespace_size_counts_runs_and_pods_through_changes_and_relists() {
+        let mut index = synced();
+        index.apply(Change::Apply(run("r1", &["a"])));
+        index.apply(Change::Apply(run("r1", &["a", "b"])));
+        index.apply(Change::Apply(TaskRunEntry(run("t1", &["a"]))));
+        index.apply(Change::Apply(pod("p1", &["a"], "Running")));
+        index.apply(Change::Apply(pod("p2", &["a"], "Running")));
+        index.apply(Change::Apply(claim("a")));
+        assert_eq!(index.namespace_size("ml"), 4, "a changed run counts once");
+        assert_eq!(index.namespace_size("other"), 0);
+        index.apply::<PodEntry>(Change::Delete(ObjectKey::new("ml", "p1")));
+        index.apply::<PodEntry>(Change::Delete(ObjectKey::new("ml", "p1")));
+        assert_eq!(index.namespace_size("ml"), 3, "a deletion counts once");
+        // A re-list that no longer has the run and the TaskRun drops them.
+        for kind in [Change::Init(None), Change::InitDone(None)] {
+            index.apply::<RunEntry>(kind);
+        }
+        index.apply::<TaskRunEntry>(Change::Init(None));
+        index.apply::<TaskRunEntry>(Change::InitDone(None));
+        assert_eq!(index.namespace_size("ml"), 1);
+        index.apply::<PodEntry>(Change::Delete(ObjectKey::new("ml", "p2")));
+        assert_eq!(index.namespace_size("ml"), 0);
+        assert!(
+            index.sizes_by_namespace.is_empty(),
+            "no namespace left behind"
         );
     }
 

@@ -1234,8 +1234,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Found::Yes(quotas) = index.quotas_in(namespace) else {
             return;
         };
-        let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
         let mut rounds = self.rounds();
+        // Asked at every claim's deletion: the namespace's claims are gathered only when a
+        // round is open or about to be.
+        if !rounds.observes(namespace, &quotas, waters) {
+            return;
+        }
+        let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
         rounds.observe(namespace, &quotas, &present, waters);
         if rounds.round(namespace).is_none() || !self.is_leader() {
             return;
@@ -1259,6 +1264,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Found::Yes(quotas) = index.quotas_in(namespace) else {
             return None;
         };
+        // Asked at every reconcile: deciding each claim of the namespace only under pressure
+        // keeps a reconcile's cost off the namespace's size.
+        if !self.rounds().pressed(namespace, &quotas, waters) {
+            return None;
+        }
         let claims = quota::Claim::all_of(
             index.claims_in(namespace),
             &*index,

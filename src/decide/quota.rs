@@ -444,12 +444,11 @@ pub struct Plan {
     pub unrelieved: Vec<Pressure>,
 }
 
-/// Chooses the claims of one namespace to delete under pressure, given its `round` (the
-/// default for an instant's plan, as the audit makes). What the round deleted and a quota has
-/// not recounted is subtracted from that quota's `used`, and never chosen again; a resource
-/// that reached high water in the round stays pressed until projected at or below low water.
-pub fn plan(quotas: &[QuotaEntry], claims: &[Claim], round: &Round, waters: Waters) -> Plan {
-    let pressed: Vec<Pressure> = quotas
+/// The resources of one namespace's quotas under pressure in its `round`: what a plan is for.
+/// It reads no claim, so a namespace without pressure (nearly all, nearly always) costs a look
+/// at its quotas, not at each of its claims.
+pub fn pressure(quotas: &[QuotaEntry], round: &Round, waters: Waters) -> Vec<Pressure> {
+    quotas
         .iter()
         .flat_map(|quota| quota.limits.iter().map(move |limit| (quota, limit)))
         .filter_map(|(quota, limit)| {
@@ -465,7 +464,15 @@ pub fn plan(quotas: &[QuotaEntry], claims: &[Claim], round: &Round, waters: Wate
                 projected,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Chooses the claims of one namespace to delete under pressure, given its `round` (the
+/// default for an instant's plan, as the audit makes). What the round deleted and a quota has
+/// not recounted is subtracted from that quota's `used`, and never chosen again; a resource
+/// that reached high water in the round stays pressed until projected at or below low water.
+pub fn plan(quotas: &[QuotaEntry], claims: &[Claim], round: &Round, waters: Waters) -> Plan {
+    let pressed = pressure(quotas, round, waters);
     if pressed.is_empty() {
         return Plan::default();
     }
@@ -566,6 +573,14 @@ impl Rounds {
         self.namespaces.get(namespace)
     }
 
+    /// Whether any of `namespace`'s quotas is under pressure in its round: unless one is, its
+    /// plan takes nothing, and its claims need not be decided to make it.
+    pub fn pressed(&self, namespace: &str, quotas: &[QuotaEntry], waters: Waters) -> bool {
+        let none = Round::default();
+        let round = self.namespaces.get(namespace).unwrap_or(&none);
+        !pressure(quotas, round, waters).is_empty()
+    }
+
     /// Plans `namespace` with its round; nothing is taken while the rounds are in doubt there.
     pub fn plan(
         &self,
@@ -640,6 +655,12 @@ impl Rounds {
             .is_some_and(|round| !std::mem::replace(&mut round.warned, true))
     }
 
+    /// Whether [`Rounds::observe`] has anything to take in for `namespace`: a round is open
+    /// there, or pressure starts one. Without either, its claims need not be gathered.
+    pub fn observes(&self, namespace: &str, quotas: &[QuotaEntry], waters: Waters) -> bool {
+        self.namespaces.contains_key(namespace) || waters.under_pressure(quotas)
+    }
+
     /// Takes in the namespace's quotas and tracked claims after either changed. A round begins
     /// when a resource is projected at high water and ends when [`Round::over`].
     pub fn observe(
@@ -649,13 +670,10 @@ impl Rounds {
         present: &[Present],
         waters: Waters,
     ) {
-        let round = match self.namespaces.get_mut(namespace) {
-            Some(round) => round,
-            None if waters.under_pressure(quotas) => {
-                self.namespaces.entry(namespace.to_owned()).or_default()
-            }
-            None => return,
-        };
+        if !self.observes(namespace, quotas, waters) {
+            return;
+        }
+        let round = self.namespaces.entry(namespace.to_owned()).or_default();
         if round.observe(quotas, present, waters)
             && let Some((_, sure)) = &mut self.doubt
         {
@@ -1561,6 +1579,10 @@ mod tests {
                 world.apply(op);
                 let deleted: BTreeSet<String> = world.deleted.iter().cloned().collect();
                 prop_assert!(deleted.is_subset(&expected), "after {op:?}: {deleted:?} ⊄ {expected:?}");
+                // The daemon asks `pressed` before deciding a namespace's claims for a plan.
+                let now = world.rounds.plan("ml", &world.cached, &world.cache().0, waters, t(0));
+                let pressed = world.rounds.pressed("ml", &world.cached, waters);
+                prop_assert_eq!(pressed, !now.pressed.is_empty(), "after {:?}: {:?}", op, now);
             }
             world.settle();
             let deleted: BTreeSet<String> = world.deleted.iter().cloned().collect();
