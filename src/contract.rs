@@ -128,4 +128,9 @@ pub mod annotations {
     /// claim workspace-gc deleted, written before that claim's DELETE. Only a volume whose
     /// `spec.claimRef.uid` equals it may be deleted once `Released`.
     pub const DELETED_CLAIM_UID: &str = "workspace-gc.mlops.dev/deleted-claim-uid";
+    /// On a claim, written by workspace-gc alone: the resourceVersion of a DELETE of it that
+    /// got no definite answer. Writing it gives the claim a new resourceVersion, so that
+    /// DELETE fails its precondition (409) whenever it reaches the API server. Never read as
+    /// policy.
+    pub const REVOKED: &str = "workspace-gc.mlops.dev/revoked-delete";
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use thiserror::Error;
 
-use crate::contract::annotations::{EXPIRES, KEEP, PREFIX, TTL};
+use crate::contract::annotations::{EXPIRES, KEEP, PREFIX, REVOKED, TTL};
 
 /// Longest part of an offending value quoted back in an error, so a huge annotation cannot
 /// bloat logs and events.
@@ -52,10 +52,9 @@ pub(crate) fn quote(value: &str) -> String {
 /// Parses the workspace-gc annotations, ignoring every other key.
 pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations, AnnotationError> {
     // A misspelt key (`…/kep`) must not silently lose its meaning: it keeps the claim too.
-    if let Some(key) = annotations
-        .keys()
-        .find(|key| key.starts_with(PREFIX) && ![KEEP, TTL, EXPIRES].contains(&key.as_str()))
-    {
+    if let Some(key) = annotations.keys().find(|key| {
+        key.starts_with(PREFIX) && ![KEEP, TTL, EXPIRES, REVOKED].contains(&key.as_str())
+    }) {
         return Err(AnnotationError {
             key: "workspace-gc.mlops.dev/*",
             value: quote(key),
