@@ -124,8 +124,11 @@ pub mod annotations {
     pub const DELETIONS: &str = "workspace-gc.mlops.dev/deletions";
     /// On the leader-election Lease: quota pressure's rounds, written with the count.
     pub const QUOTA_ROUNDS: &str = "workspace-gc.mlops.dev/quota-rounds";
+    /// On the leader-election Lease: the claim DELETEs that may still reach the API server
+    /// (sent, and not answered for certain), so that whoever leads next revokes them.
+    pub const DELETES_IN_FLIGHT: &str = "workspace-gc.mlops.dev/deletes-in-flight";
     /// On a `Retain` PersistentVolume (with `deletion.released_volume_ttl`): the UID of the
-    /// claim workspace-gc deleted, written before that claim's DELETE. Only a volume whose
+    /// claim workspace-gc deleted, written once that claim's DELETE was answered with success. Only a volume whose
     /// `spec.claimRef.uid` equals it may be deleted once `Released`.
     pub const DELETED_CLAIM_UID: &str = "workspace-gc.mlops.dev/deleted-claim-uid";
     /// On a claim, written by workspace-gc alone: the resourceVersion of a DELETE of it that

@@ -22,12 +22,19 @@
 //!   written before each delete ([`Fence::record`]), which also renews the lease and, being
 //!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
 //!   and read back by whoever wins the lease next ([`Fence::found`]).
+//! - The same write names the DELETE about to be sent, and every earlier one not answered for
+//!   certain ([`InFlight`], `annotations::DELETES_IN_FLIGHT`): a DELETE that a proxy holds may
+//!   reach the API server long after its sender gave up, or lost the lease. Whoever wins the
+//!   lease next finds them ([`Fence::found_in_flight`]) and revokes each before deciding
+//!   anything (`daemon::controller`). An entry leaves with the next Lease write once its
+//!   DELETE or its revocation is answered ([`Fence::settle`]).
 //! - While this replica leads, its own ledger is the record of what it deleted, whatever the
 //!   Lease says: a renewal that finds the annotation changed by someone else (edited, removed)
 //!   writes it back. A standby remembers the last ledger it read. Whoever has to create the
 //!   Lease (it was deleted: `kubectl delete lease`, the usual way to force a re-election) writes
 //!   the ledger it knows with it, so the next leader does not open a fresh window.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,8 +51,41 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::LeaderElectionConfig;
-use crate::contract::annotations::{DELETIONS, QUOTA_ROUNDS};
+use crate::contract::annotations::{DELETES_IN_FLIGHT, DELETIONS, QUOTA_ROUNDS};
+use crate::decide::facts::ObjectKey;
 use crate::observe::metrics::{LedgerFault, Metrics, Operation};
+
+/// A claim DELETE that may still reach the API server: the claim it named, with the
+/// preconditions it carried. Revoked by changing the claim (`Writer::revoke`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InFlight {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+}
+
+impl InFlight {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::new(&self.namespace, &self.name)
+    }
+}
+
+/// The annotation text for `entries`; `None` (the key removed) when there are none.
+fn in_flight_text(entries: &BTreeMap<String, InFlight>) -> Option<String> {
+    if entries.is_empty() {
+        return None;
+    }
+    let list: Vec<&InFlight> = entries.values().collect();
+    serde_json::to_string(&list).ok()
+}
+
+/// The entries an annotation names; `Err` when it is not a list of them.
+fn parse_in_flight(text: &str) -> Result<BTreeMap<String, InFlight>, serde_json::Error> {
+    let list: Vec<InFlight> = serde_json::from_str(text)?;
+    Ok(list.into_iter().map(|e| (e.uid.clone(), e)).collect())
+}
 
 /// Why this replica may not write to the cluster now.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +153,11 @@ struct Elector {
     ledger: Mutex<Option<String>>,
     /// Quota pressure's rounds: to write with the next ledger, and as found when last won.
     rounds: Mutex<(Option<String>, Option<String>)>,
+    /// While leading, the DELETEs that may still land, by claim UID: written with every Lease
+    /// write that differs. On winning, those the Lease named, until settled.
+    in_flight: Mutex<BTreeMap<String, InFlight>>,
+    /// What the Lease named when this replica last won it, for the controller to revoke.
+    found_in_flight: Mutex<Vec<InFlight>>,
     leading: watch::Sender<bool>,
 }
 
@@ -156,6 +201,8 @@ impl Leadership {
             renewed: Mutex::new(None),
             ledger: Mutex::new(None),
             rounds: Mutex::default(),
+            in_flight: Mutex::default(),
+            found_in_flight: Mutex::default(),
             leading: sender,
         });
         let stop = CancellationToken::new();
@@ -226,14 +273,18 @@ impl Fence {
     }
 
     /// Writes `ledger` (the cap's count as its annotation, `Ledger::to_annotation`) to the
-    /// Lease, renewing it: before a delete, with that delete counted. Fails unless this replica
-    /// holds the lease at that moment, as the API server sees it.
-    pub async fn record(&self, ledger: &str) -> Result<(), FenceError> {
+    /// Lease, renewing it: before a delete, with that delete counted and named in flight.
+    /// Fails unless this replica holds the lease at that moment, as the API server sees it.
+    pub async fn record(&self, ledger: &str, delete: &InFlight) -> Result<(), FenceError> {
         let Some(elector) = &self.elector else {
             return Ok(());
         };
         let mut held = elector.lease.lock().await;
         self.check()?;
+        // Named before the write: any write from now on carries it until it is settled.
+        elector
+            .in_flight()
+            .insert(delete.uid.clone(), delete.clone());
         let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
         let sent = Instant::now();
@@ -258,6 +309,26 @@ impl Fence {
             }
             Err(_) => Err(FenceError::TimedOut),
         }
+    }
+
+    /// The DELETE of claim `uid` (or its revocation) was answered for certain: it can no
+    /// longer land, and leaves the Lease with the next write. Until then it is named in
+    /// flight, so a DELETE not sent after all (the record failed) is at worst revoked once.
+    pub fn settle(&self, uid: &str) {
+        if let Some(elector) = &self.elector {
+            elector.in_flight().remove(uid);
+        }
+    }
+
+    /// The DELETEs in flight the Lease named when this replica last won it.
+    pub fn found_in_flight(&self) -> Vec<InFlight> {
+        self.elector.as_ref().map_or_else(Vec::new, |elector| {
+            elector
+                .found_in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        })
     }
 
     /// Hands over quota pressure's rounds (`annotations::QUOTA_ROUNDS`), to be written in the
@@ -442,6 +513,16 @@ impl Elector {
         let found_rounds = (lease.metadata.annotations.as_ref())
             .and_then(|annotations| annotations.get(QUOTA_ROUNDS))
             .cloned();
+        if take {
+            // Whoever led before may have DELETEs on their way: they stay named, as the Lease
+            // has them, until this replica has revoked them.
+            let found = self.found_on(&lease);
+            *self
+                .found_in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = found.values().cloned().collect();
+            *self.in_flight() = found;
+        }
         let sent = Instant::now();
         let written = if lease.metadata.resource_version.is_some() {
             self.write(&lease, spec, ledger.as_deref()).await
@@ -488,9 +569,35 @@ impl Elector {
                 patch["metadata"]["annotations"][QUOTA_ROUNDS] = json!(rounds);
             }
         }
+        let named = in_flight_text(&self.in_flight());
+        let on_lease = (read.metadata.annotations.as_ref())
+            .and_then(|annotations| annotations.get(DELETES_IN_FLIGHT));
+        if named.as_ref() != on_lease {
+            // Null removes the key: nothing is in flight any more.
+            patch["metadata"]["annotations"][DELETES_IN_FLIGHT] = json!(named);
+        }
         self.api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
             .await
+    }
+
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, InFlight>> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The DELETEs in flight `lease` names. One it cannot read names nothing this replica can
+    /// revoke: it says so, and the admission guard's fence is left to refuse them.
+    fn found_on(&self, lease: &Lease) -> BTreeMap<String, InFlight> {
+        let text = (lease.metadata.annotations.as_ref())
+            .and_then(|annotations| annotations.get(DELETES_IN_FLIGHT));
+        let Some(text) = text else {
+            return BTreeMap::new();
+        };
+        parse_in_flight(text).unwrap_or_else(|error| {
+            warn!(%error, annotation = DELETES_IN_FLIGHT, "the lease names DELETEs in flight unreadably; they cannot be revoked");
+            self.metrics.ledger_fault(LedgerFault::InFlight);
+            BTreeMap::new()
+        })
     }
 
     fn rounds(&self) -> std::sync::MutexGuard<'_, (Option<String>, Option<String>)> {

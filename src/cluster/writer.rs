@@ -1,8 +1,11 @@
 //! The one place that changes the cluster: claim deletes and the events that explain them,
-//! and, with `deletion.released_volume_ttl`, the mark on a `Retain` volume and its delete.
+//! the revocation of a delete that got no definite answer, and, with
+//! `deletion.released_volume_ttl`, the mark on a `Retain` volume and its delete.
 //!
 //! Deletes carry `{uid, resourceVersion}` preconditions, so a claim re-created under the same
-//! name, or changed since the decision, is never deleted; finalizers are never touched.
+//! name, or changed since the decision, is never deleted; finalizers are never touched. The
+//! preconditions are also what the API server checks when a DELETE arrives late (a proxy held
+//! it after the daemon gave up): [`Writer::revoke`] changes the claim, so that DELETE fails.
 //!
 //! Only the leader writes, events included: every write passes the [`Fence`] first, and a
 //! delete is recorded in the blast-radius ledger on the Lease before it is sent (a dry run
@@ -22,9 +25,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::leader::{Fence, FenceError};
+use crate::cluster::leader::{Fence, FenceError, InFlight};
 use crate::cluster::resources;
-use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP};
+use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP, REVOKED};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Ignored;
 use crate::decide::policy::Reason;
@@ -59,6 +62,19 @@ pub enum Notice {
         at: String,
         reason: Reason,
     },
+}
+
+/// What a revocation of a DELETE without a definite answer found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// The claim changed: the DELETE fails its precondition whenever it arrives.
+    Revoked,
+    /// The claim is gone or being deleted: the DELETE, or someone else's, was carried out.
+    Landed,
+    /// Refused (the claim re-created under the name, a guard, RBAC): what it means is read.
+    Refused,
+    /// No definite answer, or this replica may not write: the DELETE may still land.
+    Unanswered,
 }
 
 /// Why a delete was not sent.
@@ -107,9 +123,15 @@ impl Writer {
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
+        let in_flight = InFlight {
+            namespace: claim.key.namespace.to_string(),
+            name: claim.key.name.clone(),
+            uid: claim.uid.clone(),
+            resource_version: claim.resource_version.clone(),
+        };
         let server_dry_run = match self.mode {
             Mode::Delete => {
-                self.fence.record(ledger).await?;
+                self.fence.record(ledger, &in_flight).await?;
                 false
             }
             Mode::DryRun { server_side } => {
@@ -120,15 +142,11 @@ impl Writer {
                 true
             }
         };
-        // Checked again immediately before sending: the write above may have waited.
-        self.fence.check()?;
+        // Checked again immediately before sending: the write above may have waited. Not
+        // sent: nothing of it can land.
         let deadline = self
-            .fence
-            .until()
-            .map_or(deadline, |fenced| fenced.min(deadline));
-        if Instant::now() >= deadline {
-            return Err(NotSent::TooLate);
-        }
+            .fenced(deadline)
+            .inspect_err(|_| self.fence.settle(&claim.uid))?;
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.key.namespace);
         let params = DeleteParams {
@@ -140,14 +158,67 @@ impl Writer {
             }),
             ..DeleteParams::default()
         };
-        // Past the deadline the request is abandoned: it may still reach the server, but no
-        // later than the moment it was already on its way.
+        // Past the deadline the request is abandoned, but a hop may still hand it to the API
+        // server at any time: without a definite answer it stays named in flight until
+        // revoked.
         let sent = tokio::time::timeout_at(deadline, api.delete(&claim.key.name, &params));
-        Ok(answered(
-            sent.await,
-            ("claim", &claim.key.to_string()),
-            metrics,
-        ))
+        let result = answered(sent.await, ("claim", &claim.key.to_string()), metrics);
+        if result != DeleteResult::Unanswered {
+            self.fence.settle(&claim.uid);
+        }
+        Ok(result)
+    }
+
+    /// Revokes a claim DELETE that got no definite answer: changes the claim (its UID, in the
+    /// patch, is a precondition), so that the DELETE, carrying the resourceVersion before,
+    /// fails (409) whenever it reaches the API server. Sent once, if this replica leads; the
+    /// entry leaves the Lease once the answer is definite.
+    pub async fn revoke(&self, delete: &InFlight, metrics: &Metrics) -> Revocation {
+        let Ok(deadline) = self.fenced(Instant::now() + REVOKE_BOUND) else {
+            return Revocation::Unanswered;
+        };
+        let patch = serde_json::json!({"metadata": {
+            "uid": delete.uid,
+            "annotations": {REVOKED: delete.resource_version},
+        }});
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &delete.namespace);
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        let revocation = match tokio::time::timeout_at(
+            deadline,
+            api.patch(&delete.name, &params, &patch),
+        )
+        .await
+        {
+            Ok(Ok(claim)) if claim.metadata.deletion_timestamp.is_some() => Revocation::Landed,
+            Ok(Ok(_)) => Revocation::Revoked,
+            Ok(Err(kube::Error::Api(status))) if status.is_not_found() => Revocation::Landed,
+            Ok(Err(error @ kube::Error::Api(_))) if !is_server_error(&error) => {
+                metrics.api_error(Operation::Patch, &error);
+                warn!(claim = %delete.key(), %error, "the revocation of a delete without an answer was refused");
+                Revocation::Refused
+            }
+            Ok(Err(error)) => {
+                metrics.api_error(Operation::Patch, &error);
+                warn!(claim = %delete.key(), %error, "the revocation of a delete without an answer got no answer");
+                Revocation::Unanswered
+            }
+            Err(_) => {
+                metrics.api_timeout(Operation::Patch);
+                warn!(claim = %delete.key(), "the revocation of a delete without an answer got no answer before its deadline");
+                Revocation::Unanswered
+            }
+        };
+        if matches!(revocation, Revocation::Revoked | Revocation::Landed) {
+            self.fence.settle(&delete.uid);
+        }
+        revocation
+    }
+
+    /// The claim `delete` named was found gone, re-created or being deleted: its DELETE can no
+    /// longer land on anything.
+    pub fn settle(&self, delete: &InFlight) {
+        self.fence.settle(&delete.uid);
     }
 
     /// The deadline a write must go out by: the earlier of `deadline` and the fence's reach;
@@ -161,52 +232,24 @@ impl Writer {
         Ok(deadline)
     }
 
-    /// Writes `claim_uid` on `volume` (as it was read: its UID and resourceVersion are the
-    /// patch's preconditions), before that claim's DELETE, so that only a volume whose claim
-    /// workspace-gc deleted may be deleted once `Released`. Sent once, before `deadline`;
-    /// the volume as marked once the server took it, `None` if not. Nothing in dry-run.
+    /// Writes `claim_uid` on `volume` once that claim's DELETE was answered with success, so
+    /// that only a volume whose claim workspace-gc deleted may be deleted once `Released`. The
+    /// volume's UID is the patch's precondition (a changed UID is refused: 422, immutable);
+    /// not its resourceVersion, which the PV controller changes as the claim goes. Sent once,
+    /// if this replica leads; the volume as marked once the server took it, `None` if not.
+    /// Nothing in dry-run.
     pub async fn mark_volume(
         &self,
         volume: &VolumeFacts,
         claim_uid: &str,
-        deadline: Instant,
-        metrics: &Metrics,
-    ) -> Result<Option<VolumeFacts>, NotSent> {
-        if !matches!(self.mode, Mode::Delete) {
-            return Ok(None);
-        }
-        let deadline = self.fenced(deadline)?;
-        Ok(self
-            .patch_mark(volume, Some(claim_uid), deadline, metrics)
-            .await)
-    }
-
-    /// Takes the mark off again when the claim's DELETE was not carried out: a claim someone
-    /// else deletes later must not free its volume for deletion. `marked` is the volume as the
-    /// mark left it: changed since, it keeps the mark (and a warning). Sent once, if this
-    /// replica leads.
-    pub async fn unmark_volume(&self, marked: &VolumeFacts, metrics: &Metrics) {
-        let unmarked = match self.fenced(Instant::now() + UNMARK_BOUND) {
-            Ok(deadline) => self.patch_mark(marked, None, deadline, metrics).await,
-            Err(_) => None,
-        };
-        if unmarked.is_none() {
-            warn!(volume = %marked.name, "the mark stays on the volume although its claim was not deleted; remove the annotation {DELETED_CLAIM_UID} by hand");
-        }
-    }
-
-    /// Sets (or with `None` removes) the mark. The volume's UID and resourceVersion go in the
-    /// patch: a changed UID is refused (422, immutable), a changed resourceVersion too (409).
-    async fn patch_mark(
-        &self,
-        volume: &VolumeFacts,
-        claim_uid: Option<&str>,
-        deadline: Instant,
         metrics: &Metrics,
     ) -> Option<VolumeFacts> {
+        if !matches!(self.mode, Mode::Delete) {
+            return None;
+        }
+        let deadline = self.fenced(Instant::now() + MARK_BOUND).ok()?;
         let patch = serde_json::json!({"metadata": {
             "uid": volume.uid,
-            "resourceVersion": volume.resource_version,
             "annotations": {DELETED_CLAIM_UID: claim_uid},
         }});
         let api: Api<DynamicObject> =
@@ -394,9 +437,15 @@ impl Writer {
     }
 }
 
-/// How long the unmark after a DELETE not carried out may take: it is not bound to a live
-/// re-check, only to the fence.
-const UNMARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a mark's write may take: it is not bound to a live re-check, only to the fence.
+const MARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a revocation may take before it is tried again; the claim is kept meanwhile.
+const REVOKE_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A 5xx, or no HTTP answer at all: nothing says whether the request was carried out.
+fn is_server_error(error: &kube::Error) -> bool {
+    !matches!(error, kube::Error::Api(status) if status.code < 500)
+}
 
 /// What a DELETE's answer (or its absence before the deadline) says, for `(kind, object)`.
 fn answered<T>(
@@ -674,6 +723,87 @@ mod tests {
         server.abort();
     }
 
+    /// One revocation through a mock API server answering `status` with `answer`: the
+    /// request's method, path and body, and what the writer made of it.
+    async fn revoke_against(
+        status: u16,
+        answer: Value,
+    ) -> (http::Method, String, Value, Revocation) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let writer = Writer::new(
+            kube::Client::new(service, "default"),
+            Mode::Delete,
+            None,
+            Fence::unfenced(),
+        );
+        let metrics = Metrics::register(&mut Registry::default());
+        let server = tokio::spawn(async move {
+            let (request, reply) = handle.next_request().await.expect("a request");
+            let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+            let body = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            let response = Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap();
+            reply.send_response(response);
+            (method, path, body)
+        });
+        let delete = InFlight {
+            namespace: "ml".into(),
+            name: "nb-build-workspace".into(),
+            uid: "uid-1".into(),
+            resource_version: "42".into(),
+        };
+        let result = bounded_wait(writer.revoke(&delete, &metrics)).await;
+        let (method, path, body) = bounded_wait(server).await.unwrap();
+        (method, path, body, result)
+    }
+
+    fn claim_object(deleting: bool) -> Value {
+        let mut claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "nb-build-workspace", "namespace": "ml", "uid": "uid-1",
+                         "resourceVersion": "43"}});
+        if deleting {
+            claim["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        claim
+    }
+
+    fn status(code: u16, reason: &str) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+               "reason": reason, "message": "m"})
+    }
+
+    #[tokio::test]
+    async fn a_revocation_changes_the_claim_as_named_and_reads_what_it_found() {
+        let (method, path, body, result) = revoke_against(200, claim_object(false)).await;
+        assert_eq!(method, http::Method::PATCH);
+        assert_eq!(
+            path,
+            "/api/v1/namespaces/ml/persistentvolumeclaims/nb-build-workspace"
+        );
+        // The UID is the precondition; the annotation's value is the revoked resourceVersion,
+        // so the patch always changes the claim.
+        assert_eq!(
+            body,
+            json!({"metadata": {"uid": "uid-1", "annotations": {REVOKED: "42"}}})
+        );
+        assert_eq!(result, Revocation::Revoked);
+        let (_, _, _, result) = revoke_against(200, claim_object(true)).await;
+        assert_eq!(result, Revocation::Landed, "being deleted");
+        let (_, _, _, result) = revoke_against(404, status(404, "NotFound")).await;
+        assert_eq!(result, Revocation::Landed, "gone");
+        for (code, reason) in [(422, "Invalid"), (403, "Forbidden"), (409, "Conflict")] {
+            let (_, _, _, result) = revoke_against(code, status(code, reason)).await;
+            assert_eq!(result, Revocation::Refused, "{code}");
+        }
+        for (code, reason) in [(500, "InternalError"), (503, "ServiceUnavailable")] {
+            let (_, _, _, result) = revoke_against(code, status(code, reason)).await;
+            assert_eq!(result, Revocation::Unanswered, "{code}");
+        }
+    }
+
     /// A volume, as judged: its UID and resourceVersion go with every write.
     fn volume() -> VolumeFacts {
         VolumeFacts::example("uid-1")
@@ -734,28 +864,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_mark_is_written_on_the_volume_as_read() {
+    async fn the_mark_carries_the_volumes_uid_not_its_resource_version() {
         let marked = json!({"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": "pv-1", "uid": "pv-uid", "resourceVersion": "8",
                          "annotations": {DELETED_CLAIM_UID: "uid-1"}}});
         let (method, path, body, result) = volume_write(
-            |writer, metrics| async move {
-                (writer
-                    .mark_volume(&volume(), "uid-1", soon(), &metrics)
-                    .await)
-                    .ok()
-            },
+            |writer, metrics| async move { writer.mark_volume(&volume(), "uid-1", &metrics).await },
             marked,
         )
         .await;
         assert_eq!(method, http::Method::PATCH);
         assert_eq!(path, "/api/v1/persistentvolumes/pv-1");
+        // The PV controller changes the volume as its claim goes: only its UID must hold.
         assert_eq!(
             body,
-            json!({"metadata": {"uid": "pv-uid", "resourceVersion": "7",
-                                "annotations": {DELETED_CLAIM_UID: "uid-1"}}})
+            json!({"metadata": {"uid": "pv-uid", "annotations": {DELETED_CLAIM_UID: "uid-1"}}})
         );
-        let marked = result.flatten().expect("marked");
+        let marked = result.expect("marked");
         assert_eq!(marked.resource_version, "8");
         assert_eq!(marked.marked_claim_uid.as_deref(), Some("uid-1"));
     }
@@ -768,14 +893,12 @@ mod tests {
             .delete_volume(&volume(), Instant::now(), &metrics)
             .await;
         assert!(matches!(late, Err(NotSent::TooLate)), "{late:?}");
-        let late = (writer.mark_volume(&volume(), "uid-1", Instant::now(), &metrics)).await;
-        assert!(matches!(late, Err(NotSent::TooLate)));
         let dry = Writer {
             mode: Mode::DryRun { server_side: false },
             ..writer
         };
-        let marked = dry.mark_volume(&volume(), "uid-1", soon(), &metrics).await;
-        assert!(matches!(marked, Ok(None)));
+        let marked = dry.mark_volume(&volume(), "uid-1", &metrics).await;
+        assert_eq!(marked, None);
         handle.allow(1);
         let request =
             tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request());

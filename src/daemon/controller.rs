@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cluster::cache::{Change, Index, Scope, Update};
-use crate::cluster::leader::{FenceError, Leadership};
+use crate::cluster::leader::{FenceError, InFlight, Leadership};
 use crate::cluster::live::Snapshots;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches::{self, PROVEN};
-use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
+use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
 use crate::daemon::ports::{Clock, Cluster, KubeCluster};
@@ -38,7 +38,7 @@ use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
 use crate::decide::volumes::{self, Kept, VolumeFacts, VolumeVerdict};
 use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
-use crate::observe::metrics::{DeleteResult, ErrorCategory, Kind, Mark, Metrics};
+use crate::observe::metrics::{DeleteResult, ErrorCategory, Kind, Mark, Metrics, Revoked};
 
 /// How many claims are reconciled at once. A reconcile mostly waits: on the limiter, on a
 /// shared proof round or namespace snapshot (whose LISTs are bounded apart, in `cluster::live`),
@@ -113,17 +113,20 @@ struct Controller<C, K> {
     noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
     /// Whether a bound claim's volume is read before its delete (`deletion.read_volumes`).
     read_volumes: bool,
-    /// Whether a `Retain` volume is marked before its claim's delete, so that it is deleted
-    /// once Released (`deletion.released_volume_ttl`).
+    /// Whether a `Retain` volume is marked once its claim's delete succeeded, so that it is
+    /// deleted once Released (`deletion.released_volume_ttl`).
     mark_volumes: bool,
     /// Released volumes warned about (by UID) for a transition time not known: once each.
     unjudged: Mutex<BTreeSet<String>>,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
-    /// Claims (by UID) whose DELETE was carried out, or may have been (no answer that says):
-    /// until the watch shows them gone, the claim is read live before anything is sent again,
-    /// since a cache the watch has not caught up on still shows it as it was decided.
+    /// Claims (by UID) whose DELETE was answered with success: until the watch shows them
+    /// gone, the claim is read live before anything is sent again, since a cache the watch
+    /// has not caught up on still shows it as it was decided.
     already_sent: Mutex<HashMap<ObjectKey, String>>,
+    /// Claims whose DELETE got no definite answer: it may still reach the API server, so the
+    /// claim is revoked (changed) before anything else is decided for it.
+    outstanding: Mutex<HashMap<ObjectKey, InFlight>>,
     /// The rounds that prove the cache fresh for the live re-check.
     proofs: Proofs,
     /// Whether the watches cover one namespace each (`selector.namespaces`), not the cluster.
@@ -494,6 +497,7 @@ async fn follow_leadership<C: Cluster, K: Clock>(
             info!("leading: this replica deletes");
             controller.recover_cap();
             controller.recover_rounds();
+            controller.revoke_found().await;
             let keys: Vec<ObjectKey> = {
                 let index = controller.read_index();
                 if index.synced() {
@@ -564,6 +568,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             mark_volumes: config.deletion.released_volume_ttl.is_some(),
             unjudged: Mutex::default(),
             already_sent: Mutex::default(),
+            outstanding: Mutex::default(),
             proofs: Proofs::default(),
             per_namespace: !config.selector.namespaces.is_empty(),
         }
@@ -672,6 +677,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     }
 
     async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
+        if let Some(outcome) = self.resolve_outstanding(key).await {
+            return outcome;
+        }
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
             self.lock_line().leave(key);
@@ -745,19 +753,16 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.report(&claim, confirmed, sent).await
     }
 
-    /// After a DELETE of this claim that was, or may have been, carried out: whether it was,
-    /// read live, before anything is sent again. `None` to go on: none was sent, or the claim
-    /// is there unchanged and not being deleted.
+    /// After a DELETE of this claim answered with success: whether the claim is gone or being
+    /// deleted, read live, before anything is sent again. `None` to go on: none was sent, or
+    /// the claim is there unchanged and not being deleted.
     async fn after_earlier_delete(&self, claim: &ClaimFacts) -> Option<Outcome> {
         let pending = self.lock_already_sent().get(&claim.key) == Some(&claim.uid);
         if !pending {
             return None;
         }
         let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
-            Found::Yes((uid, false)) if uid == claim.uid => {
-                self.unmark_not_deleted(claim).await;
-                None
-            }
+            Found::Yes((uid, false)) if uid == claim.uid => None,
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
                 info!(claim = %claim.key, "an earlier delete of this claim was carried out; none is sent again");
@@ -768,23 +773,89 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         outcome
     }
 
-    /// The claim's DELETE that got no answer was not carried out: a mark written for it comes
-    /// off (written again before its next DELETE), so that the claim, if kept now and deleted
-    /// by someone else later, does not free its volume for deletion.
-    async fn unmark_not_deleted(&self, claim: &ClaimFacts) {
-        let Some(name) = claim.volume_name.as_deref().filter(|_| self.mark_volumes) else {
+    fn lock_already_sent(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
+        self.already_sent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, InFlight>> {
+        self.outstanding.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// On winning the lease: every DELETE the Lease names in flight (sent by whoever led
+    /// before, maybe still held somewhere on its way) is revoked before this replica decides
+    /// anything for its claim; one not revoked yet is tried again at its claim's reconcile.
+    async fn revoke_found(&self) {
+        let found = self.cluster.found_in_flight();
+        if found.is_empty() {
             return;
+        }
+        info!(
+            count = found.len(),
+            "revoking the deletes the lease names in flight"
+        );
+        let keys: Vec<ObjectKey> = {
+            let mut outstanding = self.lock_outstanding();
+            (found.into_iter())
+                .map(|delete| {
+                    let key = delete.key();
+                    outstanding.insert(key.clone(), delete);
+                    key
+                })
+                .collect()
         };
-        let volume = self.cluster.volume(name, &self.metrics).await;
-        let marked = volume.filter(|v| v.marked_claim_uid.as_deref() == Some(claim.uid.as_str()));
-        if let Some(marked) = marked {
-            self.cluster.unmark_volume(&marked, &self.metrics).await;
-            self.metrics.volume_mark(Mark::Removed);
+        for key in keys {
+            if let Some(Outcome::Retry(_)) = self.resolve_outstanding(&key).await {
+                self.schedule.now(key);
+            }
         }
     }
 
-    fn lock_already_sent(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
-        self.already_sent.lock().unwrap_or_else(|e| e.into_inner())
+    /// Revokes this claim's DELETE that got no definite answer, before anything else is
+    /// decided for it: until the revocation is answered, the claim is kept and nothing else
+    /// is sent for it. `None` when no such DELETE is outstanding.
+    async fn resolve_outstanding(&self, key: &ObjectKey) -> Option<Outcome> {
+        let delete = self.lock_outstanding().get(key).cloned()?;
+        if !self.is_leader() {
+            // The Lease names it: whoever leads revokes it.
+            return Some(Outcome::Done);
+        }
+        let revocation = match self.cluster.revoke(&delete, &self.metrics).await {
+            // Refused: the claim may have been re-created, or a guard or RBAC refuses the
+            // patch. Only a live read tells whether the DELETE can still land.
+            Revocation::Refused => match self.cluster.claim_state(key, &self.metrics).await {
+                Found::Yes((uid, false)) if uid == delete.uid => Revocation::Refused,
+                Found::Unknown(_) => Revocation::Unanswered,
+                _ => {
+                    self.cluster.settle(&delete);
+                    Revocation::Landed
+                }
+            },
+            other => other,
+        };
+        match revocation {
+            Revocation::Revoked => {
+                self.metrics.revocation(Revoked::Revoked);
+                info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again");
+            }
+            Revocation::Landed => {
+                // Until the watch shows it gone, a live read comes before any other DELETE.
+                self.lock_already_sent()
+                    .insert(key.clone(), delete.uid.clone());
+                self.metrics.delete_late();
+                warn!(claim = %key, uid = %delete.uid, "a delete without an answer was carried out after all (it, or another, reached the API server); its volume, if kept by a Retain policy, is not marked and workspace-gc never deletes it");
+            }
+            Revocation::Refused | Revocation::Unanswered => {
+                self.metrics.revocation(Revoked::NotRevoked);
+                warn!(claim = %key, "a delete without an answer is not revoked yet; the claim is kept and nothing else is sent for it");
+                return Some(Outcome::Retry(Failure::Unanswered));
+            }
+        }
+        let mut outstanding = self.lock_outstanding();
+        if outstanding.get(key).is_some_and(|d| d.uid == delete.uid) {
+            outstanding.remove(key);
+        }
+        // Revoked, the claim's change brings it back through the watch; landed, it goes.
+        Some(Outcome::Done)
     }
 
     /// A deletion slot from the limiter, or the outcome that defers the claim: the cap is
@@ -979,9 +1050,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
     }
 
-    /// Sends the one DELETE, with the ledger that counts it written to the Lease first, and
-    /// before it the mark on a `Retain` volume (taken off again if the DELETE is not carried
-    /// out).
+    /// Sends the one DELETE, with the ledger that counts it (and names it in flight) written
+    /// to the Lease first; after it, the mark on a `Retain` volume once the DELETE succeeded,
+    /// or the claim's revocation is owed when no answer said whether it was carried out.
     async fn send(
         &self,
         claim: &ClaimFacts,
@@ -1007,23 +1078,14 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .lock_limiter()
             .count_from(reservation, self.clock.server().1 + self.cluster.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
-        let (marked, sent) = match (&ledger, self.mark(claim, confirmed).await) {
-            (_, Err(error)) => (None, Err(error)),
-            (Some(ledger), Ok(marked)) => {
-                let sent = (self.cluster)
+        let sent = match &ledger {
+            Some(ledger) => {
+                (self.cluster)
                     .delete(claim, ledger, live_until, &self.metrics)
-                    .await;
-                (marked, sent)
+                    .await
             }
-            (None, Ok(marked)) => (marked, Err(NotSent::Fence(FenceError::NotLeading))),
+            None => Err(NotSent::Fence(FenceError::NotLeading)),
         };
-        // Not deleted by this DELETE (refused, or gone already: someone else deleted it): the
-        // volume must not qualify. Unanswered, it may have been: the mark stays.
-        let carried_out = matches!(sent, Ok(DeleteResult::Deleted | DeleteResult::Unanswered));
-        if let (Some(marked), false) = (&marked, carried_out) {
-            self.cluster.unmark_volume(marked, &self.metrics).await;
-            self.metrics.volume_mark(Mark::Removed);
-        }
         // A delete that was refused frees nothing; one already gone, or unanswered (it may
         // have been carried out), may have: pressure then deletes fewer, never more.
         let not_freed = matches!(
@@ -1043,35 +1105,46 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Ok(DeleteResult::Unanswered) => {}
             Ok(_) | Err(_) => self.release(reservation),
         }
-        if carried_out && matches!(self.cluster.mode(), Mode::Delete) {
-            self.lock_already_sent()
-                .insert(claim.key.clone(), claim.uid.clone());
+        if matches!(self.cluster.mode(), Mode::Delete) {
+            match &sent {
+                Ok(DeleteResult::Deleted) => {
+                    self.lock_already_sent()
+                        .insert(claim.key.clone(), claim.uid.clone());
+                    self.mark(claim, confirmed).await;
+                }
+                Ok(DeleteResult::Unanswered) => {
+                    let delete = InFlight {
+                        namespace: claim.key.namespace.to_string(),
+                        name: claim.key.name.clone(),
+                        uid: claim.uid.clone(),
+                        resource_version: claim.resource_version.clone(),
+                    };
+                    self.lock_outstanding().insert(claim.key.clone(), delete);
+                }
+                _ => {}
+            }
         }
         sent
     }
 
-    /// With `deletion.released_volume_ttl`, writes the claim's UID on its `Retain` volume
-    /// before the claim's DELETE: the volume as marked, or `None` (nothing to mark, or the
-    /// write failed: the claim is deleted all the same, its volume never qualifies).
-    async fn mark(
-        &self,
-        claim: &ClaimFacts,
-        confirmed: &Confirmed,
-    ) -> Result<Option<VolumeFacts>, NotSent> {
+    /// With `deletion.released_volume_ttl`, writes the claim's UID on its `Retain` volume once
+    /// the claim's DELETE was answered with success: a mark stands for a delete carried out,
+    /// never one intended. Not written (the write failed), the volume never qualifies: a
+    /// leak, which fails closed.
+    async fn mark(&self, claim: &ClaimFacts, confirmed: &Confirmed) {
         let volume = confirmed.volume.as_ref().filter(|_| self.mark_volumes);
         let Some(volume) = volume.filter(|volume| volumes::to_mark(volume, &claim.uid)) else {
-            return Ok(None);
+            return;
         };
         let marked = (self.cluster)
-            .mark_volume(volume, &claim.uid, confirmed.live_until, &self.metrics)
-            .await?;
+            .mark_volume(volume, &claim.uid, &self.metrics)
+            .await;
         if marked.is_some() {
             self.metrics.volume_mark(Mark::Marked);
-        } else if matches!(self.cluster.mode(), Mode::Delete) {
+        } else {
             warn!(claim = %claim.key, volume = %volume.name, "the volume could not be marked: it will not be deleted once Released");
             self.metrics.volume_mark(Mark::Failed);
         }
-        Ok(marked)
     }
 
     /// Metrics, logs and events for what the DELETE did, and what comes next for the claim.
@@ -1129,7 +1202,12 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 Outcome::Retry(Failure::Conflict)
             }
             DeleteResult::Failed => Outcome::Retry(Failure::Refused),
-            DeleteResult::Unanswered => Outcome::Retry(Failure::Unanswered),
+            // Revoked at once, before anything else is decided for the claim (in a dry run
+            // nothing that can land was sent).
+            DeleteResult::Unanswered => match self.resolve_outstanding(key).await {
+                Some(outcome) => outcome,
+                None => Outcome::Retry(Failure::Unanswered),
+            },
         }
     }
 
@@ -1444,8 +1522,13 @@ mod tests {
         claim_state: Mutex<Option<(String, bool)>>,
         /// The one PersistentVolume there is, read and listed.
         volume: Mutex<Option<VolumeFacts>>,
-        /// The volume writes, in order: `mark NAME UID`, `unmark NAME`, `delete NAME`.
+        /// The writes, in order: `delete claim NAME`, `revoke claim NAME RV`,
+        /// `mark NAME UID`, `delete NAME` (a volume).
         volume_writes: Mutex<Vec<String>>,
+        /// The answers to the next revocations; `Revoked` once none is left.
+        revocations: Mutex<VecDeque<Revocation>>,
+        /// The DELETEs in flight the Lease named when won.
+        found: Mutex<Vec<InFlight>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1507,6 +1590,20 @@ mod tests {
                 .unwrap_or(Ok(DeleteResult::Deleted))
         }
 
+        async fn revoke(&self, delete: &InFlight, _: &Metrics) -> Revocation {
+            let write = format!("revoke claim {} {}", delete.name, delete.resource_version);
+            lock(&self.volume_writes).push(write);
+            lock(&self.revocations)
+                .pop_front()
+                .unwrap_or(Revocation::Revoked)
+        }
+
+        fn settle(&self, _: &InFlight) {}
+
+        fn found_in_flight(&self) -> Vec<InFlight> {
+            lock(&self.found).clone()
+        }
+
         async fn notify(&self, _: &ClaimFacts, notice: Notice, _: &Metrics) {
             lock(&self.notices).push(notice);
         }
@@ -1535,18 +1632,13 @@ mod tests {
             &self,
             volume: &VolumeFacts,
             claim_uid: &str,
-            _: Instant,
             _: &Metrics,
-        ) -> Result<Option<VolumeFacts>, NotSent> {
+        ) -> Option<VolumeFacts> {
             lock(&self.volume_writes).push(format!("mark {} {claim_uid}", volume.name));
-            Ok(Some(VolumeFacts {
+            Some(VolumeFacts {
                 marked_claim_uid: Some(claim_uid.into()),
                 ..volume.clone()
-            }))
-        }
-
-        async fn unmark_volume(&self, marked: &VolumeFacts, _: &Metrics) {
-            lock(&self.volume_writes).push(format!("unmark {}", marked.name));
+            })
         }
 
         async fn delete_volume(&self, volume: &VolumeFacts, _: Instant, _: &Metrics) -> SendResult {
@@ -1715,38 +1807,108 @@ mod tests {
         let cluster = FakeCluster::default();
         lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
         let c = controller(cluster, 1, &[due("a"), due("b")], true);
-        assert_eq!(
-            c.clone().reconcile(key("a")).await,
-            Outcome::Retry(Failure::Unanswered)
-        );
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         // It may have been carried out: the cap of one holds `b` back.
         let outcome = c.clone().reconcile(key("b")).await;
         assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
         assert_eq!(lock(&c.cluster.sent).len(), 1);
     }
 
+    /// The claim's writes so far, as the fake cluster logged them.
+    fn writes(c: &Controller<FakeCluster, FakeClock>) -> Vec<String> {
+        lock(&c.cluster.volume_writes).clone()
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn after_an_unanswered_delete_the_claim_is_read_before_anything_is_sent_again() {
+    async fn an_unanswered_delete_is_revoked_before_anything_else_is_sent() {
         let cluster = FakeCluster::default();
         lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        lock(&cluster.revocations).push_back(Revocation::Unanswered);
+        let c = controller(cluster, 10, &[due("a")], true);
+        // Revoked at once, in the same reconcile; no answer to that either: kept, retried.
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::Unanswered)
+        );
+        assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
+        // Whatever the cache says, the revocation comes first, and nothing else is sent.
+        lock(&c.cluster.live_pods).push(pod_mounting("a"));
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(
+            writes(&c),
+            ["delete claim a", "revoke claim a 1", "revoke claim a 1"]
+        );
+        assert_eq!(lock(&c.cluster.sent).len(), 1, "no DELETE sent meanwhile");
+        // Revoked: the claim is decided again from the start (here a build uses it).
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::LiveDisagrees)
+        );
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revocation_that_finds_the_delete_landed_sends_nothing_again() {
+        let cluster = FakeCluster::default();
         lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
-        // It was carried out: the claim is being deleted.
+        lock(&cluster.revocations).push_back(Revocation::Landed);
+        // Being deleted, as the revocation found it; the cache has not caught up.
         *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+        let c = controller(cluster, 10, &[due("a")], true);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_revocation_is_read_live() {
+        // Refused, and the claim is there as it was: the DELETE may still land. Kept, retried.
+        let cluster = FakeCluster::default();
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        lock(&cluster.revocations).push_back(Revocation::Refused);
+        *lock(&cluster.claim_state) = Some(("a-uid".into(), false));
         let c = controller(cluster, 10, &[due("a")], true);
         assert_eq!(
             c.clone().reconcile(key("a")).await,
             Outcome::Retry(Failure::Unanswered)
         );
+        // Refused because the claim was re-created under its name: the DELETE (with the old
+        // UID) can land on nothing.
+        lock(&c.cluster.revocations).push_back(Revocation::Refused);
+        *lock(&c.cluster.claim_state) = Some(("new-uid".into(), false));
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
-        assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
-        // Another unanswered one, not carried out: the claim is there as it was, so it goes
-        // through the whole path again.
-        *lock(&c.cluster.claim_state) = Some(("a-uid".into(), false));
+        assert!(c.lock_outstanding().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_leaves_the_revocation_to_the_leader() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        lock(&cluster.revocations).push_back(Revocation::Unanswered);
+        let c = controller(cluster, 10, &[due("a")], true);
         c.clone().reconcile(key("a")).await;
-        assert_eq!(lock(&c.cluster.sent).len(), 2);
-        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
-        assert_eq!(lock(&c.cluster.sent).len(), 3);
-        assert_eq!(lock(&c.cluster.reads).len(), 3, "each send re-checked live");
+        let standby = Controller {
+            leading: watch::channel(false).1,
+            ..Arc::into_inner(c).unwrap()
+        };
+        let standby = Arc::new(standby);
+        assert_eq!(standby.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(writes(&standby), ["delete claim a", "revoke claim a 1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deletes_the_lease_names_are_revoked_on_winning() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.found).push(InFlight {
+            namespace: "ml".into(),
+            name: "a".into(),
+            uid: "a-uid".into(),
+            resource_version: "1".into(),
+        });
+        let c = controller(cluster, 10, &[due("a")], true);
+        c.revoke_found().await;
+        assert_eq!(writes(&c), ["revoke claim a 1"]);
+        assert!(c.lock_outstanding().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -1897,16 +2059,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_retain_volume_is_marked_before_its_claims_delete() {
+    async fn a_retain_volume_is_marked_once_its_claims_delete_succeeded() {
         let (claim, volume) = bound_to_a_retain_volume();
         let cluster = FakeCluster::default();
         *lock(&cluster.volume) = Some(volume);
         let c = controller_with(cluster, 10, &[claim], true, releasing);
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
-        assert_eq!(
-            lock(&c.cluster.volume_writes).clone(),
-            ["mark pv-1 a-uid", "delete claim a"]
-        );
+        assert_eq!(writes(&c), ["delete claim a", "mark pv-1 a-uid"]);
         // Reported as kept, as with read_volumes alone.
         assert_eq!(
             lock(&c.cluster.notices).clone(),
@@ -1927,23 +2086,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_claim_delete_not_carried_out_takes_the_mark_off() {
-        for answer in [
-            DeleteResult::Failed,
-            DeleteResult::Conflict,
-            DeleteResult::NotFound,
+    async fn a_claim_delete_not_known_to_have_been_carried_out_marks_nothing() {
+        for (answer, revocation) in [
+            (DeleteResult::Failed, None),
+            (DeleteResult::Conflict, None),
+            (DeleteResult::NotFound, None),
+            (DeleteResult::Unanswered, Some(Revocation::Revoked)),
+            // It landed late: carried out, but whether by this DELETE is not known.
+            (DeleteResult::Unanswered, Some(Revocation::Landed)),
         ] {
             let (claim, volume) = bound_to_a_retain_volume();
             let cluster = FakeCluster::default();
             *lock(&cluster.volume) = Some(volume);
             lock(&cluster.answers).push_back(Ok(answer));
+            lock(&cluster.revocations).extend(revocation);
             let c = controller_with(cluster, 10, &[claim], true, releasing);
             c.clone().reconcile(key("a")).await;
-            assert_eq!(
-                lock(&c.cluster.volume_writes).clone(),
-                ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
-                "{answer:?}"
-            );
+            let marks = writes(&c).into_iter().filter(|w| w.starts_with("mark"));
+            assert_eq!(marks.count(), 0, "{answer:?} {revocation:?}");
         }
     }
 
@@ -1989,35 +2149,6 @@ mod tests {
         *lock(&c.cluster.volume) = Some(released);
         c.sweep(ttl).await;
         assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete pv-1"]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn after_an_unanswered_delete_not_carried_out_the_mark_comes_off_first() {
-        let (claim, volume) = bound_to_a_retain_volume();
-        let cluster = FakeCluster::default();
-        *lock(&cluster.volume) = Some(volume);
-        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
-        let c = controller_with(cluster, 10, &[claim], true, releasing);
-        c.clone().reconcile(key("a")).await;
-        assert_eq!(
-            lock(&c.cluster.volume_writes).clone(),
-            ["mark pv-1 a-uid", "delete claim a"],
-            "it may have been carried out: the mark stays"
-        );
-        // Not carried out: the claim is there as it was; the mark the fake wrote is read back.
-        *lock(&c.cluster.claim_state) = Some(("a-uid".into(), false));
-        let marked = lock(&c.cluster.volume).clone().map(|v| VolumeFacts {
-            marked_claim_uid: Some("a-uid".into()),
-            ..v
-        });
-        *lock(&c.cluster.volume) = marked;
-        lock(&c.cluster.live_pods).push(pod_mounting("a"));
-        c.clone().reconcile(key("a")).await;
-        assert_eq!(
-            lock(&c.cluster.volume_writes).clone(),
-            ["mark pv-1 a-uid", "delete claim a", "unmark pv-1"],
-            "a build now uses it: kept, and unmarked"
-        );
     }
 
     #[test]

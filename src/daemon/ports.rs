@@ -13,11 +13,11 @@ use kube::Client;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
-use crate::cluster::leader::Fence;
+use crate::cluster::leader::{Fence, InFlight};
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::progress::{self, Delivery};
 use crate::cluster::server_clock::ServerClock;
-use crate::cluster::writer::{Mode, NotSent, Notice, Writer};
+use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
 use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
@@ -80,6 +80,21 @@ pub trait Cluster: Send + Sync + 'static {
         metrics: &Metrics,
     ) -> impl Future<Output = Result<DeleteResult, NotSent>> + Send;
 
+    /// Revokes a DELETE without a definite answer by changing its claim (see
+    /// [`Writer::revoke`]).
+    fn revoke(
+        &self,
+        delete: &InFlight,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Revocation> + Send;
+
+    /// A DELETE without a definite answer can no longer land: its claim was found gone,
+    /// re-created or being deleted. It leaves the Lease.
+    fn settle(&self, delete: &InFlight);
+
+    /// The DELETEs in flight the Lease named when this replica won it.
+    fn found_in_flight(&self) -> Vec<InFlight>;
+
     fn notify(
         &self,
         claim: &ClaimFacts,
@@ -118,22 +133,14 @@ pub trait Cluster: Send + Sync + 'static {
     /// Every PersistentVolume; `None` when they cannot be listed.
     fn volumes(&self, metrics: &Metrics) -> impl Future<Output = Option<Vec<VolumeFacts>>> + Send;
 
-    /// Writes the UID of the claim about to be deleted on its volume (see
-    /// [`Writer::mark_volume`]); the volume as marked, `None` if not.
+    /// Writes the UID of the claim just deleted on its volume (see [`Writer::mark_volume`]);
+    /// the volume as marked, `None` if not.
     fn mark_volume(
         &self,
         volume: &VolumeFacts,
         claim_uid: &str,
-        deadline: Instant,
         metrics: &Metrics,
-    ) -> impl Future<Output = Result<Option<VolumeFacts>, NotSent>> + Send;
-
-    /// Removes a mark whose claim was not deleted after all.
-    fn unmark_volume(
-        &self,
-        marked: &VolumeFacts,
-        metrics: &Metrics,
-    ) -> impl Future<Output = ()> + Send;
+    ) -> impl Future<Output = Option<VolumeFacts>> + Send;
 
     /// Deletes a Released volume as judged (see [`Writer::delete_volume`]).
     fn delete_volume(
@@ -241,6 +248,18 @@ impl Cluster for KubeCluster {
         self.writer.delete(claim, &ledger, deadline, metrics).await
     }
 
+    async fn revoke(&self, delete: &InFlight, metrics: &Metrics) -> Revocation {
+        self.writer.revoke(delete, metrics).await
+    }
+
+    fn settle(&self, delete: &InFlight) {
+        self.writer.settle(delete);
+    }
+
+    fn found_in_flight(&self) -> Vec<InFlight> {
+        self.fence.found_in_flight()
+    }
+
     async fn notify(&self, claim: &ClaimFacts, notice: Notice, metrics: &Metrics) {
         self.writer.notify(claim, notice, metrics).await;
     }
@@ -275,16 +294,9 @@ impl Cluster for KubeCluster {
         &self,
         volume: &VolumeFacts,
         claim_uid: &str,
-        deadline: Instant,
         metrics: &Metrics,
-    ) -> Result<Option<VolumeFacts>, NotSent> {
-        (self.writer)
-            .mark_volume(volume, claim_uid, deadline, metrics)
-            .await
-    }
-
-    async fn unmark_volume(&self, marked: &VolumeFacts, metrics: &Metrics) {
-        self.writer.unmark_volume(marked, metrics).await;
+    ) -> Option<VolumeFacts> {
+        self.writer.mark_volume(volume, claim_uid, metrics).await
     }
 
     async fn delete_volume(

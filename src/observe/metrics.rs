@@ -233,6 +233,8 @@ pub enum LedgerFault {
     Changed,
     /// The Lease was deleted while this replica led or stood by: created again with the ledger.
     Lost,
+    /// The DELETEs in flight it names cannot be read: none of them can be revoked.
+    InFlight,
 }
 
 impl LedgerFault {
@@ -243,6 +245,7 @@ impl LedgerFault {
             LedgerFault::Date => "date",
             LedgerFault::Changed => "changed",
             LedgerFault::Lost => "lost",
+            LedgerFault::InFlight => "in-flight",
         }
     }
 }
@@ -252,15 +255,31 @@ struct ResultLabels {
     result: &'static str,
 }
 
-/// What became of the mark on a `Retain` volume before its claim's delete: the `result` label.
+/// What became of the mark on a `Retain` volume after its claim's delete: the `result` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
     /// Written: the volume may be deleted once Released.
     Marked,
     /// Not written: the claim is deleted all the same, and its volume never qualifies.
     Failed,
-    /// Taken off again: the claim's delete was not carried out.
-    Removed,
+}
+
+/// What a revocation of a DELETE without a definite answer found: the `result` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoked {
+    /// The claim changed: the DELETE fails its precondition whenever it arrives.
+    Revoked,
+    /// No definite answer, or refused: the claim stays kept and it is tried again.
+    NotRevoked,
+}
+
+impl Revoked {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Revoked::Revoked => "revoked",
+            Revoked::NotRevoked => "not-revoked",
+        }
+    }
 }
 
 impl Mark {
@@ -268,7 +287,6 @@ impl Mark {
         match self {
             Mark::Marked => "marked",
             Mark::Failed => "failed",
-            Mark::Removed => "removed",
         }
     }
 }
@@ -295,6 +313,8 @@ pub struct Metrics {
     retained_bytes: Counter,
     volume_marks: Family<ResultLabels, Counter>,
     volume_deletions: Family<ResultLabels, Counter>,
+    revocations: Family<ResultLabels, Counter>,
+    deletes_late: Counter,
     reconcile_duration: Histogram,
     reclaim_lag: Histogram,
     api_errors: Family<ApiErrorLabels, Counter>,
@@ -327,6 +347,8 @@ impl Metrics {
             retained_bytes: Counter::default(),
             volume_marks: Family::default(),
             volume_deletions: Family::default(),
+            revocations: Family::default(),
+            deletes_late: Counter::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             reclaim_lag: Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
             api_errors: Family::default(),
@@ -380,10 +402,23 @@ impl Metrics {
         );
         r.register(
             "volume_marks",
-            "Claim UIDs written on Retain volumes before their claims' deletes \
-             (deletion.released_volume_ttl), by result: marked, failed (the volume never \
-             qualifies) or removed (the claim was not deleted after all)",
+            "Claim UIDs written on Retain volumes once their claims' deletes were answered with \
+             success (deletion.released_volume_ttl), by result: marked or failed (the volume never \
+             qualifies)",
             metrics.volume_marks.clone(),
+        );
+        r.register(
+            "revocations",
+            "Claim DELETEs without a definite answer revoked by changing the claim, by result: \
+             revoked (the DELETE fails its precondition whenever it arrives) or not-revoked \
+             (tried again; the claim is kept meanwhile)",
+            metrics.revocations.clone(),
+        );
+        r.register(
+            "deletes_late",
+            "Claim DELETEs without a definite answer found carried out when revoked: the claim \
+             was gone, being deleted or re-created. Counted against the blast-radius cap",
+            metrics.deletes_late.clone(),
         );
         r.register(
             "volume_deletions",
@@ -572,6 +607,18 @@ impl Metrics {
                 result: result.as_str(),
             })
             .inc();
+    }
+
+    pub fn revocation(&self, result: Revoked) {
+        (self.revocations)
+            .get_or_create(&ResultLabels {
+                result: result.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn delete_late(&self) {
+        self.deletes_late.inc();
     }
 
     pub fn volume_deletion(&self, result: DeleteResult) {

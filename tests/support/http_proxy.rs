@@ -144,6 +144,11 @@ pub enum Fault {
     /// Forwards, then closes the connection instead of answering: executed, but the client
     /// never hears how.
     LoseResponse,
+    /// Holds the request until the rule is removed or cleared, then forwards it whatever
+    /// became of the client (gone, as an L7 load balancer serves a request whose client left);
+    /// the API server's answer is recorded ([`super::Proxy::forwarded`]) and passed on if the
+    /// client still waits.
+    HoldAndForward,
 }
 
 impl Fault {
@@ -228,6 +233,16 @@ impl Rule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleId(u64);
 
+/// A held request, as the API server answered it once forwarded.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    /// When the API server answered it.
+    pub at: DateTime<Utc>,
+    pub request: RequestInfo,
+    /// Its status code; 0 when the API server could not be reached.
+    pub status: u16,
+}
+
 /// One request a rule applied to.
 #[derive(Debug, Clone)]
 pub struct Faulted {
@@ -282,6 +297,7 @@ pub(super) struct Rules {
     /// Requests a rule answered itself or reset before the server saw them.
     refused: AtomicU64,
     faulted: Mutex<Vec<Faulted>>,
+    forwarded: Mutex<Vec<Forwarded>>,
     changed: watch::Sender<u64>,
 }
 
@@ -318,6 +334,10 @@ impl Rules {
 
     pub(super) fn faulted(&self) -> Vec<Faulted> {
         lock(&self.faulted).clone()
+    }
+
+    pub(super) fn forwarded(&self) -> Vec<Forwarded> {
+        lock(&self.forwarded).clone()
     }
 
     /// The first rule with uses left that matches, counted as used.
@@ -440,7 +460,10 @@ impl Interceptor {
             .await;
     }
 
-    async fn exchange(&self, request: Request<Incoming>) -> Result<Response<ProxyBody>, Reset> {
+    async fn exchange(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, Reset> {
         let path = request
             .uri()
             .path_and_query()
@@ -490,6 +513,23 @@ impl Interceptor {
             .map_err(|_| Reset)?;
         // An API server that is down looks to the client as it would without the proxy: the
         // connection fails.
+        if let Some((id, Fault::HoldAndForward)) = applied {
+            // Its own task: dropping this exchange (the client gave up) does not stop it.
+            let this = self.clone();
+            let held = tokio::spawn(async move {
+                this.rules.removed(id).await;
+                let response = this.client.request(upstream).await;
+                let status = response.as_ref().map_or(0, |r| r.status().as_u16());
+                lock(&this.rules.forwarded).push(Forwarded {
+                    at: Utc::now(),
+                    request: info,
+                    status,
+                });
+                response
+            });
+            let response = held.await.map_err(|_| Reset)?.map_err(|_| Reset)?;
+            return Ok(response.map(Either::Left));
+        }
         let response = self.client.request(upstream).await.map_err(|_| Reset)?;
         match applied {
             Some((_, Fault::DelayResponse(delay))) => tokio::time::sleep(delay).await,

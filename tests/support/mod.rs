@@ -46,7 +46,7 @@ pub use daemon::{Daemon, Process, audit_rows, binary};
 #[allow(unused_imports)]
 pub use faketime::faketime;
 #[allow(unused_imports)]
-pub use http_proxy::{Fault, Faulted, RequestInfo, Rule, RuleId, service_account};
+pub use http_proxy::{Fault, Faulted, Forwarded, RequestInfo, Rule, RuleId, service_account};
 #[allow(unused_imports)]
 pub use kubelet::{PodState, kubelet};
 #[allow(unused_imports)]

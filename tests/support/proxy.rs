@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::ControlPlane;
-use super::http_proxy::{Faulted, Interceptor, Rule, RuleId, Rules};
+use super::http_proxy::{Faulted, Forwarded, Interceptor, Rule, RuleId, Rules};
 
 /// One proxied connection's "held" switch: while set, what goes to the client waits.
 #[derive(Default)]
@@ -258,6 +258,12 @@ impl Proxy {
     /// Every request a rule applied to, in order.
     pub fn faulted(&self) -> Vec<Faulted> {
         self.rules().faulted()
+    }
+
+    /// The requests a [`super::Fault::HoldAndForward`] rule held and then forwarded, with the
+    /// API server's answers, in the order they were answered.
+    pub fn forwarded(&self) -> Vec<Forwarded> {
+        self.rules().forwarded()
     }
 
     fn rules(&self) -> &Rules {
