@@ -26,10 +26,9 @@ use support::graph::rfc3339;
 use support::{
     ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fate, Fault, JobBuilder,
     PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
-    capped, daemon_role, deleted, deleted_count, deleted_events, elected_role, elected_vars,
-    events, expiring, fate, finished_build, in_secs, log_dir, metric, metric_sum,
-    notebook_validation_job_resource, overdue_under_a_cap, pipeline_run_resource, set_var,
-    wait_until,
+    capped, daemon_role, deleted, deleted_count, deleted_events, elected_vars, events, expiring,
+    fate, finished_build, in_secs, log_dir, metric, metric_sum, notebook_validation_job_resource,
+    overdue_under_a_cap, pipeline_run_resource, replica_through, set_var, wait_until,
 };
 use workspace_gc::config::Config;
 use workspace_gc::contract::annotations;
@@ -1059,22 +1058,6 @@ async fn a_saturated_cap_tells_each_held_claim_once() {
     assert!(status.success(), "{status}");
 }
 
-/// A replica as ServiceAccount `name` with the daemon's Role, its kubeconfig through `proxy`.
-async fn replica_through(
-    cp: &ControlPlane,
-    ns: &TestNamespace,
-    name: &str,
-    proxy: &Proxy,
-) -> std::path::PathBuf {
-    ns.api::<Role>()
-        .create(&PostParams::default(), &elected_role(name))
-        .await
-        .expect("role");
-    ns.bind_role(name, name).await;
-    let direct = cp.service_account_kubeconfig(ns.name(), name).await;
-    proxy.kubeconfig(cp, &direct)
-}
-
 /// A saturated API Priority and Fairness level answers a DELETE 429 with `Retry-After`. kube's
 /// client used to re-send it by itself a couple of seconds later, after the live re-check and
 /// the fence it rested on: here, after a build had started using the claim. Now the refusal goes
@@ -1145,6 +1128,88 @@ async fn a_throttled_delete_is_never_sent_again_for_the_same_decision() {
         1.0,
         "{text}"
     );
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// Whether claim `name` carries the revocation annotation: the daemon changed it after a
+/// DELETE of it got no definite answer.
+async fn revoked(ns: &TestNamespace, name: &str) -> bool {
+    ns.api::<PersistentVolumeClaim>()
+        .get_opt(name)
+        .await
+        .expect("read the claim")
+        .and_then(|claim| claim.metadata.annotations)
+        .is_some_and(|notes| notes.contains_key(annotations::REVOKED))
+}
+
+/// A hop between the daemon and the API server (an L7 load balancer, a mesh sidecar) holds
+/// the claim's DELETE past the daemon's deadline and forwards it after the daemon gave up,
+/// with its preconditions still matching. Meanwhile a build starts on the claim. The daemon
+/// revokes the DELETE it got no answer for by changing the claim, so the late DELETE fails its
+/// precondition (409) and the build keeps its workspace. (Before, the late DELETE landed.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_forwarded_after_the_daemon_gave_up_fails_its_precondition() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "late").await;
+    let proxy = Proxy::http(cp).await;
+    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+    let user = support::service_account(ns.name(), "gc");
+    let held = proxy.add(
+        Rule::new("delete", "persistentvolumeclaims", Fault::HoldAndForward)
+            .user(user)
+            .times(1),
+    );
+    let logs = log_dir("faults");
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &elected_vars(&ns, "4s"),
+        "gc",
+        &logs.path().join("gc.log"),
+    );
+    let claim = "late-build-workspace";
+    expiring(claim, in_secs(-60)).create(&ns).await;
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(held) == 1 }).await,
+        "the DELETE was sent, and is held:\n{}",
+        daemon.logs()
+    );
+    // A re-run starts on the claim while the DELETE is on its way.
+    PodBuilder::new("rerun")
+        .mounting(claim)
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    // The daemon gives up at its deadline (LIVE_BOUND) and revokes; waited for, not asserted
+    // yet: what matters is what the late DELETE does.
+    let was_revoked = wait_until(secs(20), || revoked(&ns, claim)).await;
+    proxy.remove(held);
+    assert!(
+        wait_until(secs(15), || async { proxy.forwarded().len() == 1 }).await,
+        "the hop forwarded the held DELETE"
+    );
+    let forwarded = proxy.forwarded();
+    assert_eq!(
+        fate(&ns, claim).await,
+        Fate::Live,
+        "the late DELETE must not take the re-run's workspace (it was answered {}):\n{}",
+        forwarded[0].status,
+        daemon.logs()
+    );
+    assert!(was_revoked, "the claim was revoked:\n{}", daemon.logs());
+    assert_eq!(forwarded[0].status, 409, "refused by its precondition");
+    let text = daemon.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "workspace_gc_revocations_total",
+            "result=\"revoked\""
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "workspace_gc_deletes_late_total", ""), 0.0);
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::ObjectMeta;
+use kube::api::{ObjectMeta, PostParams};
 
-use super::{Process, TestNamespace, metric, policy_rule, wait_until};
+use super::{ControlPlane, Process, Proxy, TestNamespace, metric, policy_rule, wait_until};
 
 /// A directory for the logs of the replicas a test starts, named after the test file.
 pub fn log_dir(file: &str) -> tempfile::TempDir {
@@ -140,8 +140,10 @@ pub async fn overdue_under_a_cap(
 
 /// The daemon's Role, with or without `delete` on claims.
 pub fn daemon_role(can_delete: bool) -> Role {
+    // `patch` revokes a DELETE that got no definite answer (the admission guard allows only
+    // that change).
     let claim_verbs: &[&str] = if can_delete {
-        &["get", "list", "watch", "delete"]
+        &["get", "list", "watch", "delete", "patch"]
     } else {
         &["get", "list", "watch"]
     };
@@ -181,4 +183,21 @@ pub fn elected_role(name: &str) -> Role {
         ));
     }
     role
+}
+
+/// A replica as ServiceAccount `name` with the daemon's Role (and the Lease rights), its
+/// kubeconfig through `proxy`.
+pub async fn replica_through(
+    cp: &ControlPlane,
+    ns: &TestNamespace,
+    name: &str,
+    proxy: &Proxy,
+) -> std::path::PathBuf {
+    ns.api::<Role>()
+        .create(&PostParams::default(), &elected_role(name))
+        .await
+        .expect("role");
+    ns.bind_role(name, name).await;
+    let direct = cp.service_account_kubeconfig(ns.name(), name).await;
+    proxy.kubeconfig(cp, &direct)
 }
