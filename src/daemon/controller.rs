@@ -589,8 +589,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .policy
     }
 
-    /// As the leader, warns on a Namespace whose workspace-gc annotations are ignored: once per
-    /// change of them.
+    /// As the leader, warns on a Namespace whose workspace-gc annotations are not understood (its
+    /// claims are kept): once per change of them.
     async fn warn_namespace(&self, namespace: &str) {
         if self.policies.namespaces.is_none() || !self.is_leader() {
             return;
@@ -598,19 +598,19 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Some(annotations) = self.read_index().namespace_annotations(namespace).cloned() else {
             return;
         };
-        let ignored = self.policies.for_namespace(Some(&annotations)).problems;
+        let invalid = self.policies.for_namespace(Some(&annotations)).problems;
         let first = {
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
             let known = warned.get(namespace) == Some(&annotations);
             warned.insert(namespace.to_owned(), annotations);
             !known
         };
-        if first && !ignored.is_empty() {
-            for problem in &ignored {
-                warn!(%namespace, %problem, "namespace annotation ignored");
+        if first && !invalid.is_empty() {
+            for problem in &invalid {
+                warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
             }
             (self.cluster)
-                .notify_namespace(namespace, &ignored, &self.metrics)
+                .notify_namespace(namespace, &invalid, &self.metrics)
                 .await;
         }
     }
@@ -1396,7 +1396,7 @@ mod tests {
     use super::*;
     use crate::daemon::cap_ledger::Ledger;
     use crate::decide::facts::PodEntry;
-    use crate::decide::namespace::Ignored;
+    use crate::decide::namespace::Invalid;
     use crate::decide::quota::{Pressure, QuotaEntry};
 
     /// A synced index holding `claims` and `pods`, as the watches would leave it.
@@ -1513,7 +1513,7 @@ mod tests {
 
         async fn notify_quota_pressure(&self, _: &Pressure, _: &Metrics) {}
 
-        async fn notify_namespace(&self, _: &str, _: &[Ignored], _: &Metrics) {}
+        async fn notify_namespace(&self, _: &str, _: &[Invalid], _: &Metrics) {}
 
         async fn namespace_annotations(
             &self,
