@@ -1394,8 +1394,9 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
+    use crate::contract::annotations::NS_COLLECT;
     use crate::daemon::cap_ledger::Ledger;
-    use crate::decide::facts::PodEntry;
+    use crate::decide::facts::{NamespaceEntry, PodEntry};
     use crate::decide::namespace::Invalid;
     use crate::decide::quota::{Pressure, QuotaEntry};
 
@@ -1446,6 +1447,8 @@ mod tests {
         volume: Mutex<Option<VolumeFacts>>,
         /// The volume writes, in order: `mark NAME UID`, `unmark NAME`, `delete NAME`.
         volume_writes: Mutex<Vec<String>>,
+        /// The claims' Namespace's annotations as a live read finds them; `None`: unreadable.
+        live_namespace: Mutex<Option<BTreeMap<String, String>>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1520,7 +1523,7 @@ mod tests {
             _: &str,
             _: &Metrics,
         ) -> Option<BTreeMap<String, String>> {
-            None
+            lock(&self.live_namespace).clone()
         }
 
         async fn volume(&self, _: &str, _: &Metrics) -> Option<VolumeFacts> {
@@ -1682,6 +1685,31 @@ mod tests {
         // The slot `a` took is free again: `b` (whose live view has no user) gets the cap's one.
         lock(&c.cluster.live_pods).clear();
         assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    /// A Namespace annotation not understood, as the live re-check reads it, keeps a claim the
+    /// cache found due; once it is fixed, the claim goes.
+    #[tokio::test(start_paused = true)]
+    async fn namespace_settings_not_understood_in_the_live_read_keep_the_claim() {
+        let cluster = FakeCluster::default();
+        let helm = BTreeMap::from([(NS_COLLECT.to_owned(), "False".to_owned())]);
+        *lock(&cluster.live_namespace) = Some(helm);
+        let c = controller_with(cluster, 10, &[due("a")], true, |config| {
+            config.namespace_policy.enabled = true;
+        });
+        c.write_index()
+            .update(Update::Namespace(Change::Apply(NamespaceEntry {
+                key: ObjectKey::new("", "ml"),
+                annotations: BTreeMap::new(),
+            })));
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::LiveDisagrees)
+        );
+        assert!(lock(&c.cluster.sent).is_empty());
+        *lock(&c.cluster.live_namespace) = Some(BTreeMap::new());
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         assert_eq!(lock(&c.cluster.sent).len(), 1);
     }
 
