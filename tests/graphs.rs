@@ -171,20 +171,32 @@ fn the_oracle_reads_namespace_settings_within_their_bounds() {
         (false, false),
         "a failed build, longer"
     );
-    for ignored in ["soon", "0s", "10m", "300000000y"] {
+    // A setting not understood keeps every claim, however due.
+    for invalid in ["soon", "P7D", "0s", "10m", "300000000y"] {
         assert_eq!(
-            judge(&world(json!({ttl: ignored}))),
-            (true, true),
-            "{ignored}"
+            judge(&world(json!({ttl: invalid}))),
+            (false, false),
+            "{invalid}"
         );
     }
     let collect = "workspace-gc.mlops.dev/collect";
-    assert_eq!(judge(&world(json!({collect: " false "}))), (false, false));
-    assert_eq!(judge(&world(json!({collect: "nope"}))), (true, true));
+    assert_eq!(judge(&world(json!({collect: "false"}))), (false, false));
+    assert_eq!(judge(&world(json!({collect: "true"}))), (true, true));
+    for invalid in [" false ", "False", "TRUE", "nope"] {
+        assert_eq!(
+            judge(&world(json!({collect: invalid}))),
+            (false, false),
+            "{invalid}"
+        );
+    }
+    let misspelt = json!({"workspace-gc.mlops.dev/ttl-after-finish": "2h"});
+    assert_eq!(judge(&world(misspelt)), (false, false), "a misspelt key");
+    let foreign = json!({"example.com/collect": "False"});
+    assert_eq!(judge(&world(foreign)), (true, true), "not under the prefix");
     let mut unseen = world(json!({}));
     unseen.namespaces.clear();
     assert_eq!(judge(&unseen), (false, false), "no Namespace object");
-    // max-age under orphan-grace: the namespace's max-age does not count.
+    // max-age under orphan-grace keeps every claim too.
     let orphan = |annotations: Value| World {
         claims: vec![claim("c", 1900, json!({}))],
         namespaces: vec![json!({"metadata": {"name": NS, "annotations": annotations}})],

@@ -380,11 +380,12 @@ fn every_verdict_and_reason() {
         assert_eq!(decision.verdict, expected, "{name}");
         covered.insert(expected.reason());
     }
-    // A namespace that switches collection off, or whose settings could not be read, keeps
-    // even an overdue claim; a protection still reports first.
+    // A namespace that switches collection off, whose settings could not be read, or that has
+    // a setting not understood, keeps even an overdue claim; a protection still reports first.
     for (collection, reason) in [
         (Collection::Off, Reason::CollectionOff),
         (Collection::Unknown, Reason::NamespaceUnknown),
+        (Collection::Invalid, Reason::InvalidNamespacePolicy),
     ] {
         let off = Policy {
             collection,
@@ -469,6 +470,7 @@ fn any_annotation() -> impl Strategy<Value = Option<(&'static str, String)>> {
         1 => Just(Some((KEEP, "true".to_owned()))),
         1 => Just(Some((KEEP, "false".to_owned()))),
         1 => Just(Some((KEEP, "maybe".to_owned()))),
+        1 => Just(Some((KEEP, "True".to_owned()))),
         1 => (0u64..100_000).prop_map(|s| Some((TTL, format!("{s}s")))),
         1 => Just(Some((TTL, "later".to_owned()))),
         1 => any_instant().prop_map(|t| Some((EXPIRES, t.to_rfc3339()))),
@@ -522,6 +524,7 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         6 => Just(Collection::On),
         1 => Just(Collection::Off),
         1 => Just(Collection::Unknown),
+        1 => Just(Collection::Invalid),
     ];
     let durations = (
         any_duration(),

@@ -138,50 +138,33 @@ async fn has_event(ns: &TestNamespace, reason: &str, note: &str) -> bool {
 }
 
 /// A namespace's annotations choose when its claims are due: a longer TTL keeps a finished
-/// build's workspace, `collect: "false"` keeps everything, and a value that does not parse or
-/// lies outside the bounds keeps the cluster's value, with a warning event in that namespace.
-/// Changing the annotations re-evaluates the namespace's claims at once.
+/// build's workspace and `collect: "false"` keeps everything, while a namespace without any gets
+/// the cluster's policy. Changing the annotations re-evaluates the namespace's claims at once.
 ///
 /// Run statuses written by hand: runs finished five minutes ago, between the TTLs compared.
 #[tokio::test(flavor = "multi_thread")]
 async fn namespace_annotations_choose_when_claims_are_due() {
-    let (longer, off, bad) = (
+    let (longer, off, plain) = (
         ns("ns-longer").await,
         ns("ns-off").await,
-        ns("ns-bad").await,
+        ns("ns-plain").await,
     );
     annotate(&longer, json!({annotations::NS_TTL_AFTER_FINISHED: "1h"})).await;
     annotate(&off, json!({annotations::NS_COLLECT: "false"})).await;
-    annotate(
-        &bad,
-        json!({annotations::NS_TTL_AFTER_FINISHED: "soon", annotations::NS_MAX_AGE: "1m"}),
-    )
-    .await;
     let done = Utc::now() - chrono::Duration::minutes(5);
-    for ns in [&longer, &off, &bad] {
+    for ns in [&longer, &off, &plain] {
         finished_build(ns, "nb", done).await;
     }
-    let config = config_over(&[&longer, &off, &bad]);
+    let config = config_over(&[&longer, &off, &plain]);
     let daemon = Daemon::start(longer.client().clone(), config.clone(), "ns-policy").await;
 
     assert!(
         wait_until(secs(10), || async {
-            !claim_exists(&bad, "nb-build-workspace").await
+            !claim_exists(&plain, "nb-build-workspace").await
         })
         .await,
-        "the cluster's TTL applies where the namespace's values are ignored"
+        "the cluster's TTL applies where the namespace sets nothing"
     );
-    assert!(
-        wait_until(secs(10), || has_event(
-            &bad,
-            "InvalidNamespacePolicy",
-            "may not shorten"
-        ))
-        .await,
-        "a warning event in the namespace names the value out of bounds:\n{:#?}",
-        bad.events().await
-    );
-    assert!(has_event(&bad, "InvalidNamespacePolicy", "\"soon\"").await);
     // Decided in the same pass as the claim above.
     for ns in [&longer, &off] {
         assert!(
@@ -214,6 +197,124 @@ async fn namespace_annotations_choose_when_claims_are_due() {
         "removing the annotation makes the claim due"
     );
     assert!(claim_exists(&off, "nb-build-workspace").await);
+    daemon.stop().await;
+}
+
+/// A workspace-gc annotation on a Namespace that the daemon does not understand keeps every
+/// claim there until it is fixed, where it used to be ignored (the cluster's policy applied,
+/// and the claims went): `collect: "False"` (how Python or Ansible render a boolean), a
+/// misspelt key, an ISO 8601 TTL (`P7D`), a value that does not parse and one out of bounds.
+/// Each keeps an overdue orphan with `invalid-namespace-policy` (metric, audit with the
+/// detail), and a warning event in the namespace names the annotation; a control namespace's
+/// orphan goes. Fixing the annotation lets the claim go.
+///
+/// Strings, not `Reason`s, name the reason, so the test also builds (and fails) on code before
+/// the rule.
+#[tokio::test(flavor = "multi_thread")]
+async fn settings_not_understood_keep_every_claim() {
+    let (helm, misspelt, iso, bad, control) = (
+        ns("ns-false").await,
+        ns("ns-misspelt").await,
+        ns("ns-iso").await,
+        ns("ns-bad").await,
+        ns("ns-control").await,
+    );
+    let cases: [(&TestNamespace, serde_json::Value, &str); 4] = [
+        (
+            &helm,
+            json!({annotations::NS_COLLECT: "False"}),
+            "collect=\"False\"",
+        ),
+        (
+            &misspelt,
+            json!({"workspace-gc.mlops.dev/colect": "false"}),
+            "an unknown workspace-gc namespace annotation",
+        ),
+        (
+            &iso,
+            json!({annotations::NS_TTL_AFTER_FINISHED: "P7D"}),
+            "ttl-after-finished=\"P7D\"",
+        ),
+        (
+            &bad,
+            json!({annotations::NS_ORPHAN_GRACE: "soon", annotations::NS_MAX_AGE: "1m"}),
+            "may not shorten",
+        ),
+    ];
+    for (ns, notes, _) in &cases {
+        annotate(ns, notes.clone()).await;
+    }
+    let all = [&helm, &misspelt, &iso, &bad, &control];
+    for ns in all {
+        ClaimBuilder::build_workspace("orphan-build-workspace")
+            .create(ns)
+            .await;
+    }
+    let mut config = config_over(&all);
+    config.policy.orphan_grace = secs(1);
+    let daemon = Daemon::start(helm.client().clone(), config.clone(), "ns-invalid").await;
+
+    assert!(
+        wait_until(secs(15), || async {
+            !claim_exists(&control, "orphan-build-workspace").await
+        })
+        .await,
+        "the control namespace's overdue orphan goes"
+    );
+    let kept = |ns: &TestNamespace| {
+        format!(
+            "claim_namespace=\"{}\",state=\"keep\",reason=\"invalid-namespace-policy\"",
+            ns.name()
+        )
+    };
+    for (ns, _, _) in &cases {
+        assert!(
+            wait_until(secs(10), || async {
+                metric(&daemon.metrics().await, "workspace_gc_claims", &kept(ns)) == 1.0
+            })
+            .await,
+            "{} counts its claim kept with invalid-namespace-policy:\n{}",
+            ns.name(),
+            daemon.metrics().await
+        );
+        assert!(
+            claim_exists(ns, "orphan-build-workspace").await,
+            "{} keeps its overdue orphan",
+            ns.name()
+        );
+    }
+    for (ns, _, note) in &cases {
+        assert!(
+            wait_until(secs(10), || has_event(ns, "InvalidNamespacePolicy", note)).await,
+            "a warning event in {} names the annotation ({note}):\n{:#?}",
+            ns.name(),
+            ns.events().await
+        );
+    }
+    assert!(has_event(&bad, "InvalidNamespacePolicy", "\"soon\"").await);
+    let rows = audit_rows(&helm, &config).await;
+    for (ns, _, note) in &cases {
+        let row = (rows.iter().find(|r| r.namespace == ns.name()))
+            .unwrap_or_else(|| panic!("a row for {}: {rows:#?}", ns.name()));
+        assert_eq!(
+            row.decision.verdict.reason().as_str(),
+            "invalid-namespace-policy",
+            "{row:#?}"
+        );
+        let detail = row.decision.detail.as_deref().unwrap_or_default();
+        assert!(detail.contains(note), "{detail}");
+    }
+
+    // Fixed, the namespace's policy counts again: the orphan goes.
+    annotate(&misspelt, json!({"workspace-gc.mlops.dev/colect": null})).await;
+    assert!(
+        wait_until(secs(10), || async {
+            !claim_exists(&misspelt, "orphan-build-workspace").await
+        })
+        .await,
+        "removing the misspelt annotation makes the orphan due"
+    );
+    assert!(claim_exists(&helm, "orphan-build-workspace").await);
     daemon.stop().await;
 }
 

@@ -29,7 +29,7 @@ use crate::cluster::leader::{Fence, FenceError, InFlight};
 use crate::cluster::resources;
 use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP, REVOKED};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
-use crate::decide::namespace::Ignored;
+use crate::decide::namespace::Invalid;
 use crate::decide::policy::Reason;
 use crate::decide::quota::Pressure;
 use crate::decide::volumes::VolumeFacts;
@@ -385,9 +385,9 @@ impl Writer {
             .await;
     }
 
-    /// A warning on a Namespace whose workspace-gc annotations were ignored, if this replica
-    /// leads. Written in that namespace, where its team looks.
-    pub async fn notify_namespace(&self, namespace: &str, ignored: &[Ignored], metrics: &Metrics) {
+    /// A warning on a Namespace whose workspace-gc annotations are not understood (its claims
+    /// are kept), if this replica leads. Written in that namespace, where its team looks.
+    pub async fn notify_namespace(&self, namespace: &str, invalid: &[Invalid], metrics: &Metrics) {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Namespace".into()),
@@ -395,8 +395,11 @@ impl Writer {
             name: Some(namespace.to_owned()),
             ..ObjectReference::default()
         };
-        let problems: Vec<String> = ignored.iter().map(ToString::to_string).collect();
-        let note = format!("workspace-gc: {}", problems.join("; "));
+        let problems: Vec<String> = invalid.iter().map(ToString::to_string).collect();
+        let note = format!(
+            "workspace-gc keeps every claim in this namespace until its annotations are fixed: {}",
+            problems.join("; ")
+        );
         let key = ObjectKey::new(namespace, namespace);
         self.publish(
             EventType::Warning,

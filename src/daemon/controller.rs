@@ -594,8 +594,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .policy
     }
 
-    /// As the leader, warns on a Namespace whose workspace-gc annotations are ignored: once per
-    /// change of them.
+    /// As the leader, warns on a Namespace whose workspace-gc annotations are not understood (its
+    /// claims are kept): once per change of them.
     async fn warn_namespace(&self, namespace: &str) {
         if self.policies.namespaces.is_none() || !self.is_leader() {
             return;
@@ -603,19 +603,19 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Some(annotations) = self.read_index().namespace_annotations(namespace).cloned() else {
             return;
         };
-        let ignored = self.policies.for_namespace(Some(&annotations)).problems;
+        let invalid = self.policies.for_namespace(Some(&annotations)).problems;
         let first = {
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
             let known = warned.get(namespace) == Some(&annotations);
             warned.insert(namespace.to_owned(), annotations);
             !known
         };
-        if first && !ignored.is_empty() {
-            for problem in &ignored {
-                warn!(%namespace, %problem, "namespace annotation ignored");
+        if first && !invalid.is_empty() {
+            for problem in &invalid {
+                warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
             }
             (self.cluster)
-                .notify_namespace(namespace, &ignored, &self.metrics)
+                .notify_namespace(namespace, &invalid, &self.metrics)
                 .await;
         }
     }
@@ -1472,9 +1472,10 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
+    use crate::contract::annotations::NS_COLLECT;
     use crate::daemon::cap_ledger::Ledger;
-    use crate::decide::facts::PodEntry;
-    use crate::decide::namespace::Ignored;
+    use crate::decide::facts::{NamespaceEntry, PodEntry};
+    use crate::decide::namespace::Invalid;
     use crate::decide::quota::{Pressure, QuotaEntry};
 
     /// A synced index holding `claims` and `pods`, as the watches would leave it.
@@ -1529,6 +1530,8 @@ mod tests {
         revocations: Mutex<VecDeque<Revocation>>,
         /// The DELETEs in flight the Lease named when won.
         found: Mutex<Vec<InFlight>>,
+        /// The claims' Namespace's annotations as a live read finds them; `None`: unreadable.
+        live_namespace: Mutex<Option<BTreeMap<String, String>>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1610,14 +1613,14 @@ mod tests {
 
         async fn notify_quota_pressure(&self, _: &Pressure, _: &Metrics) {}
 
-        async fn notify_namespace(&self, _: &str, _: &[Ignored], _: &Metrics) {}
+        async fn notify_namespace(&self, _: &str, _: &[Invalid], _: &Metrics) {}
 
         async fn namespace_annotations(
             &self,
             _: &str,
             _: &Metrics,
         ) -> Option<BTreeMap<String, String>> {
-            None
+            lock(&self.live_namespace).clone()
         }
 
         async fn volume(&self, _: &str, _: &Metrics) -> Option<VolumeFacts> {
@@ -1774,6 +1777,31 @@ mod tests {
         // The slot `a` took is free again: `b` (whose live view has no user) gets the cap's one.
         lock(&c.cluster.live_pods).clear();
         assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+    }
+
+    /// A Namespace annotation not understood, as the live re-check reads it, keeps a claim the
+    /// cache found due; once it is fixed, the claim goes.
+    #[tokio::test(start_paused = true)]
+    async fn namespace_settings_not_understood_in_the_live_read_keep_the_claim() {
+        let cluster = FakeCluster::default();
+        let helm = BTreeMap::from([(NS_COLLECT.to_owned(), "False".to_owned())]);
+        *lock(&cluster.live_namespace) = Some(helm);
+        let c = controller_with(cluster, 10, &[due("a")], true, |config| {
+            config.namespace_policy.enabled = true;
+        });
+        c.write_index()
+            .update(Update::Namespace(Change::Apply(NamespaceEntry {
+                key: ObjectKey::new("", "ml"),
+                annotations: BTreeMap::new(),
+            })));
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::LiveDisagrees)
+        );
+        assert!(lock(&c.cluster.sent).is_empty());
+        *lock(&c.cluster.live_namespace) = Some(BTreeMap::new());
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         assert_eq!(lock(&c.cluster.sent).len(), 1);
     }
 

@@ -21,7 +21,7 @@ use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
 use crate::daemon::cap_ledger::Ledger;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
-use crate::decide::namespace::Ignored;
+use crate::decide::namespace::Invalid;
 use crate::decide::quota::{Pressure, QuotaEntry};
 use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{DeleteResult, Kind, Metrics};
@@ -108,11 +108,11 @@ pub trait Cluster: Send + Sync + 'static {
         metrics: &Metrics,
     ) -> impl Future<Output = ()> + Send;
 
-    /// A warning on a Namespace whose workspace-gc annotations are ignored.
+    /// A warning on a Namespace whose workspace-gc annotations are not understood.
     fn notify_namespace(
         &self,
         namespace: &str,
-        ignored: &[Ignored],
+        invalid: &[Invalid],
         metrics: &Metrics,
     ) -> impl Future<Output = ()> + Send;
 
@@ -268,9 +268,9 @@ impl Cluster for KubeCluster {
         self.writer.notify_quota_pressure(pressure, metrics).await;
     }
 
-    async fn notify_namespace(&self, namespace: &str, ignored: &[Ignored], metrics: &Metrics) {
+    async fn notify_namespace(&self, namespace: &str, invalid: &[Invalid], metrics: &Metrics) {
         (self.writer)
-            .notify_namespace(namespace, ignored, metrics)
+            .notify_namespace(namespace, invalid, metrics)
             .await;
     }
 

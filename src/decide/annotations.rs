@@ -63,15 +63,10 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations,
             ),
         });
     }
-    let keep = match annotations.get(KEEP).map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(AnnotationError::new(
-                KEEP,
-                other,
-                "expected \"true\" or \"false\"",
-            ));
+    let keep = match annotations.get(KEEP) {
+        None => false,
+        Some(value) => {
+            boolean(value).ok_or_else(|| AnnotationError::new(KEEP, value, EXPECTED_BOOLEAN))?
         }
     };
     let ttl = annotations.get(TTL).map(|v| parse_ttl(v)).transpose()?;
@@ -80,6 +75,19 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations,
         .map(|v| parse_expires(v))
         .transpose()?;
     Ok(ClaimAnnotations { keep, ttl, expires })
+}
+
+/// What a boolean annotation must be, for errors.
+pub(crate) const EXPECTED_BOOLEAN: &str = "expected \"true\" or \"false\" (lowercase, no spaces)";
+
+/// A boolean annotation, on a claim or a Namespace: exactly `"true"` or `"false"`. Nothing
+/// else is guessed at (`"False"`, `"yes"`, `" true"`): a value not understood keeps claims.
+pub(crate) fn boolean(value: &str) -> Option<bool> {
+    match value {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
 }
 
 fn parse_ttl(value: &str) -> Result<Duration, AnnotationError> {
@@ -146,6 +154,9 @@ mod tests {
         for (key, value) in [
             (KEEP, "yes"),
             (KEEP, "TRUE"),
+            (KEEP, "False"),
+            (KEEP, " true"),
+            (KEEP, "1"),
             (TTL, "soon"),
             (TTL, "-1h"),
             (TTL, "99999999999999999999y"),

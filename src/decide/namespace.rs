@@ -2,8 +2,10 @@
 //! within the bounds the cluster's configuration sets, or switch collection off there.
 //!
 //! A setting only chooses *when* a claim becomes due: every protection of `policy::decide`
-//! still comes first. A value that does not parse, or lies outside the bounds, keeps the
-//! cluster's value for that setting and is reported, so that a warning event can say so.
+//! still comes first. A workspace-gc annotation the daemon does not understand (a value that
+//! does not parse, an unknown key, a value outside the bounds) keeps every claim of the
+//! namespace until it is fixed (`invalid-namespace-policy`): guessing what it meant, or
+//! falling back to the cluster's values, could delete what the namespace meant to keep.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,8 +17,8 @@ use thiserror::Error;
 use crate::contract::annotations::{
     NS_COLLECT, NS_MAX_AGE, NS_ORPHAN_GRACE, NS_TTL_AFTER_FAILED, NS_TTL_AFTER_FINISHED, PREFIX,
 };
-use crate::decide::annotations::quote;
-use crate::decide::policy::{Collection, Policy};
+use crate::decide::annotations::{EXPECTED_BOOLEAN, boolean, quote};
+use crate::decide::policy::{Collection, Decision, Policy, Reason};
 
 /// Durations beyond this are typos (the configuration's own limit).
 const MAX_DAYS: i64 = 100 * 365;
@@ -85,12 +87,13 @@ impl fmt::Display for PolicySource {
     }
 }
 
-/// A namespace's policy, where it came from, and the annotations ignored on the way.
+/// A namespace's policy, where it came from, and the annotations not understood on the way
+/// (when there are any, the policy's collection is [`Collection::Invalid`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Effective {
     pub policy: Policy,
     pub source: PolicySource,
-    pub problems: Vec<Ignored>,
+    pub problems: Vec<Invalid>,
 }
 
 impl Effective {
@@ -101,19 +104,28 @@ impl Effective {
             problems: Vec::new(),
         }
     }
+
+    /// `decision`, with the annotations not understood as its detail when they decided it.
+    pub fn explain(&self, mut decision: Decision) -> Decision {
+        if decision.verdict.reason() == Reason::InvalidNamespacePolicy {
+            let problems: Vec<String> = self.problems.iter().map(ToString::to_string).collect();
+            decision.detail = Some(problems.join("; "));
+        }
+        decision
+    }
 }
 
-/// A namespace annotation that was ignored: the cluster's value applies instead.
+/// A namespace annotation the daemon does not understand: every claim there is kept.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("annotation {key}={value:?} is ignored, the cluster's value applies: {why}")]
-pub struct Ignored {
+#[error("annotation {key}={value:?} is not understood: {why}")]
+pub struct Invalid {
     pub key: String,
     /// The value as given, shortened to a bounded length.
     pub value: String,
     pub why: String,
 }
 
-impl Ignored {
+impl Invalid {
     fn new(key: &str, value: &str, why: impl Into<String>) -> Self {
         Self {
             key: quote(key),
@@ -134,7 +146,8 @@ const DURATIONS: [(&str, Field); 4] = [
     (NS_MAX_AGE, |p| &mut p.max_age),
 ];
 
-/// The namespace's policy: each valid setting within `bounds` replaces the cluster's.
+/// The namespace's policy: each valid setting within `bounds` replaces the cluster's, and any
+/// setting not understood makes the collection [`Collection::Invalid`].
 pub fn effective(
     cluster: &Policy,
     bounds: &Bounds,
@@ -144,24 +157,24 @@ pub fn effective(
     let mut source = PolicySource::default();
     let mut problems = Vec::new();
     for (key, raw) in annotations.iter().filter(|(k, _)| k.starts_with(PREFIX)) {
-        let value = raw.trim();
         if key == NS_COLLECT {
-            match value {
-                "false" => {
+            match boolean(raw) {
+                Some(false) => {
                     policy.collection = Collection::Off;
-                    source.namespace.insert(key.clone(), value.to_owned());
+                    source.namespace.insert(key.clone(), raw.clone());
                 }
-                "true" => {}
-                _ => problems.push(Ignored::new(key, raw, "expected \"true\" or \"false\"")),
+                Some(true) => {}
+                None => problems.push(Invalid::new(key, raw, EXPECTED_BOOLEAN)),
             }
             continue;
         }
+        let value = raw.trim();
         let Some((_, field)) = DURATIONS.iter().find(|(k, _)| k == key) else {
             let why = format!(
                 "an unknown workspace-gc namespace annotation; expected {NS_TTL_AFTER_FINISHED}, \
                  {NS_TTL_AFTER_FAILED}, {NS_ORPHAN_GRACE}, {NS_MAX_AGE} or {NS_COLLECT}"
             );
-            problems.push(Ignored::new(key, raw, why));
+            problems.push(Invalid::new(key, raw, why));
             continue;
         };
         let theirs = *field(&mut policy.clone());
@@ -170,22 +183,25 @@ pub fn effective(
                 *field(&mut policy) = duration;
                 source.namespace.insert(key.clone(), value.to_owned());
             }
-            Err(why) => problems.push(Ignored::new(key, raw, why)),
+            Err(why) => problems.push(Invalid::new(key, raw, why)),
         }
     }
     // As the configuration requires: max_age at least orphan_grace, which protects every claim
-    // younger than it. The namespace's own values give way, max_age first.
-    for key in [NS_MAX_AGE, NS_ORPHAN_GRACE] {
-        if policy.max_age >= policy.orphan_grace {
-            break;
-        }
-        if let Some((_, field)) = DURATIONS.iter().find(|(k, _)| *k == key)
-            && let Some(value) = source.namespace.remove(key)
-        {
-            *field(&mut policy) = *field(&mut cluster.clone());
-            let why = "max-age would be shorter than orphan-grace";
-            problems.push(Ignored::new(key, &value, why));
-        }
+    // younger than it. The configuration keeps it, so the namespace set one of them.
+    if policy.max_age < policy.orphan_grace {
+        let key = [NS_MAX_AGE, NS_ORPHAN_GRACE]
+            .into_iter()
+            .find(|key| source.namespace.contains_key(*key))
+            .unwrap_or(NS_MAX_AGE);
+        let value = source.namespace.get(key).map_or("", String::as_str);
+        problems.push(Invalid::new(
+            key,
+            value,
+            "max-age would be shorter than orphan-grace",
+        ));
+    }
+    if !problems.is_empty() {
+        policy.collection = Collection::Invalid;
     }
     Effective {
         policy,
@@ -229,6 +245,7 @@ fn bounded(value: &str, cluster: Duration, bounds: &Bounds) -> Result<Duration, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::policy::Verdict;
     use proptest::prelude::*;
 
     fn bounds(may_shorten: bool) -> Bounds {
@@ -277,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_or_out_of_bounds_settings_keep_the_clusters_value() {
+    fn settings_not_understood_keep_every_claim() {
         for (may_shorten, key, value, why) in [
             (false, NS_TTL_AFTER_FINISHED, "5m", "may not shorten"),
             (
@@ -288,10 +305,21 @@ mod tests {
             ),
             (true, NS_ORPHAN_GRACE, "0s", "minimum"),
             (true, NS_TTL_AFTER_FAILED, "soon", "expected a duration"),
+            (true, NS_TTL_AFTER_FINISHED, "P7D", "expected a duration"),
             (true, NS_MAX_AGE, "-1d", "expected a duration"),
             (true, NS_MAX_AGE, "1000y", "longer than 100 years"),
-            (true, NS_COLLECT, "no", "expected \"true\" or \"false\""),
+            (true, NS_COLLECT, "no", EXPECTED_BOOLEAN),
+            // How Helm, Ansible or Python may render a boolean: not guessed at.
+            (true, NS_COLLECT, "False", EXPECTED_BOOLEAN),
+            (true, NS_COLLECT, "TRUE", EXPECTED_BOOLEAN),
+            (true, NS_COLLECT, " false", EXPECTED_BOOLEAN),
             (true, "workspace-gc.mlops.dev/keep", "true", "unknown"),
+            (
+                true,
+                "workspace-gc.mlops.dev/ttl-after-finish",
+                "2h",
+                "unknown",
+            ),
             (
                 true,
                 NS_MAX_AGE,
@@ -302,21 +330,18 @@ mod tests {
             let mut annotations = with(&[(NS_ORPHAN_GRACE, "1h")]);
             annotations.insert(key.to_owned(), value.to_owned());
             let got = effective(&Policy::default(), &bounds(may_shorten), &annotations);
-            assert_eq!(
-                got.policy.max_age,
-                Policy::default().max_age,
-                "{key}={value}"
-            );
-            assert_eq!(
-                got.policy.ttl_after_finished,
-                Duration::hours(1),
-                "{key}={value}"
-            );
-            assert_eq!(got.policy.collection, Collection::On, "{key}={value}");
+            assert_eq!(got.policy.collection, Collection::Invalid, "{key}={value}");
             let problem = got.problems.iter().find(|p| p.key == key);
             let problem = problem.unwrap_or_else(|| panic!("{key}={value}: {got:?}"));
             assert!(problem.to_string().contains(why), "{problem}");
         }
+        // Switching collection off does not hide a mistake beside it.
+        let both = effective(
+            &Policy::default(),
+            &bounds(true),
+            &with(&[(NS_COLLECT, "false"), (NS_MAX_AGE, "soon")]),
+        );
+        assert_eq!(both.policy.collection, Collection::Invalid);
         let shorter = effective(
             &Policy::default(),
             &bounds(true),
@@ -324,6 +349,28 @@ mod tests {
         );
         assert_eq!(shorter.problems, []);
         assert_eq!(shorter.policy.ttl_after_finished, Duration::minutes(10));
+        assert_eq!(shorter.policy.collection, Collection::On);
+    }
+
+    #[test]
+    fn a_decision_by_settings_not_understood_names_them() {
+        let got = effective(
+            &Policy::default(),
+            &bounds(true),
+            &with(&[(NS_COLLECT, "False"), (NS_TTL_AFTER_FINISHED, "P7D")]),
+        );
+        let keep = |reason| Decision {
+            verdict: Verdict::Keep {
+                reason,
+                recheck_at: None,
+            },
+            detail: None,
+        };
+        let detail = got.explain(keep(Reason::InvalidNamespacePolicy)).detail;
+        let detail = detail.unwrap_or_default();
+        assert!(detail.contains("collect=\"False\""), "{detail}");
+        assert!(detail.contains("ttl-after-finished=\"P7D\""), "{detail}");
+        assert_eq!(got.explain(keep(Reason::WithinTtl)).detail, None);
     }
 
     #[test]
@@ -342,7 +389,8 @@ mod tests {
 
     proptest! {
         /// Whatever the annotations, a namespace never gets a duration shorter than both the
-        /// cluster's and the bounds allow, and max_age stays at least orphan_grace.
+        /// cluster's and the bounds allow, and max_age stays at least orphan_grace where claims
+        /// may be deleted.
         #[test]
         fn never_shorter_than_the_bounds(
             values in prop::collection::vec(("[0-9]{1,3}(s|m|h|d)|soon|", 0..5usize), 0..6),
@@ -359,7 +407,28 @@ mod tests {
             prop_assert!(p.ttl_after_failed >= floor(cluster.ttl_after_failed));
             prop_assert!(p.orphan_grace >= floor(cluster.orphan_grace));
             prop_assert!(p.max_age >= floor(cluster.max_age));
-            prop_assert!(p.max_age >= p.orphan_grace);
+            // Or nothing is deleted there.
+            prop_assert!(p.max_age >= p.orphan_grace || p.collection == Collection::Invalid);
+        }
+
+        /// No workspace-gc annotation is dropped silently: each one either counts, or is
+        /// named as not understood and keeps every claim.
+        #[test]
+        fn every_annotation_counts_or_keeps_every_claim(
+            values in prop::collection::vec(("[0-9]{1,3}(s|m|h|d)|P7D|soon|true|false|False| false|", 0..7usize), 0..6),
+            may_shorten in any::<bool>(),
+        ) {
+            let keys = [NS_TTL_AFTER_FINISHED, NS_TTL_AFTER_FAILED, NS_ORPHAN_GRACE, NS_MAX_AGE, NS_COLLECT, "workspace-gc.mlops.dev/colect", "example.com/collect"];
+            let annotations: BTreeMap<String, String> =
+                values.into_iter().map(|(v, k)| (keys[k].to_owned(), v)).collect();
+            let got = effective(&Policy::default(), &bounds(may_shorten), &annotations);
+            prop_assert_eq!(got.problems.is_empty(), got.policy.collection != Collection::Invalid);
+            for (key, value) in annotations.iter().filter(|(k, _)| k.starts_with(PREFIX)) {
+                let counts = got.source.namespace.contains_key(key)
+                    || (key == NS_COLLECT && value == "true");
+                let named = got.problems.iter().any(|p| &p.key == key);
+                prop_assert!(counts || named, "{}={:?} dropped: {:?}", key, value, got);
+            }
         }
     }
 }

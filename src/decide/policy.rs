@@ -35,6 +35,9 @@ pub enum Collection {
     Off,
     /// Its namespace's settings could not be read: its claims are kept.
     Unknown,
+    /// Its namespace has a workspace-gc annotation the daemon does not understand: its claims
+    /// are kept until it is fixed.
+    Invalid,
 }
 
 impl Policy {
@@ -99,6 +102,9 @@ pub enum Reason {
     CollectionOff,
     /// Its namespace's settings could not be read.
     NamespaceUnknown,
+    /// A workspace-gc annotation on its namespace does not parse, is unknown, or breaks a
+    /// bound.
+    InvalidNamespacePolicy,
     /// A linked owner is still running.
     OwnerRunning,
     /// A linked owner finished but records no completion time (yet); only `max_age` or
@@ -113,7 +119,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Expired,
         Reason::OwnerGone,
         Reason::TtlExpired,
@@ -129,6 +135,7 @@ impl Reason {
         Reason::ForeignOwner,
         Reason::CollectionOff,
         Reason::NamespaceUnknown,
+        Reason::InvalidNamespacePolicy,
         Reason::OwnerRunning,
         Reason::CompletionTimeMissing,
         Reason::CompletionInFuture,
@@ -154,6 +161,7 @@ impl Reason {
             Reason::ForeignOwner => "foreign-owner",
             Reason::CollectionOff => "collection-off",
             Reason::NamespaceUnknown => "namespace-unknown",
+            Reason::InvalidNamespacePolicy => "invalid-namespace-policy",
             Reason::OwnerRunning => "owner-running",
             Reason::CompletionTimeMissing => "completion-time-missing",
             Reason::CompletionInFuture => "completion-in-future",
@@ -182,6 +190,9 @@ impl Reason {
             Reason::ForeignOwner => "it is owned by a kind workspace-gc does not manage",
             Reason::CollectionOff => "its namespace switches collection off",
             Reason::NamespaceUnknown => "its namespace's settings could not be read",
+            Reason::InvalidNamespacePolicy => {
+                "a workspace-gc annotation on its namespace is not understood"
+            }
             Reason::OwnerRunning => "its build is still running",
             Reason::CompletionTimeMissing => "its build finished but records no completion time",
             Reason::CompletionInFuture => {
@@ -301,7 +312,7 @@ impl Decision {
 ///
 /// Order matters and is the safety argument: terminating, bad annotations, use, `keep`,
 /// unreadable or foreign owners, and a namespace that switches collection off (or could not be
-/// read) all keep the claim before any deadline is looked at.
+/// read, or has a setting not understood) all keep the claim before any deadline is looked at.
 pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
     let claim = &facts.claim;
     if claim.deletion_timestamp.is_some() {
@@ -374,6 +385,7 @@ pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
         Collection::On => {}
         Collection::Off => return Decision::keep(Reason::CollectionOff, None),
         Collection::Unknown => return Decision::keep(Reason::NamespaceUnknown, None),
+        Collection::Invalid => return Decision::keep(Reason::InvalidNamespacePolicy, None),
     }
     Decision::plain(decide_by_time(facts, &annotations, policy, now))
 }

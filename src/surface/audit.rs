@@ -44,7 +44,7 @@ pub fn rows(index: &Index, policies: &Policies, now: DateTime<Utc>) -> Vec<Row> 
             let facts = linking::facts(claim, index);
             let effective =
                 policies.for_namespace(index.namespace_annotations(&claim.key.namespace));
-            let decision = policy::decide(&facts, &effective.policy, now);
+            let decision = effective.explain(policy::decide(&facts, &effective.policy, now));
             row(facts, effective.source, decision)
         })
         .collect();

@@ -425,6 +425,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
         "WorkspaceGCQuotaPressureUnrelieved",
         "WorkspaceGCClockOffset",
         "WorkspaceGCAdmissionDenied",
+        "WorkspaceGCInvalidNamespacePolicy",
     ] {
         assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
     }

@@ -197,34 +197,34 @@ fn namespace_annotations(profile: Profile) -> BoxedStrategy<Option<Vec<(String, 
         return Just(Some(Vec::new())).boxed();
     }
     let key = |k: &str| format!("workspace-gc.mlops.dev/{k}");
-    let durations = [
-        "2h",
-        "30m",
-        " 1d ",
-        "0s",
-        "10m",
-        "90m",
-        "soon",
-        "300000000y",
-    ];
-    let duration = (
-        select(vec![
-            "ttl-after-finished",
-            "ttl-after-failed",
-            "orphan-grace",
-            "max-age",
-        ]),
-        select(durations.to_vec()),
-    )
+    let keys = select(vec![
+        "ttl-after-finished",
+        "ttl-after-failed",
+        "orphan-grace",
+        "max-age",
+    ]);
+    // Within and outside the bounds, and then values that do not parse: those keep every claim
+    // of the namespace, so they are rarer, or the valid ones would seldom count.
+    let durations = ["2h", "30m", " 1d ", "0s", "10m", "90m"];
+    let duration =
+        (keys.clone(), select(durations.to_vec())).prop_map(move |(k, v)| (key(k), v.to_owned()));
+    let unparsed = (keys, select(vec!["soon", "P7D", "300000000y"]))
         .prop_map(move |(k, v)| (key(k), v.to_owned()));
-    let other = select(vec![
-        (key("collect"), "false"),
-        (key("collect"), "true"),
+    let collect = select(vec!["false", "true"]).prop_map(move |v| (key("collect"), v.to_owned()));
+    let not_understood = select(vec![
         (key("collect"), "nope"),
+        (key("collect"), "False"),
+        (key("collect"), " false"),
         (key("ttl"), "1h"),
+        (key("ttl-after-finish"), "2h"),
     ])
     .prop_map(|(k, v)| (k, v.to_owned()));
-    let annotation = prop_oneof![4 => duration, 1 => other];
+    let annotation = prop_oneof![
+        8 => duration,
+        1 => unparsed,
+        2 => collect,
+        1 => not_understood,
+    ];
     prop_oneof![
         1 => Just(None),
         8 => prop::collection::vec(annotation, 0..=3).prop_map(Some),
@@ -854,8 +854,10 @@ pub fn daemon_decisions(
         .map(|claim| {
             let facts = linking::facts(claim, index);
             let annotations = index.namespace_annotations(&claim.key.namespace);
-            let policy = policies.for_namespace(annotations).policy;
-            (claim.key.clone(), policy::decide(&facts, &policy, now))
+            let effective = policies.for_namespace(annotations);
+            // The detail names the namespace's annotations not understood, as the audit does.
+            let decision = policy::decide(&facts, &effective.policy, now);
+            (claim.key.clone(), effective.explain(decision))
         })
         .collect()
 }

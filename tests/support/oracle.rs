@@ -5,7 +5,7 @@
 //!
 //! A claim MAY be deleted only when all hold:
 //! 1. it has no `metadata.deletionTimestamp`;
-//! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` ("true"/"false"), `ttl` (humantime,
+//! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` (exactly "true" or "false"), `ttl` (humantime,
 //!    trimmed, fitting `chrono::Duration`) or `expires` (RFC 3339, trimmed);
 //! 3. `keep` is not "true";
 //! 4. no pod of its namespace mounts it unless that pod's phase is "Succeeded" or "Failed";
@@ -24,12 +24,13 @@
 //!
 //! With per-namespace settings on ([`World::namespace_bounds`]), the durations above are the
 //! claim's Namespace's where it sets them: `workspace-gc.mlops.dev/ttl-after-finished`,
-//! `ttl-after-failed`, `orphan-grace` and `max-age`, each counting only when it parses
-//! (humantime, trimmed, at most 100 years) and is at least the cluster's, or, when namespaces
-//! may shorten, at least `min_ttl` and more than zero; should max-age then be under
-//! orphan-grace, the namespace's max-age, then its orphan-grace, count no more. Nothing may be
-//! deleted in a namespace whose `collect` annotation is "false" (trimmed), or whose Namespace
-//! is not among the objects.
+//! `ttl-after-failed`, `orphan-grace` and `max-age`. Nothing may be deleted in a namespace
+//! whose Namespace is not among the objects, whose `collect` annotation is "false", or that has
+//! any `workspace-gc.mlops.dev/*` annotation but these: `collect` exactly "true" or "false",
+//! and the four durations, each parsing (humantime, trimmed, at most 100 years) to at least the
+//! cluster's or, when namespaces may shorten, to at least `min_ttl` and more than zero, with
+//! max-age, the namespace's or the cluster's, at least orphan-grace. With them off, Namespaces
+//! count for nothing.
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::Value;
@@ -150,35 +151,31 @@ fn namespace_policy(world: &World, namespace: &str, cluster: &Policy) -> Option<
         .namespaces
         .iter()
         .find(|n| text(&n["metadata"]["name"]) == namespace)?;
-    let notes = &object["metadata"]["annotations"];
-    if notes[format!("{PREFIX}collect")].as_str().map(str::trim) == Some("false") {
-        return None;
-    }
-    let setting = |key: &str, theirs: Duration| -> Option<Duration> {
-        let raw = notes[format!("{PREFIX}{key}")].as_str()?;
-        let d = Duration::from_std(humantime::parse_duration(raw.trim()).ok()?).ok()?;
+    let mut policy = cluster.clone();
+    let empty = serde_json::Map::new();
+    let notes = object["metadata"]["annotations"]
+        .as_object()
+        .unwrap_or(&empty);
+    for (key, value) in notes {
+        let Some(setting) = key.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let value = value.as_str()?;
+        let (field, theirs) = match setting {
+            "collect" if value == "true" => continue,
+            "ttl-after-finished" => (&mut policy.ttl_after_finished, cluster.ttl_after_finished),
+            "ttl-after-failed" => (&mut policy.ttl_after_failed, cluster.ttl_after_failed),
+            "orphan-grace" => (&mut policy.orphan_grace, cluster.orphan_grace),
+            "max-age" => (&mut policy.max_age, cluster.max_age),
+            // `collect: "false"`, and anything not understood.
+            _ => return None,
+        };
+        let d = Duration::from_std(humantime::parse_duration(value.trim()).ok()?).ok()?;
         let allowed = d <= Duration::days(36_500)
             && (d >= theirs || (bounds.may_shorten && d >= bounds.min_ttl && d > Duration::zero()));
-        allowed.then_some(d)
-    };
-    let mut policy = cluster.clone();
-    if let Some(d) = setting("ttl-after-finished", cluster.ttl_after_finished) {
-        policy.ttl_after_finished = d;
+        *field = allowed.then_some(d)?;
     }
-    if let Some(d) = setting("ttl-after-failed", cluster.ttl_after_failed) {
-        policy.ttl_after_failed = d;
-    }
-    let grace = setting("orphan-grace", cluster.orphan_grace);
-    let max_age = setting("max-age", cluster.max_age);
-    policy.orphan_grace = grace.unwrap_or(cluster.orphan_grace);
-    policy.max_age = max_age.unwrap_or(cluster.max_age);
-    if policy.max_age < policy.orphan_grace {
-        policy.max_age = cluster.max_age;
-    }
-    if policy.max_age < policy.orphan_grace {
-        policy.orphan_grace = cluster.orphan_grace;
-    }
-    Some(policy)
+    (policy.max_age >= policy.orphan_grace).then_some(policy)
 }
 
 /// The policy's TTL for these owners: the failed one when any of them finished and failed.
