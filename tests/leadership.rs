@@ -17,10 +17,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::PostParams;
 use support::{
-    AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, PodBuilder, Process,
-    Proxy, TestNamespace, capped, deleted, deleted_count, deleted_events, elected_role,
-    elected_vars, events, expiring, fate, in_secs, invariant_audit_rules, leads_within_the_cap,
-    log_dir, metric, overdue_under_a_cap, read_audit, wait_until,
+    AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, Fault, PodBuilder,
+    Process, Proxy, Rule, TestNamespace, capped, deleted, deleted_count, deleted_events,
+    elected_role, elected_vars, events, expiring, fate, in_secs, invariant_audit_rules,
+    leads_within_the_cap, log_dir, metric, overdue_under_a_cap, read_audit, replica_through,
+    service_account, wait_until,
 };
 use workspace_gc::contract::annotations;
 use workspace_gc::daemon::controller::LIVE_BOUND;
@@ -424,4 +425,91 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
     for name in &names {
         assert!(deleted(&ns, name).await, "{name} is deleted");
     }
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to a replica.
+fn signal(replica: &Process, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &replica.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} failed");
+}
+
+/// The leader's DELETE is held by a hop on its way, and the leader pauses (SIGSTOP: a long GC
+/// pause, a frozen VM) before it can learn that it got no answer. The standby takes the
+/// Lease, finds the DELETE named there in flight, and revokes it before deciding anything for
+/// the claim, on which a build has started meanwhile. When the hop forwards the DELETE, its
+/// precondition fails. (Before, the new leader knew nothing of it and the DELETE landed.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "paused").await;
+    let proxy = Proxy::http(cp).await;
+    let config_a = replica_through(cp, &ns, "replica-a", &proxy).await;
+    let config_b = replica_through(cp, &ns, "replica-b", &proxy).await;
+    let held = proxy.add(
+        Rule::new("delete", "persistentvolumeclaims", Fault::HoldAndForward)
+            .user(service_account(ns.name(), "replica-a"))
+            .times(1),
+    );
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir("leadership");
+    let a = Process::spawn(&config_a, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || a.leading()).await,
+        "replica-a leads:\n{}",
+        a.logs()
+    );
+    let b = Process::spawn(&config_b, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+
+    let claim = "paused-build-workspace";
+    expiring(claim, in_secs(-60)).create(&ns).await;
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(held) == 1 }).await,
+        "replica-a sent the DELETE, and it is held:\n{}",
+        a.logs()
+    );
+    signal(&a, "STOP");
+    PodBuilder::new("rerun")
+        .mounting(claim)
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(20), || b.leading()).await,
+        "replica-b takes over from the paused leader:\n{}",
+        b.logs()
+    );
+    let revoked = wait_until(secs(15), || async {
+        (ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+            .get_opt(claim))
+        .await
+        .expect("read the claim")
+        .and_then(|claim| claim.metadata.annotations)
+        .is_some_and(|notes| notes.contains_key(annotations::REVOKED))
+    })
+    .await;
+    proxy.remove(held);
+    assert!(
+        wait_until(secs(15), || async { proxy.forwarded().len() == 1 }).await,
+        "the hop forwarded the held DELETE"
+    );
+    let forwarded = proxy.forwarded();
+    assert_eq!(
+        fate(&ns, claim).await,
+        Fate::Live,
+        "the paused leader's late DELETE must not take the re-run's workspace (answered {}):\n{}",
+        forwarded[0].status,
+        b.logs()
+    );
+    assert!(revoked, "replica-b revoked it:\n{}", b.logs());
+    assert_eq!(forwarded[0].status, 409, "refused by its precondition");
+    // Resumed, the old leader finds it no longer leads, and sends nothing more.
+    signal(&a, "CONT");
+    a.kill().await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
 }

@@ -12,8 +12,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
-    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder,
-    TestNamespace, claim_exists, finished_build, metric, wait_until,
+    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder,
+    PipelineRunBuilder, Proxy, Rule, TestNamespace, claim_exists, daemon_role, finished_build,
+    load_config, metric, policy_rule, service_account, wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::Config;
@@ -670,5 +671,172 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
         1.0,
         "{metrics}"
     );
+    daemon.stop().await;
+}
+
+/// The daemon's client as ServiceAccount `gc` of `ns` through `proxy`, with the daemon's rights
+/// on claims and on PersistentVolumes (cluster-wide, as the released-volumes component grants).
+async fn volume_client(cp: &ControlPlane, ns: &TestNamespace, proxy: &Proxy) -> kube::Client {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+    let name = format!("{}-gc", ns.name());
+    let mut rules = daemon_role(true).rules.unwrap_or_default();
+    rules.push(policy_rule(
+        &[""],
+        &["persistentvolumes"],
+        &["get", "list", "watch", "patch", "delete"],
+    ));
+    let role = ClusterRole {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(ns.client().clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("cluster role");
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "gc".into(),
+            namespace: Some(ns.name().into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(ns.client().clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("cluster role binding");
+    let direct = cp.service_account_kubeconfig(ns.name(), "gc").await;
+    let through = proxy.kubeconfig(cp, &direct);
+    kube::Client::try_from(load_config(&through)).expect("a client through the proxy")
+}
+
+/// A claim DELETE answered 503 by a hop that never forwarded it was not carried out, so its
+/// Retain volume must not be marked: the claim lives on (kept: a re-run, here `keep`), and
+/// when someone else deletes it later, its Released volume and the data on it stay. (Before,
+/// the mark was written ahead of the DELETE and stayed, and the sweep deleted the volume.) A
+/// claim workspace-gc did delete, released after it, is the witness that the sweep judged
+/// the first volume past its TTL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_not_known_to_be_carried_out_leaves_the_retain_volume_alone() {
+    let cp = ControlPlane::start_with_volume_controller();
+    let ns = TestNamespace::new(&cp, "unmarked").await;
+    let lost = bound_build(&ns, "lost", "Retain").await;
+    let ours = bound_build(&ns, "ours", "Retain").await;
+    for volume in [&lost, &ours] {
+        wait_for_phase(&ns, volume, "Bound").await;
+    }
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let keep = |value: Option<&str>| {
+        Patch::Merge(json!({"metadata": {"annotations": {annotations::KEEP: value}}}))
+    };
+    (claims.patch(
+        "ours-build-workspace",
+        &PatchParams::default(),
+        &keep(Some("true")),
+    ))
+    .await
+    .expect("keep ours for now");
+    let proxy = Proxy::http(&cp).await;
+    let client = volume_client(&cp, &ns, &proxy).await;
+    let user = service_account(ns.name(), "gc");
+    let lost_claim = "lost-build-workspace";
+    // The hop answers every DELETE of this claim 503 and never forwards one.
+    let unanswered = proxy.add(
+        Rule::new(
+            "delete",
+            "persistentvolumeclaims",
+            Fault::Refuse {
+                status: 503,
+                retry_after: None,
+            },
+        )
+        .user(user.clone())
+        .name(lost_claim),
+    );
+    let mut config = ns.config();
+    config.deletion.read_volumes = true;
+    config.deletion.released_volume_ttl = Some(secs(6));
+    let daemon = Daemon::start(client, config, "unmarked").await;
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(unanswered) >= 1 }).await,
+        "the DELETE was sent and answered 503"
+    );
+    // Reads of the claim fail for a while too, so that what the daemon does after a 503
+    // settles before the claim is kept.
+    let unread = proxy.add(
+        Rule::new(
+            "get",
+            "persistentvolumeclaims",
+            Fault::Refuse {
+                status: 503,
+                retry_after: None,
+            },
+        )
+        .user(user)
+        .name(lost_claim),
+    );
+    let hits = proxy.hits(unanswered);
+    assert!(
+        wait_until(secs(30), || async {
+            proxy.hits(unread) >= 1 || proxy.hits(unanswered) > hits + 1
+        })
+        .await,
+        "the daemon went on after the 503"
+    );
+    (claims.patch(lost_claim, &PatchParams::default(), &keep(Some("true"))))
+        .await
+        .expect("keep the claim");
+    assert!(
+        wait_until(secs(30), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_claims",
+                "state=\"protected\",reason=\"keep-annotation\"",
+            ) == 2.0
+        })
+        .await,
+        "the daemon keeps both claims: {}",
+        daemon.metrics().await
+    );
+    proxy.remove(unanswered);
+    proxy.remove(unread);
+    // Months later, someone else deletes the claim: its volume is Released.
+    (claims.delete(lost_claim, &DeleteParams::default()))
+        .await
+        .expect("delete the claim by hand");
+    wait_for_phase(&ns, &lost, "Released").await;
+    // Now workspace-gc deletes the other claim; its volume, Released after the first, goes
+    // after the TTL.
+    (claims.patch("ours-build-workspace", &PatchParams::default(), &keep(None)))
+        .await
+        .expect("let ours go");
+    assert!(
+        wait_until(secs(90), || async { volume(&ns, &ours).await.is_none() }).await,
+        "the Released volume of the claim workspace-gc deleted is deleted: {:?}",
+        volume(&ns, &ours).await
+    );
+    let kept = volume(&ns, &lost).await;
+    let marked = kept
+        .as_ref()
+        .and_then(|pv| annotation(pv, annotations::DELETED_CLAIM_UID));
+    assert!(
+        kept.as_ref()
+            .is_some_and(|pv| pv.metadata.deletion_timestamp.is_none()),
+        "the volume of the claim whose DELETE was never carried out is kept (marked {marked:?})"
+    );
+    assert_eq!(marked, None);
     daemon.stop().await;
 }
