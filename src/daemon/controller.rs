@@ -860,7 +860,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let (live, read_at) = match proven {
                 Some(read_at) => {
                     let recorded = Recorded::of(claim, &*self.read_index());
-                    (Recheck::Proven(recorded), read_at)
+                    (Recheck::Proven(Box::new(recorded)), read_at)
                 }
                 None => {
                     let (live, read_at) = self.cluster.read_live(claim, &self.metrics).await;

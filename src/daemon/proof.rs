@@ -117,7 +117,8 @@ impl Proofs {
 #[derive(Debug)]
 pub enum Recheck<L> {
     Listed(L),
-    Proven(Recorded),
+    /// Boxed: the answers are a few maps, a listed view one pointer.
+    Proven(Box<Recorded>),
 }
 
 impl<L: Lookup> Lookup for Recheck<L> {
