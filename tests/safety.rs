@@ -2,7 +2,9 @@
 //! real kube-apiserver and etcd with the daemon running: a partial completion time, links that
 //! shadowed one another, TaskRuns, a run the stalled watch never delivered, exclusions replaced
 //! by an override, and the audit's account of time. Each test failed on the code before its
-//! fix (issue 11).
+//! fix (issue 11), as did those of a job's own volumes and the `Unused` condition (issue 34);
+//! a finished run held Terminating by a finalizer was already kept within its TTL, and its
+//! test holds that.
 
 mod support;
 
