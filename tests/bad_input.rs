@@ -393,9 +393,13 @@ fn overdue(annotations: BTreeMap<String, String>) -> Facts {
             requested_bytes: None,
             storage_class: None,
             volume_name: None,
+            reported_in_use: false,
         },
         owners: Vec::new(),
-        users: Users::Known { pods: Vec::new() },
+        users: Users::Known {
+            pods: Vec::new(),
+            jobs: Vec::new(),
+        },
     }
 }
 

@@ -251,6 +251,49 @@ fn the_oracle_adds_up_every_link() {
 }
 
 #[test]
+fn the_oracle_keeps_claims_unfinished_jobs_name_and_the_server_reports_in_use() {
+    let with_job = |phase: &str, pod_config: Value| World {
+        claims: vec![claim("c", 7200, json!({}))],
+        jobs: vec![{
+            let mut b = job("b", json!({"phase": phase}));
+            b["spec"] = json!({"podConfig": pod_config});
+            b
+        }],
+        ..World::default()
+    };
+    let naming = |claim: &str| {
+        json!({"volumes": [{"name": "cfg", "configMap": {"name": "x"}},
+                           {"name": "d", "persistentVolumeClaim": {"claimName": claim}}]})
+    };
+    assert_eq!(judge(&with_job("Building", naming("other"))), (true, true));
+    assert_eq!(judge(&with_job("Succeeded", naming("c"))), (true, true));
+    assert_eq!(judge(&with_job("Building", naming("c"))), (false, false));
+    for odd in [
+        json!("x"),
+        json!({"volumes": "c"}),
+        json!({"volumes": ["c"]}),
+        json!({"volumes": [{"persistentVolumeClaim": {"claimName": 7}}]}),
+        json!({"volumes": [{"persistentVolumeClaim": "c"}]}),
+    ] {
+        assert_eq!(
+            judge(&with_job("Building", odd.clone())),
+            (false, false),
+            "{odd}"
+        );
+        assert_eq!(
+            judge(&with_job("Failed", odd.clone())),
+            (true, true),
+            "{odd}"
+        );
+    }
+    for (status, may) in [("False", false), ("True", true), ("Unknown", true)] {
+        let mut world = with_job("Succeeded", json!(null));
+        world.claims[0]["status"] = json!({"conditions": [{"type": "Unused", "status": status}]});
+        assert_eq!(judge(&world), (may, may), "Unused={status}");
+    }
+}
+
+#[test]
 fn the_oracle_needs_a_real_completion_time() {
     for status in [
         json!({"phase": "Failed"}),

@@ -118,6 +118,7 @@ async fn the_binary_audits_generated_graphs_as_the_model_does() {
         "keep/within-ttl",
         "keep/completion-time-missing",
         "protected/in-use",
+        "protected/referenced-by-job",
     ] {
         assert!(verdicts.contains_key(wanted), "no {wanted} in {verdicts:?}");
     }

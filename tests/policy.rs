@@ -32,6 +32,7 @@ fn claim() -> ClaimFacts {
         requested_bytes: Some(1 << 30),
         storage_class: None,
         volume_name: None,
+        reported_in_use: false,
     }
 }
 
@@ -39,7 +40,10 @@ fn facts(owners: Vec<Owner>) -> Facts {
     Facts {
         claim: claim(),
         owners,
-        users: Users::Known { pods: Vec::new() },
+        users: Users::Known {
+            pods: Vec::new(),
+            jobs: Vec::new(),
+        },
     }
 }
 
@@ -99,6 +103,7 @@ fn with_pod(mut facts: Facts, phase: Option<&str>) -> Facts {
             name: "affinity-assistant-0".into(),
             phase: phase.map(str::to_owned),
         }],
+        jobs: Vec::new(),
     };
     facts
 }
@@ -259,6 +264,33 @@ fn every_verdict_and_reason() {
             t0() + Duration::days(365),
             Verdict::Protected {
                 reason: Reason::InUse,
+            },
+        ),
+        (
+            "its Unused condition is False, past every deadline",
+            {
+                let mut facts = done_at_1h();
+                facts.claim.reported_in_use = true;
+                facts
+            },
+            t0() + Duration::days(365),
+            Verdict::Protected {
+                reason: Reason::InUse,
+            },
+        ),
+        (
+            "named in the volumes of an unfinished job, past every deadline",
+            {
+                let mut facts = done_at_1h();
+                facts.users = Users::Known {
+                    pods: Vec::new(),
+                    jobs: vec!["b".into()],
+                };
+                facts
+            },
+            t0() + Duration::days(365),
+            Verdict::Protected {
+                reason: Reason::ReferencedByJob,
             },
         ),
         (
@@ -487,13 +519,18 @@ fn any_pods() -> impl Strategy<Value = Users> {
         Just(Some("Failed".to_owned())),
         Just(Some("Unknown".to_owned())),
     ];
+    let jobs = prop_oneof![
+        6 => Just(Vec::new()),
+        1 => Just(vec!["b".to_owned()]),
+    ];
     prop_oneof![
-        8 => proptest::collection::vec(phase, 0..3).prop_map(|phases| Users::Known {
+        8 => (proptest::collection::vec(phase, 0..3), jobs).prop_map(|(phases, jobs)| Users::Known {
             pods: phases
                 .into_iter()
                 .enumerate()
                 .map(|(i, phase)| PodUse { name: format!("p{i}"), phase })
                 .collect(),
+            jobs,
         }),
         1 => Just(Users::Unknown { why: "x".into() }),
     ]
@@ -506,17 +543,21 @@ fn any_facts() -> impl Strategy<Value = Facts> {
         proptest::collection::vec(any_annotation(), 0..3),
         any_pods(),
         proptest::option::of(any_instant()),
+        proptest::bool::weighted(0.1),
     )
-        .prop_map(|(created, owners, notes, users, deleting)| {
-            let mut facts = facts(owners);
-            facts.claim.created = created;
-            facts.claim.deletion_timestamp = deleting.filter(|_| created.timestamp() % 7 == 0);
-            for (key, value) in notes.into_iter().flatten() {
-                facts.claim.annotations.insert(key.to_owned(), value);
-            }
-            facts.users = users;
-            facts
-        })
+        .prop_map(
+            |(created, owners, notes, users, deleting, reported_in_use)| {
+                let mut facts = facts(owners);
+                facts.claim.created = created;
+                facts.claim.reported_in_use = reported_in_use;
+                facts.claim.deletion_timestamp = deleting.filter(|_| created.timestamp() % 7 == 0);
+                for (key, value) in notes.into_iter().flatten() {
+                    facts.claim.annotations.insert(key.to_owned(), value);
+                }
+                facts.users = users;
+                facts
+            },
+        )
 }
 
 fn any_policy() -> impl Strategy<Value = Policy> {
@@ -558,8 +599,8 @@ proptest! {
         if !verdict.is_delete() {
             return Ok(());
         }
-        let in_use = match &facts.users {
-            Users::Known { pods } => pods.iter().any(PodUse::is_active),
+        let in_use = facts.claim.reported_in_use || match &facts.users {
+            Users::Known { pods, jobs } => pods.iter().any(PodUse::is_active) || !jobs.is_empty(),
             Users::Unknown { .. } => true,
         };
         prop_assert!(!in_use, "deleted a claim in use");

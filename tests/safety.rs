@@ -2,7 +2,9 @@
 //! real kube-apiserver and etcd with the daemon running: a partial completion time, links that
 //! shadowed one another, TaskRuns, a run the stalled watch never delivered, exclusions replaced
 //! by an override, and the audit's account of time. Each test failed on the code before its
-//! fix (issue 11).
+//! fix (issue 11), as did those of a job's own volumes and the `Unused` condition (issue 34);
+//! a finished run held Terminating by a finalizer was already kept within its TTL, and its
+//! test holds that.
 
 mod support;
 
@@ -737,5 +739,209 @@ async fn runs_pruned_after_the_job_is_gone_leave_an_orphan() {
         ),
         1.0
     );
+    daemon.stop().await;
+}
+
+/// Waits until the daemon's gauge counts `count` claims of `ns` in `state` for `reason`: a
+/// positive witness that it decided them so.
+async fn counted(
+    daemon: &Daemon,
+    ns: &TestNamespace,
+    state: &str,
+    reason: &str,
+    count: f64,
+) -> bool {
+    let labels = format!(
+        "claim_namespace=\"{}\",state=\"{state}\",reason=\"{reason}\"",
+        ns.name()
+    );
+    wait_until(secs(15), || async {
+        metric(&daemon.metrics().await, "workspace_gc_claims", &labels) == count
+    })
+    .await
+}
+
+/// Job `b` names job `a`'s workspace in its own `spec.podConfig.volumes` (the operator's webhook
+/// reserves only volume names): while `b` has not finished, `a`'s claim is kept whatever `a`'s
+/// TTL says, and once `b` finishes it goes. A job whose volumes cannot be read keeps every
+/// claim of its namespace while it runs.
+///
+/// Job statuses written by hand: jobs finished two hours ago.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_that_names_a_claim_in_its_volumes_keeps_it_until_it_finishes() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "job-volumes").await;
+    let odd = TestNamespace::new(ControlPlane::shared(), "job-volumes-odd").await;
+    let config = config_for(&[&ns, &odd]);
+    let long_ago = hours_ago(2);
+    for (ns, job) in [(&ns, "a"), (&ns, "witness"), (&odd, "c")] {
+        JobBuilder::new(job)
+            .phase("Succeeded")
+            .completed_at(long_ago)
+            .create(ns)
+            .await;
+        ClaimBuilder::for_job(job).create(ns).await;
+    }
+    JobBuilder::new("b")
+        .phase("Building")
+        .volume_claims(&["a-build-workspace"])
+        .create(&ns)
+        .await;
+    JobBuilder::new("odd")
+        .phase("ValidationRunning")
+        .pod_config(
+            json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": 7}}]}),
+        )
+        .create(&odd)
+        .await;
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "job-volumes").await;
+
+    assert!(
+        deleted_within(&ns, "witness-build-workspace", 15).await,
+        "a claim past its TTL that no job names goes"
+    );
+    assert!(
+        counted(&daemon, &ns, "protected", "referenced-by-job", 1.0).await,
+        "the daemon decided a's claim: {}",
+        daemon.metrics().await
+    );
+    assert!(
+        claim_exists(&ns, "a-build-workspace").await,
+        "job b names a's workspace in its volumes and has not finished, yet it was deleted"
+    );
+    assert!(
+        counted(&daemon, &odd, "keep", "users-unknown", 1.0).await,
+        "a running job whose volumes cannot be read keeps its namespace's claims"
+    );
+    assert!(claim_exists(&odd, "c-build-workspace").await);
+
+    // b finishes: its volumes hold nothing any more.
+    let job = support::notebook_validation_job_resource();
+    let done = json!({"phase": "Succeeded", "completionTime": rfc3339(Utc::now())});
+    patch_status(&ns, &job, "b", done.clone()).await;
+    assert!(
+        deleted_within(&ns, "a-build-workspace", 15).await,
+        "once b finished, a's TTL decides"
+    );
+    patch_status(&odd, &job, "odd", done).await;
+    assert!(deleted_within(&odd, "c-build-workspace", 15).await);
+    daemon.stop().await;
+}
+
+/// Kubernetes 1.37 writes an `Unused` condition on claims (KEP-5541). Where it says `False`
+/// (in use), the claim is kept, whatever the daemon's own view of pods; `True` changes
+/// nothing. Written by hand through the status subresource on unbound claims, which the
+/// PVC-protection controller leaves alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_the_server_reports_in_use_is_kept() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "unused-false").await;
+    let config = config_for(&[&ns]);
+    for (claim, status) in [("in-use", "False"), ("unused", "True")] {
+        ClaimBuilder::build_workspace(claim).create(&ns).await;
+        let conditions = json!({"conditions": [{"type": "Unused", "status": status}]});
+        let claims = kube::api::ApiResource::erase::<PersistentVolumeClaim>(&());
+        patch_status(&ns, &claims, claim, conditions).await;
+    }
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "unused-false").await;
+    assert!(
+        deleted_within(&ns, "unused", 15).await,
+        "an orphan reported unused goes"
+    );
+    assert!(
+        counted(&daemon, &ns, "protected", "in-use", 1.0).await,
+        "the daemon decided the claim reported in use: {}",
+        daemon.metrics().await
+    );
+    assert!(
+        claim_exists(&ns, "in-use").await,
+        "its Unused condition is False, yet it was deleted"
+    );
+    daemon.stop().await;
+}
+
+/// A finished PipelineRun held in Terminating by a finalizer (Tekton Results adds one) is
+/// still a finished run: the claim it links is kept within its TTL from the run's completion,
+/// not deleted as if its owner were gone, and goes once the TTL has passed.
+///
+/// Run statuses written by hand: a run finished 10 minutes ago, then two hours ago.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_run_held_by_a_finalizer_keeps_its_ttl() {
+    let ns = TestNamespace::new(ControlPlane::shared(), "terminating-run").await;
+    let config = config_for(&[&ns]);
+    let finished = Utc::now() - chrono::Duration::minutes(10);
+    let runs = ns.dynamic_api(&support::pipeline_run_resource());
+    for job in ["held", "witness"] {
+        PipelineRunBuilder::for_job(job)
+            .succeeded_at(finished)
+            .create(&ns)
+            .await;
+        ClaimBuilder::for_job(job).create(&ns).await;
+    }
+    let finalizer = json!({"metadata": {"finalizers": ["results.tekton.dev/pipelinerun"]}});
+    runs.patch(
+        "held-build",
+        &PatchParams::default(),
+        &Patch::Merge(&finalizer),
+    )
+    .await
+    .expect("add the finalizer");
+    let daemon = Daemon::start(ns.client().clone(), config.clone(), "terminating-run").await;
+    assert!(counted(&daemon, &ns, "keep", "within-ttl", 2.0).await);
+
+    // Deleted: `held-build` stays, Terminating; `witness-build` is gone after it (one watch,
+    // in order), and its claim with it, an orphan.
+    for run in ["held-build", "witness-build"] {
+        runs.delete(run, &DeleteParams::background())
+            .await
+            .unwrap_or_else(|e| panic!("delete {run}: {e}"));
+    }
+    let held = runs.get("held-build").await.expect("held by its finalizer");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(
+        deleted_within(&ns, "witness-build-workspace", 15).await,
+        "the claim of a run that is gone goes"
+    );
+    assert!(
+        counted(&daemon, &ns, "keep", "within-ttl", 1.0).await,
+        "{}",
+        daemon.metrics().await
+    );
+    assert!(
+        claim_exists(&ns, "held-build-workspace").await,
+        "a Terminating run that finished within its TTL still links its claim"
+    );
+    assert_eq!(
+        verdict(&ns, &config, "held-build-workspace").await,
+        (VerdictState::Keep, Reason::WithinTtl)
+    );
+
+    // Its TTL passes (as if it had finished two hours ago): the claim goes, by TTL.
+    patch_status(
+        &ns,
+        &support::pipeline_run_resource(),
+        "held-build",
+        json!({"completionTime": rfc3339(hours_ago(2))}),
+    )
+    .await;
+    assert!(deleted_within(&ns, "held-build-workspace", 15).await);
+    let deleted = format!(
+        "claim_namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
+        ns.name()
+    );
+    assert_eq!(
+        metric(
+            &daemon.metrics().await,
+            "workspace_gc_deletions_total",
+            &deleted
+        ),
+        1.0
+    );
+    let release = json!({"metadata": {"finalizers": null}});
+    runs.patch(
+        "held-build",
+        &PatchParams::default(),
+        &Patch::Merge(&release),
+    )
+    .await
+    .expect("release the run");
     daemon.stop().await;
 }

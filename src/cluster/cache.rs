@@ -12,7 +12,7 @@ use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
 use std::collections::BTreeMap;
 
 use crate::decide::facts::{
-    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, PodUse, RunEntry,
+    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, PodUse, RunEntry, VolumeClaims,
 };
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::quota::QuotaEntry;
@@ -140,9 +140,13 @@ pub struct Index {
     runs_by_claim: HashMap<ObjectKey, Row<(OwnerKind, String)>>,
     /// Claim → names of the pods in its namespace that mount it.
     pods_by_claim: HashMap<ObjectKey, Row<String>>,
+    /// Claim → names of the jobs in its namespace whose own volumes name it.
+    jobs_by_claim: HashMap<ObjectKey, Row<String>>,
+    /// Namespace → names of the jobs there whose volumes could not be read: any claim of it.
+    unreadable_jobs: HashMap<Arc<str>, Row<String>>,
     /// Owner UID → the claims whose ownerReferences name it.
     claims_by_owner: HashMap<String, Row<ObjectKey>>,
-    /// Namespace → how many runs (of both kinds) and pods the cache holds there: asked at
+    /// Namespace → how many jobs, runs (of both kinds) and pods the cache holds there: asked at
     /// every re-check ([`Index::namespace_size`]), so counted, not scanned.
     sizes_by_namespace: HashMap<Arc<str>, usize>,
     /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
@@ -181,6 +185,8 @@ impl Index {
             namespaces: Table::new(&[]),
             runs_by_claim: HashMap::new(),
             pods_by_claim: HashMap::new(),
+            jobs_by_claim: HashMap::new(),
+            unreadable_jobs: HashMap::new(),
             claims_by_owner: HashMap::new(),
             sizes_by_namespace: HashMap::new(),
             delivered: HashMap::new(),
@@ -240,8 +246,8 @@ impl Index {
         self.delivered.get(&(kind, scope.clone())).copied()
     }
 
-    /// How many runs (PipelineRuns and TaskRuns) and pods mounting a claim the cache holds in
-    /// `namespace`: what a live LIST of it would carry.
+    /// How many jobs, runs (PipelineRuns and TaskRuns) and pods mounting a claim the cache
+    /// holds in `namespace`: what a live LIST of it would carry.
     pub fn namespace_size(&self, namespace: &str) -> usize {
         self.sizes_by_namespace.get(namespace).copied().unwrap_or(0)
     }
@@ -489,11 +495,36 @@ impl Cached for JobEntry {
         &mut index.jobs
     }
 
-    fn index(&self, _: &mut Index, _: bool) {}
+    fn index(&self, index: &mut Index, add: bool) {
+        index.count(&self.key, add);
+        let name = self.key.name.clone();
+        match &self.volumes {
+            VolumeClaims::Named(claims) => {
+                for claim in claims {
+                    let claim = sibling(&self.key, claim.clone());
+                    set_row(&mut index.jobs_by_claim, claim, name.clone(), add);
+                }
+            }
+            VolumeClaims::Unreadable => {
+                let namespace = self.key.namespace.clone();
+                set_row(&mut index.unreadable_jobs, namespace, name, add);
+            }
+        }
+    }
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         index.tracked(sibling(&self.key, naming::claim(&self.key.name)), out);
         index.owned_by(&self.uid, out);
+        match &self.volumes {
+            VolumeClaims::Named(claims) => {
+                for claim in claims {
+                    index.tracked(sibling(&self.key, claim.clone()), out);
+                }
+            }
+            VolumeClaims::Unreadable => {
+                out.extend((index.claims_in(&self.key.namespace)).map(|claim| claim.key.clone()))
+            }
+        }
     }
 }
 
@@ -669,6 +700,23 @@ impl Lookup for Index {
         )
     }
 
+    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
+        if !self.jobs.synced() {
+            return Found::Unknown(format!("the {} cache has not synced yet", JobEntry::WHAT));
+        }
+        let named = self.jobs_by_claim.get(claim).into_iter().flatten();
+        let unreadable = (self.unreadable_jobs.get(&*claim.namespace))
+            .into_iter()
+            .flatten();
+        Found::Yes(
+            named
+                .chain(unreadable)
+                .filter_map(|name| self.jobs.entry(&sibling(claim, name.clone())))
+                .cloned()
+                .collect(),
+        )
+    }
+
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
         if !self.pods.synced() {
             return Found::Unknown(format!("the {} cache has not synced yet", PodEntry::WHAT));
@@ -716,6 +764,7 @@ mod tests {
             key: ObjectKey::new("ml", name),
             uid: uid.into(),
             progress: Progress::Running,
+            volumes: VolumeClaims::Named(Vec::new()),
         }
     }
 
@@ -840,6 +889,52 @@ mod tests {
             index.apply::<PodEntry>(Change::Delete(ObjectKey::new("ml", "p"))),
             keys(&["shared"])
         );
+    }
+
+    #[test]
+    fn a_job_reaches_the_claims_its_volumes_name() {
+        let mut index = synced();
+        for name in ["a-build-workspace", "other", "b-build-workspace"] {
+            index.apply(Change::Apply(claim(name)));
+        }
+        let mut b = job("b", "j2");
+        b.volumes = VolumeClaims::Named(vec!["a-build-workspace".into()]);
+        assert_eq!(
+            index.apply(Change::Apply(b.clone())),
+            keys(&["a-build-workspace", "b-build-workspace"])
+        );
+        let naming_a =
+            |index: &Index| index.jobs_naming(&ObjectKey::new("ml", "a-build-workspace"));
+        assert_eq!(naming_a(&index), Found::Yes(vec![b.clone()]));
+        assert_eq!(
+            index.jobs_naming(&ObjectKey::new("ml", "other")),
+            Found::Yes(vec![])
+        );
+        // It finishes: the claim it named is decided again.
+        let mut finished = b.clone();
+        finished.progress = Progress::Finished {
+            at: None,
+            failed: false,
+        };
+        assert_eq!(
+            index.apply(Change::Apply(finished)),
+            keys(&["a-build-workspace", "b-build-workspace"])
+        );
+        // Volumes that cannot be read may name any claim of the namespace.
+        let mut odd = job("odd", "j3");
+        odd.volumes = VolumeClaims::Unreadable;
+        assert_eq!(
+            index.apply(Change::Apply(odd.clone())),
+            keys(&["a-build-workspace", "other", "b-build-workspace"])
+        );
+        assert!(matches!(naming_a(&index), Found::Yes(jobs) if jobs.len() == 2));
+        assert_eq!(
+            index.apply::<JobEntry>(Change::Delete(ObjectKey::new("ml", "odd"))),
+            keys(&["a-build-workspace", "other", "b-build-workspace"])
+        );
+        index.apply::<JobEntry>(Change::Delete(ObjectKey::new("ml", "b")));
+        assert_eq!(naming_a(&index), Found::Yes(vec![]));
+        assert!(index.jobs_by_claim.is_empty() && index.unreadable_jobs.is_empty());
     }
 
     #[test]

@@ -4,13 +4,14 @@
 //!
 //! A watch can go silent without an error (a wedged API server, a dead connection), so its
 //! cache cannot vouch for itself. Unless a round of `daemon::proof` has proven the cache fresh,
-//! whatever may protect a claim is therefore read live:
-//! - the jobs linking can name (by reference or by the naming convention), one GET each;
-//! - every PipelineRun and TaskRun of the claim's namespace, since any of them may bind the
-//!   claim and no selector finds them by binding;
-//! - every pod of the namespace that has not finished, since no selector finds a pod by claim.
+//! whatever may protect a claim is therefore read live, by LISTs of the claim's namespace:
+//! - every NotebookValidationJob, since any of them may name the claim in its own volumes (and
+//!   the same list answers the jobs linking names by reference or by the naming convention);
+//! - every PipelineRun and TaskRun, since any of them may bind the claim and no selector finds
+//!   them by binding;
+//! - every pod that has not finished, since no selector finds a pod by claim.
 //!
-//! The three namespace LISTs are sent together and shared: [`Snapshots`] gives every re-check
+//! The four namespace LISTs are sent together and shared: [`Snapshots`] gives every re-check
 //! that asked before a snapshot started that same snapshot, so a burst of deletes in one
 //! namespace costs one or two rounds of LISTs, and every re-check still sees the namespace as
 //! it was after it asked. Lists are paged, so no response is held whole.
@@ -26,8 +27,10 @@ use tokio::time::Instant;
 
 use crate::cluster::resources::{self, OwnerObject, PodVolumes};
 use crate::contract::OwnerKind;
-use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry};
-use crate::decide::linking::{self, Found, Lookup};
+use crate::decide::facts::{
+    ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry, VolumeClaims,
+};
+use crate::decide::linking::{Found, Lookup};
 use crate::decide::quota::QuotaEntry;
 use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{Metrics, Operation};
@@ -35,15 +38,13 @@ use crate::observe::metrics::{Metrics, Operation};
 /// What the API server said, for one claim, moments ago.
 #[derive(Debug)]
 pub struct LiveView {
-    jobs: HashMap<String, Found<JobEntry>>,
     namespace: Arc<Snapshot>,
     /// When the first of its reads was sent: nothing in it is older.
     read_at: Instant,
 }
 
 impl LiveView {
-    /// Reads the claim's candidate jobs by name and takes a snapshot of its namespace that
-    /// started after this call, concurrently.
+    /// Takes a snapshot of the claim's namespace that started after this call.
     pub async fn read(
         client: &Client,
         claim: &ClaimFacts,
@@ -51,23 +52,8 @@ impl LiveView {
         metrics: &Metrics,
     ) -> Self {
         let read_at = Instant::now();
-        let namespace = &claim.key.namespace;
-        let jobs_api: Api<OwnerObject> =
-            Api::namespaced_with(client.clone(), namespace, &resources::job_resource());
-        let names = linking::job_candidates(claim);
-        let jobs =
-            futures::future::join_all(names.iter().map(|name| get(&jobs_api, name, metrics)));
-        let (jobs, namespace) = tokio::join!(jobs, snapshots.of(client, namespace, metrics));
-        let jobs = names
-            .into_iter()
-            .zip(jobs)
-            .map(|(name, found)| (name, found.map(|job| resources::job_entry(&job))))
-            .collect();
-        LiveView {
-            jobs,
-            namespace,
-            read_at,
-        }
+        let namespace = snapshots.of(client, &claim.key.namespace, metrics).await;
+        LiveView { namespace, read_at }
     }
 
     /// When the first of its reads was sent: what it says is no older than this.
@@ -76,10 +62,11 @@ impl LiveView {
     }
 }
 
-/// One namespace as listed live: its PipelineRuns, TaskRuns and the pods that have not
-/// finished and mount a claim.
+/// One namespace as listed live: its NotebookValidationJobs, PipelineRuns, TaskRuns and the
+/// pods that have not finished and mount a claim.
 #[derive(Debug)]
 struct Snapshot {
+    jobs: Found<Vec<JobEntry>>,
     runs: Found<Vec<RunEntry>>,
     task_runs: Found<Vec<RunEntry>>,
     pods: Found<Vec<PodEntry>>,
@@ -90,14 +77,22 @@ impl Snapshot {
         let owners = |resource: ApiResource| -> Api<OwnerObject> {
             Api::namespaced_with(client.clone(), namespace, &resource)
         };
-        let (runs_api, task_runs_api) = (
+        let (jobs_api, runs_api, task_runs_api) = (
+            owners(resources::job_resource()),
             owners(resources::run_resource()),
             owners(resources::task_run_resource()),
         );
         // Finished pods never hold a claim (`PodUse::is_active`): let the server leave them out.
         let active = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
         let pods_api: Api<PodVolumes> = Api::namespaced(client.clone(), namespace);
-        let (runs, task_runs, pods) = tokio::join!(
+        let (jobs, runs, task_runs, pods) = tokio::join!(
+            list(
+                "NotebookValidationJobs",
+                &jobs_api,
+                ListParams::default(),
+                metrics,
+                |job| Some(resources::job_entry(job))
+            ),
             list(
                 "PipelineRuns",
                 &runs_api,
@@ -117,6 +112,7 @@ impl Snapshot {
             }),
         );
         Snapshot {
+            jobs: served(jobs, "NotebookValidationJobs"),
             runs: served(runs, "PipelineRuns"),
             // No TaskRun CRD: no TaskRun exists (see `watches`).
             task_runs: match task_runs {
@@ -480,22 +476,31 @@ pub async fn volumes(client: &Client, metrics: &Metrics) -> Option<Vec<VolumeFac
     }
 }
 
-async fn get(api: &Api<OwnerObject>, name: &str, metrics: &Metrics) -> Found<OwnerObject> {
-    match api.get_opt(name).await {
-        Ok(Some(object)) => Found::Yes(object),
-        Ok(None) => Found::No,
-        Err(error) => {
-            metrics.api_error(Operation::Get, &error);
-            Found::Unknown(format!("reading {name}: {error}"))
-        }
-    }
-}
-
 impl Lookup for LiveView {
     fn job(&self, _: &str, name: &str) -> Found<JobEntry> {
-        self.jobs.get(name).cloned().unwrap_or_else(|| {
-            Found::Unknown(format!("NotebookValidationJob {name} was not read live"))
-        })
+        match &self.namespace.jobs {
+            Found::Yes(jobs) => (jobs.iter().find(|job| job.key.name == name))
+                .cloned()
+                .map_or(Found::No, Found::Yes),
+            Found::No => Found::No,
+            Found::Unknown(why) => Found::Unknown(why.clone()),
+        }
+    }
+
+    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
+        match &self.namespace.jobs {
+            Found::Yes(jobs) => Found::Yes(
+                jobs.iter()
+                    .filter(|job| match &job.volumes {
+                        VolumeClaims::Named(claims) => claims.contains(&claim.name),
+                        VolumeClaims::Unreadable => true,
+                    })
+                    .cloned()
+                    .collect(),
+            ),
+            Found::No => Found::Yes(Vec::new()),
+            Found::Unknown(why) => Found::Unknown(why.clone()),
+        }
     }
 
     fn run(&self, kind: OwnerKind, _: &str, name: &str) -> Found<RunEntry> {
@@ -556,8 +561,8 @@ mod tests {
     type Served = Arc<Mutex<BTreeMap<String, usize>>>;
 
     /// A mock API server for namespace `ml`, answering slowly (so callers pile up): pods with
-    /// one pod mounting claim `a`, PipelineRuns with a run binding `b`, and 404 for TaskRuns
-    /// (CRD not installed).
+    /// one pod mounting claim `a`, PipelineRuns with a run binding `b`, jobs with one naming
+    /// `b` in its volumes, and 404 for TaskRuns (CRD not installed).
     fn namespace_server() -> (Client, Served) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let served = Served::default();
@@ -597,6 +602,18 @@ mod tests {
                                 {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
                                  "metadata": {"name": "rerun", "namespace": "ml", "uid": "r2"},
                                  "spec": {"workspaces": [{"name": "w", "persistentVolumeClaim": {"claimName": "b"}}]}}
+                            ]),
+                        ),
+                    ),
+                    "/apis/mlops.mlops.dev/v1alpha1/namespaces/ml/notebookvalidationjobs" => (
+                        200,
+                        list(
+                            "NotebookValidationJobList",
+                            json!([
+                                {"apiVersion": "mlops.mlops.dev/v1alpha1", "kind": "NotebookValidationJob",
+                                 "metadata": {"name": "validating", "namespace": "ml", "uid": "j1"},
+                                 "spec": {"podConfig": {"volumes": [{"name": "w", "persistentVolumeClaim": {"claimName": "b"}}]}},
+                                 "status": {"phase": "ValidationRunning"}}
                             ]),
                         ),
                     ),
@@ -661,6 +678,12 @@ mod tests {
                 Found::No,
                 "no TaskRun CRD: no TaskRun"
             );
+            let Found::Yes(jobs) = view.jobs_naming(&key) else {
+                panic!("call {i}: jobs unknown")
+            };
+            assert_eq!(jobs.len(), usize::from(name == "b"), "call {i}");
+            assert!(matches!(view.job("ml", "validating"), Found::Yes(_)));
+            assert_eq!(view.job("ml", "nb"), Found::No);
         }
         for (path, lists) in served.lock().unwrap().iter() {
             assert!(

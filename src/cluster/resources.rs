@@ -27,6 +27,7 @@ use crate::contract::{
 };
 use crate::decide::facts::{
     ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
+    VolumeClaims,
 };
 use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 use crate::decide::volumes::{Transition, VolumeFacts};
@@ -183,8 +184,16 @@ pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
         volume_name: (claim.spec.as_ref())
             .and_then(|spec| spec.volume_name.clone())
             .filter(|name| !name.is_empty()),
+        reported_in_use: (claim.status.as_ref())
+            .and_then(|status| status.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == UNUSED_CONDITION && c.status == "False"),
     }
 }
+
+/// The claim condition Kubernetes 1.37 maintains (KEP-5541): `False` while a pod uses it.
+const UNUSED_CONDITION: &str = "Unused";
 
 /// The annotation older claims name their class with; it wins over `spec.storageClassName`.
 const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
@@ -267,7 +276,39 @@ pub fn job_entry(job: &OwnerObject) -> JobEntry {
         key: ObjectKey::of(&job.metadata),
         uid: job.metadata.uid.clone().unwrap_or_default(),
         progress,
+        volumes: volume_claims(&job.spec),
     }
+}
+
+/// The claims a job's `spec.podConfig.volumes[]` name. Absent or null fields name none; any
+/// other odd shape (a field of the wrong type, a volume that is not an object, a
+/// `persistentVolumeClaim` without a string `claimName`) is unreadable, which keeps every claim
+/// the job might name while it runs.
+fn volume_claims(spec: &Map<String, Value>) -> VolumeClaims {
+    let volumes = match spec.get("podConfig") {
+        None | Some(Value::Null) => return VolumeClaims::Named(Vec::new()),
+        Some(Value::Object(pod)) => pod.get("volumes"),
+        Some(_) => return VolumeClaims::Unreadable,
+    };
+    let volumes = match volumes {
+        None | Some(Value::Null) => return VolumeClaims::Named(Vec::new()),
+        Some(Value::Array(volumes)) => volumes,
+        Some(_) => return VolumeClaims::Unreadable,
+    };
+    let mut names = Vec::new();
+    for volume in volumes {
+        let Value::Object(volume) = volume else {
+            return VolumeClaims::Unreadable;
+        };
+        match volume.get("persistentVolumeClaim") {
+            None | Some(Value::Null) => {}
+            Some(source) => match source.get("claimName") {
+                Some(Value::String(name)) => names.push(name.clone()),
+                _ => return VolumeClaims::Unreadable,
+            },
+        }
+    }
+    VolumeClaims::Named(names)
 }
 
 /// A PipelineRun's entry.
@@ -317,7 +358,8 @@ fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
 }
 
 /// A NotebookValidationJob, PipelineRun or TaskRun as workspace-gc reads it: its identity and,
-/// of the rest, only `spec.workspaces` and `status.{phase, completionTime, conditions}`, kept
+/// of the rest, only `spec.{workspaces, podConfig}` and `status.{phase, completionTime,
+/// conditions}`, kept
 /// as raw JSON. Owners are listed and watched by the thousand, and an owner's bulk (managed
 /// fields, labels, a PipelineRun's inlined pipeline spec and child references) is skipped by
 /// the parser rather than allocated and dropped, which bounds the memory a page of a list
@@ -334,7 +376,7 @@ pub struct OwnerObject {
 }
 
 fn spec_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
-    d.deserialize_any(Pick(&["workspaces"]))
+    d.deserialize_any(Pick(&["workspaces", "podConfig"]))
 }
 
 fn status_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
@@ -633,6 +675,72 @@ mod tests {
             let job =
                 owner(json!({"metadata": {"name": "j", "namespace": "ml"}, "status": status}));
             assert_eq!(job_entry(&job).progress, Progress::Running, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_job_names_the_claims_of_its_own_volumes_and_odd_shapes_are_unreadable() {
+        let volumes_of = |spec: Value| {
+            job_entry(&owner(
+                json!({"metadata": {"name": "b", "namespace": "ml"}, "spec": spec}),
+            ))
+            .volumes
+        };
+        let named = |names: &[&str]| {
+            VolumeClaims::Named(names.iter().map(|name| (*name).to_owned()).collect())
+        };
+        assert_eq!(
+            volumes_of(json!({"notebook": {}, "podConfig": {"volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "a-build-workspace"}},
+                {"name": "cfg", "configMap": {"name": "x"}},
+                {"name": "none", "persistentVolumeClaim": null}
+            ]}})),
+            named(&["a-build-workspace"])
+        );
+        for spec in [
+            json!({}),
+            json!({"podConfig": null}),
+            json!({"podConfig": {"containerImage": "x"}}),
+            json!({"podConfig": {"volumes": null}}),
+        ] {
+            assert_eq!(volumes_of(spec.clone()), named(&[]), "{spec}");
+        }
+        for spec in [
+            json!({"podConfig": "x"}),
+            json!({"podConfig": {"volumes": "a-build-workspace"}}),
+            json!({"podConfig": {"volumes": {"persistentVolumeClaim": {"claimName": "a"}}}}),
+            json!({"podConfig": {"volumes": ["a-build-workspace"]}}),
+            json!({"podConfig": {"volumes": [{"persistentVolumeClaim": {"claimName": 7}}]}}),
+            json!({"podConfig": {"volumes": [{"persistentVolumeClaim": {}}]}}),
+            json!({"podConfig": {"volumes": [{"persistentVolumeClaim": "a"}]}}),
+        ] {
+            assert_eq!(volumes_of(spec.clone()), VolumeClaims::Unreadable, "{spec}");
+        }
+    }
+
+    #[test]
+    fn only_an_unused_condition_that_is_false_reports_use() {
+        let reported = |conditions: Value| {
+            let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "ml"},
+                "status": {"conditions": conditions}
+            }))
+            .unwrap();
+            claim_facts(&claim).reported_in_use
+        };
+        let condition = |kind: &str, status: &str| json!({"type": kind, "status": status});
+        assert!(reported(json!([
+            condition("Resizing", "True"),
+            condition("Unused", "False")
+        ])));
+        for conditions in [
+            json!([]),
+            json!(null),
+            json!([condition("Unused", "True")]),
+            json!([condition("Unused", "Unknown")]),
+            json!([condition("Resizing", "False")]),
+        ] {
+            assert!(!reported(conditions.clone()), "{conditions}");
         }
     }
 

@@ -53,7 +53,7 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// not live any more, and the claim is decided again from the start. It bounds how long a pod
 /// or a run started after the re-check can go unseen by the delete.
 pub const LIVE_BOUND: Duration = Duration::from_secs(5);
-/// The cached runs and pods in a claim's namespace from which its re-check proves the cache
+/// The cached jobs, runs and pods in a claim's namespace from which its re-check proves the cache
 /// fresh (`daemon::proof`) instead of listing the namespace: below it the LISTs are small and
 /// answer at once, where a round costs a second or two when a kind is quiet.
 const PROVE_FROM: usize = 100;
@@ -931,7 +931,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let (live, read_at) = match proven {
                 Some(read_at) => {
                     let recorded = Recorded::of(claim, &*self.read_index());
-                    (Recheck::Proven(recorded), read_at)
+                    (Recheck::Proven(Box::new(recorded)), read_at)
                 }
                 None => {
                     let (live, read_at) = self.cluster.read_live(claim, &self.metrics).await;

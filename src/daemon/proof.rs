@@ -117,7 +117,8 @@ impl Proofs {
 #[derive(Debug)]
 pub enum Recheck<L> {
     Listed(L),
-    Proven(Recorded),
+    /// Boxed: the answers are a few maps, a listed view one pointer.
+    Proven(Box<Recorded>),
 }
 
 impl<L: Lookup> Lookup for Recheck<L> {
@@ -148,6 +149,13 @@ impl<L: Lookup> Lookup for Recheck<L> {
             Recheck::Proven(recorded) => recorded.pods_using(claim),
         }
     }
+
+    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
+        match self {
+            Recheck::Listed(live) => live.jobs_naming(claim),
+            Recheck::Proven(recorded) => recorded.jobs_naming(claim),
+        }
+    }
 }
 
 /// The answers linking got for one claim from a lookup (the proven cache, under its lock),
@@ -158,6 +166,7 @@ pub struct Recorded {
     runs: HashMap<(OwnerKind, String, String), Found<RunEntry>>,
     runs_binding: HashMap<ObjectKey, Found<Vec<RunEntry>>>,
     pods_using: HashMap<ObjectKey, Found<Vec<PodUse>>>,
+    jobs_naming: HashMap<ObjectKey, Found<Vec<JobEntry>>>,
 }
 
 impl Recorded {
@@ -199,6 +208,13 @@ impl Lookup for Recorded {
             .cloned()
             .unwrap_or_else(not_asked)
     }
+
+    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
+        self.jobs_naming
+            .get(claim)
+            .cloned()
+            .unwrap_or_else(not_asked)
+    }
 }
 
 struct Recorder<'a, L> {
@@ -230,6 +246,12 @@ impl<L: Lookup> Lookup for Recorder<'_, L> {
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
         let found = self.lookup.pods_using(claim);
         (self.seen.borrow_mut().pods_using).insert(claim.clone(), found.clone());
+        found
+    }
+
+    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
+        let found = self.lookup.jobs_naming(claim);
+        (self.seen.borrow_mut().jobs_naming).insert(claim.clone(), found.clone());
         found
     }
 }

@@ -116,6 +116,10 @@ pub struct ClaimFacts {
     pub storage_class: Option<String>,
     /// `spec.volumeName`: the PersistentVolume it is bound to, if any.
     pub volume_name: Option<String>,
+    /// Its `Unused` condition (Kubernetes 1.37, KEP-5541) is `False`: the API server's
+    /// controller saw a pod using it. It only ever keeps a claim: it lags that controller, and
+    /// older releases write none.
+    pub reported_in_use: bool,
 }
 
 impl ClaimFacts {
@@ -140,6 +144,7 @@ impl ClaimFacts {
             requested_bytes: None,
             storage_class: None,
             volume_name: None,
+            reported_in_use: false,
         }
     }
 }
@@ -213,12 +218,19 @@ impl PodUse {
     }
 }
 
-/// What is known of the pods that mount the claim.
+/// What is known of the claim's users: the pods that mount it, and the unfinished jobs whose
+/// own volumes name it (their validation pods will mount it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "known", rename_all = "kebab-case")]
 pub enum Users {
-    Known { pods: Vec<PodUse> },
-    Unknown { why: String },
+    Known {
+        pods: Vec<PodUse>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        jobs: Vec<String>,
+    },
+    Unknown {
+        why: String,
+    },
 }
 
 /// What the cache and the live re-check keep of a NotebookValidationJob.
@@ -227,6 +239,17 @@ pub struct JobEntry {
     pub key: ObjectKey,
     pub uid: String,
     pub progress: Progress,
+    /// The claims `spec.podConfig.volumes[].persistentVolumeClaim.claimName` names.
+    pub volumes: VolumeClaims,
+}
+
+/// The claims a job's own volumes name, as far as they could be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeClaims {
+    Named(Vec<String>),
+    /// A field of an odd shape (volumes not a list, a `claimName` not a string): the job may
+    /// name any claim of its namespace.
+    Unreadable,
 }
 
 /// What the cache and the live re-check keep of a PipelineRun or a TaskRun.

@@ -11,11 +11,14 @@
 //!    `spec.workspaces[].persistentVolumeClaim.claimName` is the claim.
 //! 3. **Naming convention.** `{job}-build-workspace` ↔ job `{job}` and PipelineRun `{job}-build`,
 //!    when they exist.
+//!
+//! Users are not owners: the pods that mount the claim, and every unfinished job whose own
+//! `spec.podConfig.volumes[]` names it (its validation pod will mount it).
 
 use crate::contract::{OwnerKind, naming};
 use crate::decide::facts::{
     ClaimFacts, Facts, JobEntry, LinkRule, ObjectKey, Owner, OwnerState, PodUse, Progress,
-    RunEntry, Users,
+    RunEntry, Users, VolumeClaims,
 };
 
 /// The answer to a look-up that may not be possible yet.
@@ -46,37 +49,54 @@ pub trait Lookup {
     fn runs_binding(&self, claim: &ObjectKey) -> Found<Vec<RunEntry>>;
     /// Pods that mount the claim, whatever their phase.
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>>;
-}
-
-/// The names of the jobs linking can link to `claim` (by reference or by name): what the live
-/// re-check reads by name. Runs need no names: the re-check lists them, since any run in the
-/// namespace may bind the claim.
-pub fn job_candidates(claim: &ClaimFacts) -> Vec<String> {
-    let referenced = claim
-        .owner_references
-        .iter()
-        .filter(|reference| reference.owner_kind() == Some(OwnerKind::Job))
-        .map(|reference| reference.name.clone());
-    let mut names: Vec<String> = referenced
-        .chain(claim.conventional_job_name().map(str::to_owned))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
+    /// The jobs of the claim's namespace whose own volumes name the claim, or could not be
+    /// read, whatever their progress.
+    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>>;
 }
 
 /// Gathers the facts about one claim.
 pub fn facts(claim: &ClaimFacts, lookup: &impl Lookup) -> Facts {
-    let users = match lookup.pods_using(&claim.key) {
-        Found::Yes(pods) => Users::Known { pods },
-        Found::No => Users::Known { pods: Vec::new() },
-        Found::Unknown(why) => Users::Unknown { why },
-    };
     Facts {
         claim: claim.clone(),
         owners: owners(claim, lookup),
-        users,
+        users: users(claim, lookup),
     }
+}
+
+/// The pods that mount the claim and the unfinished jobs whose volumes name it. An unfinished
+/// job whose volumes cannot be read might name it: its users are unknown. A finished job's
+/// volumes hold nothing.
+fn users(claim: &ClaimFacts, lookup: &impl Lookup) -> Users {
+    let pods = match lookup.pods_using(&claim.key) {
+        Found::Yes(pods) => pods,
+        Found::No => Vec::new(),
+        Found::Unknown(why) => return Users::Unknown { why },
+    };
+    let found = match lookup.jobs_naming(&claim.key) {
+        Found::Yes(jobs) => jobs,
+        Found::No => Vec::new(),
+        Found::Unknown(why) => return Users::Unknown { why },
+    };
+    let mut jobs = Vec::new();
+    for job in found
+        .into_iter()
+        .filter(|job| job.progress == Progress::Running)
+    {
+        match job.volumes {
+            VolumeClaims::Named(names) if names.contains(&claim.key.name) => {
+                jobs.push(job.key.name);
+            }
+            VolumeClaims::Named(_) => {}
+            VolumeClaims::Unreadable => {
+                let why = format!(
+                    "the volumes of NotebookValidationJob {} could not be read",
+                    job.key.name
+                );
+                return Users::Unknown { why };
+            }
+        }
+    }
+    Users::Known { pods, jobs }
 }
 
 fn owners(claim: &ClaimFacts, lookup: &impl Lookup) -> Vec<Owner> {
@@ -187,5 +207,89 @@ fn by_uid(found: Found<(String, Progress)>, referenced_uid: &str) -> OwnerState 
         }
         Found::Yes(_) | Found::No => OwnerState::Gone,
         Found::Unknown(why) => OwnerState::Unknown { why },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace holding only `jobs` (no pod, no run).
+    struct Jobs(Vec<JobEntry>);
+
+    impl Lookup for Jobs {
+        fn job(&self, _: &str, name: &str) -> Found<JobEntry> {
+            let job = self.0.iter().find(|job| job.key.name == name);
+            job.cloned().map_or(Found::No, Found::Yes)
+        }
+
+        fn run(&self, _: OwnerKind, _: &str, _: &str) -> Found<RunEntry> {
+            Found::No
+        }
+
+        fn runs_binding(&self, _: &ObjectKey) -> Found<Vec<RunEntry>> {
+            Found::Yes(Vec::new())
+        }
+
+        fn pods_using(&self, _: &ObjectKey) -> Found<Vec<PodUse>> {
+            Found::Yes(Vec::new())
+        }
+
+        /// Every job, as a lookup may over-answer: linking reads the volumes itself.
+        fn jobs_naming(&self, _: &ObjectKey) -> Found<Vec<JobEntry>> {
+            Found::Yes(self.0.clone())
+        }
+    }
+
+    fn job(name: &str, progress: Progress, volumes: VolumeClaims) -> JobEntry {
+        JobEntry {
+            key: ObjectKey::new("ml", name),
+            uid: format!("{name}-uid"),
+            progress,
+            volumes,
+        }
+    }
+
+    fn naming(claims: &[&str]) -> VolumeClaims {
+        VolumeClaims::Named(claims.iter().map(|c| (*c).to_owned()).collect())
+    }
+
+    fn users(jobs: Vec<JobEntry>) -> Users {
+        facts(&ClaimFacts::example("a-build-workspace"), &Jobs(jobs)).users
+    }
+
+    #[test]
+    fn unfinished_jobs_naming_the_claim_in_their_volumes_use_it() {
+        let done = Progress::Finished {
+            at: None,
+            failed: false,
+        };
+        let found = users(vec![
+            job(
+                "b",
+                Progress::Running,
+                naming(&["data", "a-build-workspace"]),
+            ),
+            job("c", done.clone(), naming(&["a-build-workspace"])),
+            job("d", Progress::Running, naming(&["other"])),
+            job("e", done, VolumeClaims::Unreadable),
+        ]);
+        let expected = Users::Known {
+            pods: Vec::new(),
+            jobs: vec!["b".into()],
+        };
+        assert_eq!(found, expected, "a finished job's volumes hold nothing");
+    }
+
+    #[test]
+    fn an_unfinished_job_whose_volumes_cannot_be_read_may_use_any_claim() {
+        let found = users(vec![
+            job("b", Progress::Running, naming(&["a-build-workspace"])),
+            job("odd", Progress::Running, VolumeClaims::Unreadable),
+        ]);
+        let Users::Unknown { why } = found else {
+            panic!("{found:?}")
+        };
+        assert!(why.contains("odd"), "{why}");
     }
 }

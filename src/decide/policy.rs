@@ -83,8 +83,10 @@ pub enum Reason {
     /// its TTL, oldest completion first (see `quota`). Never a verdict of `decide`.
     QuotaPressure,
     // Protected.
-    /// A pod that has not terminated mounts the claim.
+    /// A pod that has not terminated mounts the claim, or its `Unused` condition is `False`.
     InUse,
+    /// An unfinished NotebookValidationJob names the claim in its own volumes.
+    ReferencedByJob,
     /// The `keep` annotation is `"true"`.
     KeepAnnotation,
     // Keep.
@@ -127,6 +129,7 @@ impl Reason {
         Reason::MaxAgeExceeded,
         Reason::QuotaPressure,
         Reason::InUse,
+        Reason::ReferencedByJob,
         Reason::KeepAnnotation,
         Reason::AlreadyTerminating,
         Reason::InvalidAnnotation,
@@ -153,6 +156,7 @@ impl Reason {
             Reason::MaxAgeExceeded => "max-age-exceeded",
             Reason::QuotaPressure => "quota-pressure",
             Reason::InUse => "in-use",
+            Reason::ReferencedByJob => "referenced-by-job",
             Reason::KeepAnnotation => "keep-annotation",
             Reason::AlreadyTerminating => "already-terminating",
             Reason::InvalidAnnotation => "invalid-annotation",
@@ -182,6 +186,9 @@ impl Reason {
                 "its namespace's storage quota is nearly exhausted and its build has finished"
             }
             Reason::InUse => "a running pod mounts it",
+            Reason::ReferencedByJob => {
+                "an unfinished NotebookValidationJob names it in its volumes"
+            }
             Reason::KeepAnnotation => "it is annotated keep=true",
             Reason::AlreadyTerminating => "it is already being deleted",
             Reason::InvalidAnnotation => "a workspace-gc annotation does not parse",
@@ -340,13 +347,30 @@ pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
                 why.clone(),
             );
         }
-        Users::Known { pods } => {
+        Users::Known { pods, jobs } => {
             if let Some(pod) = pods.iter().find(|pod| pod.is_active()) {
                 return Decision::with_detail(
                     Verdict::Protected {
                         reason: Reason::InUse,
                     },
                     format!("mounted by pod {}", pod.name),
+                );
+            }
+            // The API server's own account of use; `True` or none proves nothing.
+            if claim.reported_in_use {
+                return Decision::with_detail(
+                    Verdict::Protected {
+                        reason: Reason::InUse,
+                    },
+                    "its Unused condition is False".to_owned(),
+                );
+            }
+            if let Some(job) = jobs.first() {
+                return Decision::with_detail(
+                    Verdict::Protected {
+                        reason: Reason::ReferencedByJob,
+                    },
+                    format!("named in the volumes of NotebookValidationJob {job}"),
                 );
             }
         }

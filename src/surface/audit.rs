@@ -396,7 +396,7 @@ mod tests {
     use super::*;
     use crate::cluster::cache::{Change, Update};
     use crate::contract::OwnerKind;
-    use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, RunEntry};
+    use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, RunEntry, VolumeClaims};
     use crate::decide::policy::Policy;
     use chrono::TimeZone;
     use std::collections::BTreeMap;
@@ -417,6 +417,7 @@ mod tests {
             requested_bytes: Some(1 << 30),
             storage_class: None,
             volume_name: None,
+            reported_in_use: false,
         }
     }
 
@@ -444,6 +445,7 @@ mod tests {
                     key: ObjectKey::new("ml", "done"),
                     uid: "j1".into(),
                     progress: finished.clone(),
+                    volumes: VolumeClaims::Named(Vec::new()),
                 },
             )),
             Update::Job(Change::InitDone(None)),

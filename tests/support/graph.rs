@@ -114,6 +114,8 @@ pub struct Job {
     /// `status.phase`; `None` for none.
     pub phase: Option<Value>,
     pub completion: Stamp,
+    /// `spec.podConfig`; `None` for none.
+    pub pod_config: Option<Value>,
 }
 
 /// A PipelineRun or TaskRun.
@@ -153,6 +155,8 @@ pub struct Claim {
     pub annotations: Vec<(String, Text)>,
     pub references: Vec<Reference>,
     pub deleting: bool,
+    /// The status of its `Unused` condition; `None` for none.
+    pub unused: Option<&'static str>,
 }
 
 /// An annotation value.
@@ -293,11 +297,46 @@ fn job(name: String, profile: Profile) -> impl Strategy<Value = Job> {
         Profile::Server => strings.boxed(),
         Profile::Memory => prop_oneof![9 => strings, 1 => Just(Some(json!(42)))].boxed(),
     };
-    (phase, stamp(profile)).prop_map(move |(phase, completion)| Job {
-        name: name.clone(),
-        phase,
-        completion,
+    (phase, stamp(profile), pod_config(profile)).prop_map(move |(phase, completion, pod_config)| {
+        Job {
+            name: name.clone(),
+            phase,
+            completion,
+            pod_config,
+        }
     })
+}
+
+/// A job's `spec.podConfig`: mostly none or volumes naming claims (another job's workspace
+/// among them); in memory also the odd shapes that cannot be read.
+fn pod_config(profile: Profile) -> BoxedStrategy<Option<Value>> {
+    let mut targets: Vec<&str> = CLAIMS.to_vec();
+    targets.push("absent-claim");
+    let volumes = subsequence(targets, 1..=2).prop_map(|claims| {
+        let volumes: Vec<Value> = (claims.iter().enumerate())
+            .map(|(i, c)| json!({"name": format!("v{i}"), "persistentVolumeClaim": {"claimName": c}}))
+            .collect();
+        Some(json!({ "volumes": volumes }))
+    });
+    let common = prop_oneof![
+        4 => Just(None),
+        1 => Just(Some(json!({"volumes": [{"name": "cfg", "configMap": {"name": "x"}}]}))),
+        3 => volumes,
+    ];
+    match profile {
+        Profile::Server => common.boxed(),
+        Profile::Memory => prop_oneof![
+            8 => common,
+            1 => select(vec![
+                json!({"volumes": "shared"}),
+                json!({"volumes": [{"persistentVolumeClaim": {"claimName": 7}}]}),
+                json!({"volumes": ["shared"]}),
+                json!("podConfig"),
+            ])
+            .prop_map(Some),
+        ]
+        .boxed(),
+    }
 }
 
 fn run(name: String, profile: Profile) -> impl Strategy<Value = Run> {
@@ -396,19 +435,28 @@ fn claim(name: String, profile: Profile) -> impl Strategy<Value = Claim> {
         Profile::Memory => 0..=2,
         Profile::Server => 0..=1,
     };
+    let unused = prop_oneof![
+        6 => Just(None),
+        1 => Just(Some("False")),
+        1 => Just(Some("True")),
+    ];
     (
         age,
         prop::collection::vec(annotation(profile), annotations),
         references,
         prop::bool::weighted(0.1),
+        unused,
     )
-        .prop_map(move |(age, annotations, references, deleting)| Claim {
-            name: name.clone(),
-            age,
-            annotations,
-            references,
-            deleting,
-        })
+        .prop_map(
+            move |(age, annotations, references, deleting, unused)| Claim {
+                name: name.clone(),
+                age,
+                annotations,
+                references,
+                deleting,
+                unused,
+            },
+        )
 }
 
 fn annotation(profile: Profile) -> impl Strategy<Value = (String, Text)> {
@@ -564,6 +612,9 @@ impl Space {
                 "apiVersion": "mlops.mlops.dev/v1alpha1", "kind": JOB_KIND,
                 "metadata": meta(JOB_KIND, &job.name), "spec": {},
             });
+            if let Some(pod_config) = &job.pod_config {
+                object["spec"]["podConfig"] = pod_config.clone();
+            }
             let mut status = serde_json::Map::new();
             if let Some(phase) = &job.phase {
                 status.insert("phase".into(), phase.clone());
@@ -665,10 +716,14 @@ impl Claim {
             meta["deletionTimestamp"] = at(60).into();
             meta["finalizers"] = json!(["workspace-gc.test/hold"]);
         }
-        json!({
+        let mut claim = json!({
             "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta,
             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-        })
+        });
+        if let Some(status) = self.unused {
+            claim["status"] = json!({"conditions": [{"type": "Unused", "status": status}]});
+        }
+        claim
     }
 }
 

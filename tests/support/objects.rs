@@ -77,6 +77,7 @@ async fn create_dynamic(
 pub struct JobBuilder {
     name: String,
     status: serde_json::Map<String, Value>,
+    pod_config: Option<Value>,
 }
 
 impl JobBuilder {
@@ -84,7 +85,22 @@ impl JobBuilder {
         JobBuilder {
             name: name.to_owned(),
             status: serde_json::Map::new(),
+            pod_config: None,
         }
+    }
+
+    /// `spec.podConfig.volumes[]`: one volume per claim, as a user names them.
+    pub fn volume_claims(self, claims: &[&str]) -> Self {
+        let volumes: Vec<Value> = (claims.iter().enumerate())
+            .map(|(i, c)| json!({"name": format!("data-{i}"), "persistentVolumeClaim": {"claimName": c}}))
+            .collect();
+        self.pod_config(json!({ "volumes": volumes }))
+    }
+
+    /// `spec.podConfig` as given, odd shapes included.
+    pub fn pod_config(mut self, pod_config: Value) -> Self {
+        self.pod_config = Some(pod_config);
+        self
     }
 
     /// `status.phase`: `Initializing`, `Building`, `BuildComplete`, `ValidationRunning`,
@@ -125,12 +141,15 @@ impl JobBuilder {
     }
 
     pub async fn create(self, ns: &TestNamespace) -> DynamicObject {
-        let spec = json!({
+        let mut spec = json!({
             "notebook": {
                 "git": { "url": "https://git.example.com/notebooks.git", "ref": "main" },
                 "path": format!("notebooks/{}.ipynb", self.name),
             },
         });
+        if let Some(pod_config) = self.pod_config {
+            spec["podConfig"] = pod_config;
+        }
         let status = Some(Value::Object(self.status)).filter(|s| s != &json!({}));
         create_dynamic(
             ns,

@@ -8,7 +8,12 @@
 //! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` (exactly "true" or "false"), `ttl` (humantime,
 //!    trimmed, fitting `chrono::Duration`) or `expires` (RFC 3339, trimmed);
 //! 3. `keep` is not "true";
-//! 4. no pod of its namespace mounts it unless that pod's phase is "Succeeded" or "Failed";
+//! 4. no pod of its namespace mounts it unless that pod's phase is "Succeeded" or "Failed"; no
+//!    `status.conditions` entry of type "Unused" has status "False"; and no job of its namespace
+//!    that is not finished (phase not "Succeeded" or "Failed") names it in
+//!    `spec.podConfig.volumes[].persistentVolumeClaim.claimName`, or has volumes that cannot be
+//!    read: `podConfig` or `volumes` present, not null and of the wrong type, a volume that is
+//!    not an object, or a non-null `persistentVolumeClaim` without a string `claimName`;
 //! 5. every ownerReference names NotebookValidationJob (`mlops.mlops.dev`), PipelineRun or
 //!    TaskRun (`tekton.dev`);
 //! 6. and (a) `expires` ≤ now, or (b) created + max_age ≤ now, or (c) every linked owner allows
@@ -75,7 +80,7 @@ pub struct Judgement {
 pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) -> Judgement {
     let keep = Judgement::default();
     let meta = &claim["metadata"];
-    let (namespace, name) = (text(&meta["namespace"]), text(&meta["name"]));
+    let namespace = text(&meta["namespace"]);
     if !meta["deletionTimestamp"].is_null() {
         return keep;
     }
@@ -87,7 +92,7 @@ pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) 
         return keep;
     };
     let foreign = list(&meta["ownerReferences"]).any(|r| managed_kind(r).is_none());
-    if notes.keep || foreign || in_use(world, namespace, name) {
+    if notes.keep || foreign || in_use(world, claim) {
         return keep;
     }
     let created = instant(&meta["creationTimestamp"]);
@@ -282,7 +287,42 @@ fn completion(object: &Value) -> Option<DateTime<Utc>> {
     instant(&object["status"]["completionTime"]).filter(|t| *t != go_zero)
 }
 
-fn in_use(world: &World, namespace: &str, claim: &str) -> bool {
+/// Condition 4, for `claim` (its raw object).
+fn in_use(world: &World, claim: &Value) -> bool {
+    let meta = &claim["metadata"];
+    let (namespace, name) = (text(&meta["namespace"]), text(&meta["name"]));
+    let unused_false = list(&claim["status"]["conditions"])
+        .any(|c| c["type"].as_str() == Some("Unused") && c["status"].as_str() == Some("False"));
+    let named_by_a_job = world.jobs.iter().any(|job| {
+        text(&job["metadata"]["namespace"]) == namespace
+            && !finished(Kind::Job, job)
+            && job_volume_claims(job).is_none_or(|claims| claims.contains(&name))
+    });
+    unused_false || named_by_a_job || mounted(world, namespace, name)
+}
+
+/// The claims a job's own volumes name; `None` when they cannot be read.
+fn job_volume_claims(job: &Value) -> Option<Vec<&str>> {
+    let pod = &job["spec"]["podConfig"];
+    if !(pod.is_null() || pod.is_object()) {
+        return None;
+    }
+    let volumes = &pod["volumes"];
+    if volumes.is_null() {
+        return Some(Vec::new());
+    }
+    let mut claims = Vec::new();
+    for volume in volumes.as_array()? {
+        volume.as_object()?;
+        let source = &volume["persistentVolumeClaim"];
+        if !source.is_null() {
+            claims.push(source["claimName"].as_str()?);
+        }
+    }
+    Some(claims)
+}
+
+fn mounted(world: &World, namespace: &str, claim: &str) -> bool {
     world.pods.iter().any(|pod| {
         text(&pod["metadata"]["namespace"]) == namespace
             && list(&pod["spec"]["volumes"])
