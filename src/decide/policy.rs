@@ -121,7 +121,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::Expired,
         Reason::OwnerGone,
         Reason::TtlExpired,
