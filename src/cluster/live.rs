@@ -69,7 +69,11 @@ impl LiveView {
             match &jobs_api {
                 Ok(api) => {
                     let gets = names.iter().map(|name| get(api, name, metrics));
-                    futures::future::join_all(gets).await
+                    let found = futures::future::join_all(gets).await;
+                    if found.iter().any(|job| matches!(job, Found::Unknown(_))) {
+                        served.read_failed(OwnerKind::Job).await;
+                    }
+                    found
                 }
                 Err(found) => vec![found.clone(); names.len()],
             }
@@ -156,10 +160,14 @@ async fn runs(
     };
     let api: Api<OwnerObject> = Api::namespaced_with(client.clone(), namespace, &resource);
     let what = format!("{}s at {}", kind.as_str(), resource.api_version);
-    list(&what, &api, ListParams::default(), metrics, |run| {
+    let found = list(&what, &api, ListParams::default(), metrics, |run| {
         Some(resources::tekton_run_entry(kind, run))
     })
-    .await
+    .await;
+    if matches!(found, Found::Unknown(_)) {
+        served.read_failed(kind).await;
+    }
+    found
 }
 
 /// Page size of the live LISTs: bounds what one response holds in memory.

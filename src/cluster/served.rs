@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
 use kube::Client;
 use kube::api::{ApiResource, GroupVersionKind};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::contract::OwnerKind;
 use crate::observe::http::Health;
@@ -273,6 +273,16 @@ impl Served {
                 .map_err(|error| format!("discovering {}: {error}", owner.as_str()))?,
         };
         serving.readable(owner).map(Option::<&ApiResource>::cloned)
+    }
+
+    /// Asks discovery again after a live read of `owner` failed: the version it was read at
+    /// may no longer be served. The API server ends the watches of a version it stopped
+    /// serving only once that version's storage is torn down, which can take minutes, so the
+    /// watch's 404 alone would tell late. The read that failed is unknown whatever the answer.
+    pub async fn read_failed(&self, owner: OwnerKind) {
+        if let Err(error) = self.resolve(owner).await {
+            debug!(kind = owner.as_str(), %error, "cannot ask discovery");
+        }
     }
 
     /// The latest resolution of `owner` if `enough` says it will do, else a new one.
