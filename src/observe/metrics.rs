@@ -866,6 +866,7 @@ mod tests {
         metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
         metrics.watch_restart(Kind::Claims);
         metrics.cached([(Kind::Claims, 1)]);
+        metrics.kind_served(Kind::TaskRuns, Served::Preferred);
         metrics.set_leader(true);
         metrics.set_ready(true);
         metrics.set_capped(true);
