@@ -9,6 +9,12 @@ use serde::Serialize;
 pub const JOB_GROUP: &str = "mlops.mlops.dev";
 /// The version of `NotebookValidationJob` workspace-gc reads.
 pub const JOB_VERSION: &str = "v1alpha1";
+/// The older Tekton version whose PipelineRuns and TaskRuns carry every field workspace-gc
+/// reads at the same path as [`RUN_VERSION`]'s: `spec.workspaces[].persistentVolumeClaim
+/// .claimName`, `status.conditions[type=Succeeded]`, `status.completionTime`, and the metadata.
+/// Older Tekton releases serve only it, and an OpenShift Pipelines upgrade can leave one CRD
+/// serving only it for a while.
+pub const RUN_VERSION_BETA: &str = "v1beta1";
 /// The kind of the operator's custom resource.
 pub const JOB_KIND: &str = "NotebookValidationJob";
 /// Tekton's API group.
@@ -31,6 +37,33 @@ pub enum OwnerKind {
 }
 
 impl OwnerKind {
+    /// Every owner kind.
+    pub const ALL: [OwnerKind; 3] = [OwnerKind::Job, OwnerKind::Run, OwnerKind::TaskRun];
+
+    /// Its API group.
+    pub fn group(self) -> &'static str {
+        match self {
+            OwnerKind::Job => JOB_GROUP,
+            OwnerKind::Run | OwnerKind::TaskRun => RUN_GROUP,
+        }
+    }
+
+    /// The versions of the kind whose fields workspace-gc reads, the one it prefers first. A
+    /// version not listed may move or retype a field, so its objects are never read.
+    pub fn readable_versions(self) -> &'static [&'static str] {
+        match self {
+            OwnerKind::Job => &[JOB_VERSION],
+            OwnerKind::Run | OwnerKind::TaskRun => &[RUN_VERSION, RUN_VERSION_BETA],
+        }
+    }
+
+    /// Whether a cluster may lack the kind altogether: then no such object exists. Without
+    /// the operator's or Tekton's PipelineRun CRD no build runs at all, so their absence is a
+    /// broken install, whose facts are unknown.
+    pub fn optional(self) -> bool {
+        self == OwnerKind::TaskRun
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             OwnerKind::Job => JOB_KIND,

@@ -51,6 +51,11 @@ pub enum Update {
     /// A kind's watch of a scope has delivered everything up to this resourceVersion: sent
     /// after the change that carried it, so the cache never claims more than it holds.
     Delivered(Kind, Scope, u64),
+    /// An owner kind is not served where its watch read it (`cluster::served`): its entries in
+    /// the scope go, and with them how far its watch delivered. `None`: its group serves it at
+    /// no version and it is optional, so the scope is listed and empty. `Some(why)`: its facts
+    /// in the scope are unknown until a watch lists it again.
+    Unserved(OwnerKind, Scope, Option<String>),
 }
 
 /// One kind's entries, each stored under its own key: a map from key to entry would hold every
@@ -60,6 +65,9 @@ pub struct Table<E> {
     items: HashSet<Keyed<E>>,
     /// Scopes that have not finished their first list.
     unsynced: HashSet<Scope>,
+    /// Scopes whose kind is not served where it can be read, and why: nothing in them is
+    /// known (an owner kind's, [`Update::Unserved`]).
+    unknown: HashMap<Scope, String>,
     relists: HashMap<Scope, HashSet<Keyed<E>>>,
 }
 
@@ -93,12 +101,32 @@ impl<E> Table<E> {
         Self {
             items: HashSet::new(),
             unsynced: scopes.iter().cloned().collect(),
+            unknown: HashMap::new(),
             relists: HashMap::new(),
         }
     }
 
     fn synced(&self) -> bool {
         self.unsynced.is_empty()
+    }
+
+    /// Why nothing of this kind is known in `namespace`, if so: its scope is unknown.
+    fn unknown_in(&self, namespace: &str) -> Option<&str> {
+        (self.unknown.iter())
+            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
+            .map(|(_, why)| why.as_str())
+    }
+
+    /// What the table says of the kind in `namespace` as a whole: unknown until listed, or
+    /// while not served where it can be read.
+    fn known_in(&self, namespace: &str, what: &str) -> Result<(), String> {
+        if !self.synced() {
+            return Err(format!("the {what} cache has not synced yet"));
+        }
+        match self.unknown_in(namespace) {
+            Some(why) => Err(why.to_owned()),
+            None => Ok(()),
+        }
     }
 
     fn len(&self) -> usize {
@@ -116,8 +144,8 @@ impl<E: Cached> Table<E> {
     }
 
     fn get(&self, key: &ObjectKey, what: &str) -> Found<E> {
-        if !self.synced() {
-            return Found::Unknown(format!("the {what} cache has not synced yet"));
+        if let Err(why) = self.known_in(&key.namespace, what) {
+            return Found::Unknown(why);
         }
         self.entry(key).cloned().map_or(Found::No, Found::Yes)
     }
@@ -237,7 +265,48 @@ impl Index {
                 *delivered = (*delivered).max(revision);
                 BTreeSet::new()
             }
+            Update::Unserved(owner, scope, why) => {
+                // What it delivered was of a version no longer read: no proof may rest on it.
+                self.delivered.remove(&(Kind::from(owner), scope.clone()));
+                match owner {
+                    OwnerKind::Job => self.unserved::<JobEntry>(scope, why),
+                    OwnerKind::Run => self.unserved::<RunEntry>(scope, why),
+                    OwnerKind::TaskRun => self.unserved::<TaskRunEntry>(scope, why),
+                }
+            }
         }
+    }
+
+    /// Empties a scope of an owner kind that is not served where it was read, known empty
+    /// (`why` is `None`) or unknown. Each claim of the scope is affected when whether the kind
+    /// is known there changes.
+    fn unserved<E: Cached>(&mut self, scope: Scope, why: Option<String>) -> BTreeSet<ObjectKey> {
+        let mut affected = BTreeSet::new();
+        let table = E::table(self);
+        table.relists.remove(&scope);
+        table.unsynced.remove(&scope);
+        let was_unknown = match why {
+            Some(why) => table.unknown.insert(scope.clone(), why).is_some(),
+            None => table.unknown.remove(&scope).is_some(),
+        };
+        let is_unknown = table.unknown.contains_key(&scope);
+        let held: Vec<ObjectKey> = (table.values().map(Cached::key))
+            .filter(|key| in_scope(&scope, key))
+            .cloned()
+            .collect();
+        for key in held {
+            self.remove::<E>(&key, &mut affected);
+        }
+        if was_unknown != is_unknown {
+            self.claims_of(&scope, &mut affected);
+        }
+        affected
+    }
+
+    /// Every tracked claim in `scope`.
+    fn claims_of(&self, scope: &Scope, out: &mut BTreeSet<ObjectKey>) {
+        let claims = self.claims().filter(|claim| in_scope(scope, &claim.key));
+        out.extend(claims.map(|claim| claim.key.clone()));
     }
 
     /// The resourceVersion up to which `kind`'s watch of `scope` has delivered every change:
@@ -313,7 +382,12 @@ impl Index {
                 for entry in fresh {
                     self.upsert(entry.0, &mut affected);
                 }
-                E::table(self).unsynced.remove(&scope);
+                let table = E::table(self);
+                table.unsynced.remove(&scope);
+                // Listed where it can be read again: what it keeps unknown is known now.
+                if table.unknown.remove(&scope).is_some() {
+                    self.claims_of(&scope, &mut affected);
+                }
             }
         }
         affected
@@ -679,12 +753,13 @@ impl Lookup for Index {
     }
 
     fn runs_binding(&self, claim: &ObjectKey) -> Found<Vec<RunEntry>> {
-        for (synced, what) in [
-            (self.runs.synced(), RunEntry::WHAT),
-            (self.task_runs.synced(), TaskRunEntry::WHAT),
+        let namespace = &claim.namespace;
+        for known in [
+            self.runs.known_in(namespace, RunEntry::WHAT),
+            self.task_runs.known_in(namespace, TaskRunEntry::WHAT),
         ] {
-            if !synced {
-                return Found::Unknown(format!("the {what} cache has not synced yet"));
+            if let Err(why) = known {
+                return Found::Unknown(why);
             }
         }
         let runs = self.runs_by_claim.get(claim).into_iter().flatten();
@@ -1075,5 +1150,69 @@ mod tests {
         let affected = index.apply::<ClaimFacts>(Change::InitDone(Some("ml".into())));
         assert_eq!(affected, keys(&["c"]));
         assert_eq!(index.claim(&ObjectKey::new("ml", "c")), Some(&changed));
+    }
+
+    fn task_run(name: &str, claims: &[&str]) -> TaskRunEntry {
+        let mut run = run(name, claims);
+        run.kind = OwnerKind::TaskRun;
+        TaskRunEntry(run)
+    }
+
+    #[test]
+    fn an_owner_kind_not_served_where_it_can_be_read_is_unknown_until_listed_again() {
+        let mut index = synced();
+        for name in ["a", "b"] {
+            index.apply(Change::Apply(claim(name)));
+        }
+        index.apply(Change::Apply(task_run("t1", &["a"])));
+        index.update(Update::Delivered(Kind::TaskRuns, None, 40));
+        let binding = |index: &Index, name| index.runs_binding(&ObjectKey::new("ml", name));
+
+        let why = "TaskRun is served only at tekton.dev/v2".to_owned();
+        let affected = index.update(Update::Unserved(OwnerKind::TaskRun, None, Some(why)));
+        assert_eq!(affected, keys(&["a", "b"]), "every claim it could protect");
+        assert!(index.synced(), "decided, and kept");
+        for name in ["a", "b"] {
+            let Found::Unknown(said) = binding(&index, name) else {
+                panic!("{name}: known")
+            };
+            assert!(said.contains("tekton.dev/v2"), "{said}");
+        }
+        assert!(matches!(
+            index.run(OwnerKind::TaskRun, "ml", "t1"),
+            Found::Unknown(_)
+        ));
+        assert_eq!(index.run(OwnerKind::Run, "ml", "r1"), Found::No);
+        assert_eq!(index.delivered(Kind::TaskRuns, &None), None, "forgotten");
+        assert_eq!(index.namespace_size("ml"), 0, "its entries went");
+
+        // Served again where it can be read: a list makes it known, and every claim is decided
+        // again.
+        index.apply::<TaskRunEntry>(Change::Init(None));
+        index.apply(Change::InitApply(None, task_run("t2", &["b"])));
+        let affected = index.apply::<TaskRunEntry>(Change::InitDone(None));
+        assert_eq!(affected, keys(&["a", "b"]));
+        assert_eq!(binding(&index, "a"), Found::Yes(Vec::new()));
+        assert!(matches!(binding(&index, "b"), Found::Yes(runs) if runs.len() == 1));
+    }
+
+    #[test]
+    fn an_optional_kind_its_group_serves_at_no_version_is_listed_and_empty() {
+        let mut index = Index::default();
+        for kind in [Change::InitDone(None), Change::Apply(claim("a"))] {
+            index.apply::<ClaimFacts>(kind);
+        }
+        index.apply::<JobEntry>(Change::InitDone(None));
+        index.apply::<RunEntry>(Change::InitDone(None));
+        index.apply::<PodEntry>(Change::InitDone(None));
+        assert!(!index.synced(), "the TaskRuns have not been told");
+        index.update(Update::Delivered(Kind::TaskRuns, None, 40));
+        let affected = index.update(Update::Unserved(OwnerKind::TaskRun, None, None));
+        assert!(index.synced());
+        assert!(affected.is_empty(), "known before and after: {affected:?}");
+        assert_eq!(index.run(OwnerKind::TaskRun, "ml", "t1"), Found::No);
+        let claim = ObjectKey::new("ml", "a");
+        assert_eq!(index.runs_binding(&claim), Found::Yes(Vec::new()));
+        assert_eq!(index.delivered(Kind::TaskRuns, &None), None, "forgotten");
     }
 }

@@ -21,11 +21,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::cluster::resources::{self, OwnerObject, PodVolumes};
+use crate::cluster::served::Served;
 use crate::contract::OwnerKind;
 use crate::decide::facts::{
     ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry, VolumeClaims,
@@ -44,15 +45,17 @@ pub struct LiveView {
 }
 
 impl LiveView {
-    /// Takes a snapshot of the claim's namespace that started after this call.
+    /// Takes a snapshot of the claim's namespace that started after this call, each owner
+    /// kind read where `served` says it is.
     pub async fn read(
         client: &Client,
+        served: &Served,
         claim: &ClaimFacts,
         snapshots: &Snapshots,
         metrics: &Metrics,
     ) -> Self {
         let read_at = Instant::now();
-        let namespace = snapshots.of(client, &claim.key.namespace, metrics).await;
+        let namespace = (snapshots.of(client, served, &claim.key.namespace, metrics)).await;
         LiveView { namespace, read_at }
     }
 
@@ -73,53 +76,49 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    async fn list(client: &Client, namespace: &str, metrics: &Metrics) -> Self {
-        let owners = |resource: ApiResource| -> Api<OwnerObject> {
-            Api::namespaced_with(client.clone(), namespace, &resource)
-        };
-        let (jobs_api, runs_api, task_runs_api) = (
-            owners(resources::job_resource()),
-            owners(resources::run_resource()),
-            owners(resources::task_run_resource()),
-        );
+    async fn list(client: &Client, served: &Served, namespace: &str, metrics: &Metrics) -> Self {
         // Finished pods never hold a claim (`PodUse::is_active`): let the server leave them out.
         let active = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
         let pods_api: Api<PodVolumes> = Api::namespaced(client.clone(), namespace);
+        let started = Instant::now();
+        let run = |kind| move |run: &OwnerObject| resources::tekton_run_entry(kind, run);
         let (jobs, runs, task_runs, pods) = tokio::join!(
-            list(
-                "NotebookValidationJobs",
-                &jobs_api,
-                ListParams::default(),
+            owners(
+                client,
+                served,
+                OwnerKind::Job,
+                namespace,
+                started,
                 metrics,
-                |job| Some(resources::job_entry(job))
+                resources::job_entry
             ),
-            list(
-                "PipelineRuns",
-                &runs_api,
-                ListParams::default(),
+            owners(
+                client,
+                served,
+                OwnerKind::Run,
+                namespace,
+                started,
                 metrics,
-                |run| Some(resources::run_entry(run))
+                run(OwnerKind::Run)
             ),
-            list(
-                "TaskRuns",
-                &task_runs_api,
-                ListParams::default(),
+            owners(
+                client,
+                served,
+                OwnerKind::TaskRun,
+                namespace,
+                started,
                 metrics,
-                |run| Some(resources::task_run_entry(run))
+                run(OwnerKind::TaskRun)
             ),
             list("pods", &pods_api, active, metrics, |pod| {
                 Some(resources::pod_entry(pod)).filter(|pod| !pod.claims.is_empty())
             }),
         );
         Snapshot {
-            jobs: served(jobs, "NotebookValidationJobs"),
-            runs: served(runs, "PipelineRuns"),
-            // No TaskRun CRD: no TaskRun exists (see `watches`).
-            task_runs: match task_runs {
-                Found::No => Found::Yes(Vec::new()),
-                found => found,
-            },
-            pods: served(pods, "pods"),
+            jobs,
+            runs,
+            task_runs,
+            pods,
         }
     }
 
@@ -131,19 +130,40 @@ impl Snapshot {
     }
 }
 
-/// A kind that must be served: a 404 is an error, which keeps the claim.
-fn served<E>(found: Found<Vec<E>>, what: &str) -> Found<Vec<E>> {
-    match found {
-        Found::No => Found::Unknown(format!("the API server does not serve {what}")),
-        found => found,
+/// The owners of one kind in `namespace`, listed where `served` says they are read, each as
+/// `keep` makes it: none when the kind is optional and its group serves it at no version
+/// (asked again, at `since` or later).
+async fn owners<E>(
+    client: &Client,
+    served: &Served,
+    kind: OwnerKind,
+    namespace: &str,
+    since: Instant,
+    metrics: &Metrics,
+    keep: impl Fn(&OwnerObject) -> E,
+) -> Found<Vec<E>> {
+    let resource = match served.readable(kind, since).await {
+        Ok(Some(resource)) => resource,
+        Ok(None) => return Found::Yes(Vec::new()),
+        Err(why) => return Found::Unknown(why),
+    };
+    let api: Api<OwnerObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+    let what = format!("{}s at {}", kind.as_str(), resource.api_version);
+    let found = list(&what, &api, ListParams::default(), metrics, |owner| {
+        Some(keep(owner))
+    })
+    .await;
+    if matches!(found, Found::Unknown(_)) {
+        served.read_failed(kind).await;
     }
+    found
 }
 
 /// Page size of the live LISTs: bounds what one response holds in memory.
 const PAGE: u32 = 500;
 
-/// Lists every page, keeping what `keep` returns of each object. `Found::No` when the kind is
-/// not served (404: its CRD is not installed).
+/// Lists every page, keeping what `keep` returns of each object. A 404 says the kind is not
+/// served at this version, which tells nothing of its objects: unknown.
 async fn list<K, E>(
     what: &str,
     api: &Api<K>,
@@ -159,7 +179,6 @@ where
     loop {
         let token = match page(api, &params, &keep, &mut entries).await {
             Ok(token) => token,
-            Err(error) if resources::is_not_found(&error) => return Found::No,
             Err(error) => {
                 metrics.api_error(Operation::List, &error);
                 return Found::Unknown(format!("listing {what}: {error}"));
@@ -364,7 +383,13 @@ struct Slot {
 
 impl Snapshots {
     /// A snapshot of `namespace` that started after this call.
-    async fn of(&self, client: &Client, namespace: &str, metrics: &Metrics) -> Arc<Snapshot> {
+    async fn of(
+        &self,
+        client: &Client,
+        served: &Served,
+        namespace: &str,
+        metrics: &Metrics,
+    ) -> Arc<Snapshot> {
         let asked = Instant::now();
         let slot = {
             let mut namespaces = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
@@ -378,7 +403,7 @@ impl Snapshots {
                 // Never closed, so acquiring only waits.
                 let _permit = self.in_flight.acquire().await;
                 let started = Instant::now();
-                let snapshot = Arc::new(Snapshot::list(client, namespace, metrics).await);
+                let snapshot = Arc::new(Snapshot::list(client, served, namespace, metrics).await);
                 *latest = Some((started, snapshot.clone()));
                 snapshot
             }
@@ -395,15 +420,14 @@ impl Snapshots {
 pub async fn quotas(client: &Client, namespace: &str, metrics: &Metrics) -> Found<Vec<QuotaEntry>> {
     let api: Api<k8s_openapi::api::core::v1::ResourceQuota> =
         Api::namespaced(client.clone(), namespace);
-    let found = list(
+    list(
         "ResourceQuotas",
         &api,
         ListParams::default(),
         metrics,
         |quota| Some(resources::quota_entry(quota)),
     )
-    .await;
-    served(found, "ResourceQuotas")
+    .await
 }
 
 /// A Namespace's workspace-gc annotations, read live (metadata only) before a delete: its
@@ -558,23 +582,57 @@ mod tests {
     use std::collections::BTreeMap;
 
     /// LISTs served, by path.
-    type Served = Arc<Mutex<BTreeMap<String, usize>>>;
+    type Counted = Arc<Mutex<BTreeMap<String, usize>>>;
 
     /// A mock API server for namespace `ml`, answering slowly (so callers pile up): pods with
     /// one pod mounting claim `a`, PipelineRuns with a run binding `b`, jobs with one naming
-    /// `b` in its volumes, and 404 for TaskRuns (CRD not installed).
-    fn namespace_server() -> (Client, Served) {
+    /// `b` in its volumes, and no TaskRun CRD (discovery lists `tekton.dev/v1` without
+    /// TaskRuns).
+    fn namespace_server() -> (Client, Counted) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let served = Served::default();
-        let count = served.clone();
+        let counted = Counted::default();
+        let count = counted.clone();
         tokio::spawn(async move {
             while let Some((request, reply)) = handle.next_request().await {
                 let path = request.uri().path().to_owned();
                 let query = request.uri().query().unwrap_or_default().to_owned();
-                assert!(query.contains("limit=500"), "{query}");
+                let discovery = [
+                    "/apis/tekton.dev",
+                    "/apis/tekton.dev/v1",
+                    "/apis/mlops.mlops.dev",
+                    "/apis/mlops.mlops.dev/v1alpha1",
+                ]
+                .contains(&path.as_str());
+                assert!(discovery || query.contains("limit=500"), "{path}?{query}");
                 *count.lock().unwrap().entry(path.clone()).or_default() += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 let (status, body) = match path.as_str() {
+                    "/apis/tekton.dev" => (
+                        200,
+                        json!({"kind": "APIGroup", "apiVersion": "v1", "name": "tekton.dev",
+                               "versions": [{"groupVersion": "tekton.dev/v1", "version": "v1"}]}),
+                    ),
+                    "/apis/mlops.mlops.dev" => (
+                        200,
+                        json!({"kind": "APIGroup", "apiVersion": "v1", "name": "mlops.mlops.dev",
+                               "versions": [{"groupVersion": "mlops.mlops.dev/v1alpha1", "version": "v1alpha1"}]}),
+                    ),
+                    "/apis/mlops.mlops.dev/v1alpha1" => (
+                        200,
+                        json!({"kind": "APIResourceList", "apiVersion": "v1",
+                               "groupVersion": "mlops.mlops.dev/v1alpha1", "resources": [
+                                   {"name": "notebookvalidationjobs", "singularName": "notebookvalidationjob",
+                                    "namespaced": true, "kind": "NotebookValidationJob", "verbs": ["list"]}]}),
+                    ),
+                    "/apis/tekton.dev/v1" => (
+                        200,
+                        json!({"kind": "APIResourceList", "apiVersion": "v1",
+                               "groupVersion": "tekton.dev/v1", "resources": [
+                                   {"name": "pipelineruns", "singularName": "pipelinerun",
+                                    "namespaced": true, "kind": "PipelineRun", "verbs": ["list"]},
+                                   {"name": "pipelineruns/status", "singularName": "",
+                                    "namespaced": true, "kind": "PipelineRun", "verbs": ["get"]}]}),
+                    ),
                     "/api/v1/namespaces/ml/pods" => {
                         assert!(
                             query.contains(
@@ -617,13 +675,6 @@ mod tests {
                             ]),
                         ),
                     ),
-                    "/apis/tekton.dev/v1/namespaces/ml/taskruns" => (
-                        404,
-                        json!({
-                            "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                            "reason": "NotFound", "code": 404, "message": "the server could not find the requested resource"
-                        }),
-                    ),
                     other => panic!("unexpected request {other}"),
                 };
                 reply.send_response(
@@ -634,7 +685,7 @@ mod tests {
                 );
             }
         });
-        (Client::new(service, "default"), served)
+        (Client::new(service, "default"), counted)
     }
 
     fn list(kind: &str, items: Value) -> Value {
@@ -647,13 +698,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_burst_in_one_namespace_shares_its_snapshots() {
-        let (client, served) = namespace_server();
+        let (client, counted) = namespace_server();
+        let served = Served::new(client.clone(), None);
         let snapshots = Arc::new(Snapshots::default());
         let metrics = Arc::new(Metrics::register(&mut Registry::default()));
         let calls = (0..20).map(|i| {
             let (client, snapshots, metrics) = (client.clone(), snapshots.clone(), metrics.clone());
+            let served = served.clone();
             let claim = claim(if i % 2 == 0 { "a" } else { "b" });
-            tokio::spawn(async move { LiveView::read(&client, &claim, &snapshots, &metrics).await })
+            tokio::spawn(async move {
+                LiveView::read(&client, &served, &claim, &snapshots, &metrics).await
+            })
         });
         let views = futures::future::join_all(calls).await;
         for (i, view) in views.into_iter().enumerate() {
@@ -685,7 +740,7 @@ mod tests {
             assert!(matches!(view.job("ml", "validating"), Found::Yes(_)));
             assert_eq!(view.job("ml", "nb"), Found::No);
         }
-        for (path, lists) in served.lock().unwrap().iter() {
+        for (path, lists) in counted.lock().unwrap().iter() {
             assert!(
                 (1..=2).contains(lists),
                 "{lists} LISTs of {path} for 20 re-checks"
@@ -768,12 +823,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_later_recheck_gets_a_later_snapshot() {
-        let (client, served) = namespace_server();
+        let (client, counted) = namespace_server();
+        let served = Served::new(client.clone(), None);
         let snapshots = Snapshots::default();
         let metrics = Metrics::register(&mut Registry::default());
         for _ in 0..2 {
-            LiveView::read(&client, &claim("a"), &snapshots, &metrics).await;
+            LiveView::read(&client, &served, &claim("a"), &snapshots, &metrics).await;
         }
-        assert_eq!(served.lock().unwrap()["/api/v1/namespaces/ml/pods"], 2);
+        let counted = counted.lock().unwrap();
+        assert_eq!(counted["/api/v1/namespaces/ml/pods"], 2);
+        // No TaskRun CRD: discovery is asked again for each snapshot, none is listed.
+        assert_eq!(counted["/apis/tekton.dev"], 2);
+        assert!(
+            !counted.keys().any(|path| path.ends_with("/taskruns")),
+            "{counted:?}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The cluster edge: everything that talks to the API server. API objects are converted into
 //! the core's facts ([`resources`]), watched into the cache ([`watches`], [`cache`]) and read
-//! live before a delete ([`live`]), or proven fresh by the small reads of [`progress`].
+//! live before a delete ([`live`]), or proven fresh by the small reads of [`progress`]. The
+//! owner kinds are read at the version discovery says is served ([`served`]).
 //! [`writer`] is the only module that changes the cluster, and
 //! only while [`leader`] holds the Lease, which also carries the blast-radius count
 //! ([`crate::daemon::cap_ledger`]).
@@ -11,6 +12,7 @@ pub mod leader;
 pub mod live;
 pub mod progress;
 pub mod resources;
+pub mod served;
 pub mod server_clock;
 pub mod watches;
 pub mod writer;

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cluster::cache::Scope;
 use crate::cluster::resources::{self, OwnerObject, PodVolumes};
+use crate::cluster::served::Served;
 use crate::decide::facts::ObjectKey;
 use crate::decide::linking::Found;
 use crate::observe::metrics::{Kind, Metrics, Operation};
@@ -37,34 +38,55 @@ pub struct Delivery {
 /// The resourceVersion of a kind's collection in `scope` now: a list with `resourceVersion`
 /// unset is served from etcd, or (Kubernetes 1.31+) from the watch cache once it has caught
 /// up with etcd's current revision, which also moves the watch cache's bookmarks up to it.
-/// `No` when the kind is not served (its CRD is not installed). Errors are counted in
-/// `metrics`, when given.
+/// An owner kind is read where `served` says; `No` only when discovery, asked now, says its
+/// group serves it at no version and it is optional: no such object exists. Errors are
+/// counted in `metrics`, when given.
 pub async fn revision(
     client: &Client,
+    served: &Served,
     kind: Kind,
     scope: &Scope,
     metrics: Option<&Metrics>,
 ) -> Found<u64> {
-    let params = ListParams::default().labels(NEVER_SET).limit(1);
-    let listed = match kind {
+    match kind {
         Kind::Pods => {
             let api = resources::scoped_api::<PodVolumes>(client, scope.as_deref());
-            collection_revision(&api, &params).await
+            collection(&api, metrics).await
         }
-        _ => match owner_api(client, kind, scope) {
-            Some(api) => collection_revision(&api, &params).await,
-            None => return Found::Unknown(format!("{} carry no revision", kind.as_str())),
+        _ => {
+            let Some(owner) = kind.owner() else {
+                return Found::Unknown(format!("{} carry no revision", kind.as_str()));
+            };
+            match served.readable(owner, tokio::time::Instant::now()).await {
+                Ok(Some(resource)) => {
+                    let api = resources::owner_api(client, scope.as_deref(), &resource);
+                    collection(&api, metrics).await
+                }
+                Ok(None) => Found::No,
+                Err(why) => Found::Unknown(why),
+            }
+        }
+    }
+}
+
+/// The resourceVersion of `api`'s collection now (see [`revision`]). A 404 says the kind is
+/// not served at this version, which tells nothing of its objects: unknown.
+pub async fn collection<K>(api: &Api<K>, metrics: Option<&Metrics>) -> Found<u64>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let params = ListParams::default().labels(NEVER_SET).limit(1);
+    let what = api.resource_url();
+    match api.list_metadata(&params).await {
+        Ok(list) => match list.metadata.resource_version.and_then(|v| v.parse().ok()) {
+            Some(revision) => Found::Yes(revision),
+            None => Found::Unknown(format!("{what}: no resourceVersion")),
         },
-    };
-    match listed {
-        Ok(Some(revision)) => Found::Yes(revision),
-        Ok(None) => Found::Unknown(format!("{}: no resourceVersion", kind.as_str())),
-        Err(error) if resources::is_not_found(&error) => Found::No,
         Err(error) => {
             if let Some(metrics) = metrics {
                 metrics.api_error(Operation::List, &error);
             }
-            Found::Unknown(format!("reading the {} revision: {error}", kind.as_str()))
+            Found::Unknown(format!("reading the revision of {what}: {error}"))
         }
     }
 }
@@ -76,6 +98,7 @@ pub async fn revision(
 /// (a connection gone silent is given up a second after that).
 pub async fn changes(
     client: &Client,
+    served: &Served,
     kind: Kind,
     scope: &Scope,
     (from, until): (u64, u64),
@@ -96,7 +119,7 @@ pub async fn changes(
             }
             _ => {
                 replay(
-                    &owner_api(client, kind, scope)?,
+                    &owner_api(client, served, kind, scope)?,
                     from,
                     until,
                     |_| true,
@@ -110,23 +133,18 @@ pub async fn changes(
     tokio::time::timeout(bound, replay).await.ok().flatten()
 }
 
-/// The API of an owner kind in a watch scope; `None` for a kind that is not one.
-fn owner_api(client: &Client, kind: Kind, scope: &Scope) -> Option<Api<OwnerObject>> {
-    let resource = match kind {
-        Kind::Jobs => resources::job_resource(),
-        Kind::Runs => resources::run_resource(),
-        Kind::TaskRuns => resources::task_run_resource(),
-        _ => return None,
-    };
-    Some(resources::owner_api(client, scope.as_deref(), &resource))
-}
-
-async fn collection_revision<K>(api: &Api<K>, params: &ListParams) -> kube::Result<Option<u64>>
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
-    let list = api.list_metadata(params).await?;
-    Ok(list.metadata.resource_version.and_then(|v| v.parse().ok()))
+/// The API of an owner kind in a watch scope, at the version it was last resolved to be read
+/// at; `None` for a kind that is not one, or not read anywhere.
+fn owner_api(
+    client: &Client,
+    served: &Served,
+    kind: Kind,
+    scope: &Scope,
+) -> Option<Api<OwnerObject>> {
+    let owner = kind.owner()?;
+    let serving = served.known(owner)?;
+    let resource = serving.readable(owner).ok()??;
+    Some(resources::owner_api(client, scope.as_deref(), resource))
 }
 
 async fn replay<K>(
@@ -231,7 +249,8 @@ mod tests {
     async fn pod_changes(body: String, until: u64) -> Option<Vec<Delivery>> {
         let metrics = Metrics::register(&mut Default::default());
         let client = answering(body);
-        let found = changes(&client, Kind::Pods, &None, (10, until), &metrics);
+        let served = Served::new(client.clone(), None);
+        let found = changes(&client, &served, Kind::Pods, &None, (10, until), &metrics);
         found.await.map(|mut found| {
             found.sort_by(|a, b| a.key.name.cmp(&b.key.name));
             found
@@ -300,7 +319,9 @@ mod tests {
         let pods_at = |version: &'static str| async move {
             let list = json!({"apiVersion": "v1", "kind": "PodList",
                               "metadata": {"resourceVersion": version}, "items": []});
-            revision(&answering(list.to_string()), Kind::Pods, &None, None).await
+            let client = answering(list.to_string());
+            let served = Served::new(client.clone(), None);
+            revision(&client, &served, Kind::Pods, &None, None).await
         };
         assert_eq!(pods_at("42").await, Found::Yes(42));
         let garbled = pods_at("abc").await;

@@ -90,11 +90,21 @@ pub fn run_kind_resource(kind: OwnerKind) -> ApiResource {
     }
 }
 
-/// A 404: the object, or for a list the whole kind (its CRD is not installed), does not exist.
-/// Judged by the code alone: for a kind that is not served the API server answers a plain-text
-/// "404 page not found", which carries no `NotFound` reason.
+/// A 404 on a list or a watch: the kind is not served at the version asked (its CRD is not
+/// installed, or does not serve that version). Judged by the code alone: for a kind that is
+/// not served the API server answers a plain-text "404 page not found", which carries no
+/// `NotFound` reason.
 pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// A 404 that says one object does not exist: the API server's `NotFound` Status, naming the
+/// resource asked for. The plain-text 404 of a kind not served at that version says nothing
+/// of the object.
+pub fn object_not_found(status: &kube::core::Status) -> bool {
+    status.code == 404
+        && status.reason == "NotFound"
+        && status.details.as_ref().is_some_and(|d| !d.kind.is_empty())
 }
 
 /// Converts a k8s-openapi timestamp into the domain's time type.
@@ -321,7 +331,8 @@ pub fn task_run_entry(run: &OwnerObject) -> RunEntry {
     tekton_run_entry(OwnerKind::TaskRun, run)
 }
 
-fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
+/// The entry of a PipelineRun or TaskRun (`kind`).
+pub fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
     let succeeded = run
         .status
         .get("conditions")

@@ -3,11 +3,13 @@
 //! or one watch per configured namespace. Each
 //! object is stripped to its cache entry as it arrives, so full objects are never kept.
 //!
-//! The TaskRun kind is optional: where its CRD is not installed the list answers 404, which
-//! means no TaskRun exists, so the kind counts as listed and empty. The watch keeps retrying
-//! with kube-runtime's backoff (at most about 30 s apart), so a CRD installed later is picked
-//! up by the next retry; until then the live re-check, which lists TaskRuns itself before any
-//! delete, still sees them.
+//! The owner kinds are watched at the version discovery says is served ([`served`]). A watch
+//! whose list or watch answers 404 (its CRD was deleted, or stopped serving that version)
+//! empties its scope, forgets how far it delivered, and resolves the kind again: watched at
+//! the version now served, listed and empty when its group serves it at no version and it is
+//! optional (TaskRun), unknown otherwise. A kind not watched is resolved again with backoff (at
+//! most about 30 s apart), so a CRD installed later is picked up; until then the live re-check,
+//! which asks discovery again for a kind it found absent, still sees its objects.
 
 use std::fmt::Debug;
 
@@ -24,7 +26,9 @@ use tracing::info;
 use crate::cluster::cache::{Change, Index, Scope, TaskRunEntry, Update};
 use crate::cluster::progress;
 use crate::cluster::resources::{self, OwnerObject};
+use crate::cluster::served::{Served, Serving};
 use crate::config::{Config, SelectorConfig};
+use crate::contract::OwnerKind;
 use crate::decide::facts::ObjectKey;
 use crate::decide::linking::Found;
 use crate::observe::metrics::Kind;
@@ -55,9 +59,10 @@ pub fn index(config: &Config) -> Index {
 }
 
 /// All watches merged into one stream of cache updates (ResourceQuotas only with quota pressure
-/// enabled, Namespaces only with per-namespace settings). Watch errors are yielded (to be
-/// logged and counted) and the watch retries with kube-runtime's default backoff.
-pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
+/// enabled, Namespaces only with per-namespace settings), the owner kinds where `served`
+/// resolves them. Watch errors are yielded (to be logged and counted) and the watch retries
+/// with kube-runtime's default backoff.
+pub fn updates(client: &Client, config: &Config, served: &Served) -> BoxStream<'static, Item> {
     let (selector, quotas) = (&config.selector, config.quota.enabled);
     let mut streams: Vec<BoxStream<'static, Item>> = Vec::new();
     if config.namespace_policy.enabled {
@@ -73,26 +78,15 @@ pub fn updates(client: &Client, config: &Config) -> BoxStream<'static, Item> {
             resources::claim_facts,
             Update::Claim,
         ));
-        streams.push(kind(
-            Kind::Jobs,
-            resources::owner_api(client, scope.as_deref(), &resources::job_resource()),
-            watcher::Config::default(),
-            scope.clone(),
-            resources::job_entry,
-            Update::Job,
-        ));
-        streams.push(kind(
-            Kind::Runs,
-            resources::owner_api(client, scope.as_deref(), &resources::run_resource()),
-            watcher::Config::default(),
-            scope.clone(),
-            resources::run_entry,
-            Update::Run,
-        ));
-        streams.push(optional_kind(
-            Kind::TaskRuns,
-            resources::owner_api(client, scope.as_deref(), &resources::task_run_resource()),
-            scope.clone(),
+        let owners = Owners {
+            client: client.clone(),
+            served: served.clone(),
+            scope: scope.clone(),
+        };
+        streams.push(owners.watch(OwnerKind::Job, resources::job_entry, Update::Job));
+        streams.push(owners.watch(OwnerKind::Run, resources::run_entry, Update::Run));
+        streams.push(owners.watch(
+            OwnerKind::TaskRun,
             |run| TaskRunEntry(resources::task_run_entry(run)),
             Update::TaskRun,
         ));
@@ -144,7 +138,8 @@ pub async fn sync_once(
     mut on_error: impl FnMut(Kind, &watcher::Error) -> bool,
 ) -> Option<Index> {
     let mut index = index(config);
-    let mut updates = updates(client, config);
+    let served = Served::new(client.clone(), None);
+    let mut updates = updates(client, config, &served);
     while let Some(item) = updates.next().await {
         match item {
             Ok(update) => {
@@ -189,8 +184,11 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     E: Send + 'static,
 {
-    let client = Client::from(api.clone());
-    after_floor(name, client, scope.clone(), move |mut progress| {
+    let floor = {
+        let api = api.clone();
+        async move { progress::collection(&api, None).await }
+    };
+    after_floor(name, floor, move |mut progress| {
         watch(name, api, config)
             .default_backoff()
             .flat_map(move |event| {
@@ -208,20 +206,19 @@ where
 pub const PROVEN: [Kind; 4] = [Kind::Jobs, Kind::Runs, Kind::TaskRuns, Kind::Pods];
 
 /// `events` (given the watch's [`Progress`]), after, for a kind in [`PROVEN`], its
-/// collection's revision is read: every list of the watch is served at that revision or later,
-/// so once one is done the cache holds every change up to it, even of a kind that has no
-/// objects and so no event to tell.
+/// collection's revision is read (`floor`): every list of the watch is served at that revision
+/// or later, so once one is done the cache holds every change up to it, even of a kind that
+/// has no objects and so no event to tell.
 fn after_floor(
     name: Kind,
-    client: Client,
-    scope: Scope,
+    floor: impl Future<Output = Found<u64>> + Send + 'static,
     events: impl FnOnce(Progress) -> BoxStream<'static, Item> + Send + 'static,
 ) -> BoxStream<'static, Item> {
     stream::once(async move {
         // Not counted: a failure leaves the floor at 0, and the watch's own list fails and is
         // counted.
         let floor = match PROVEN.contains(&name) {
-            true => progress::revision(&client, name, &scope, None).await,
+            true => floor.await,
             false => Found::No,
         };
         let floor = match floor {
@@ -290,48 +287,140 @@ impl Progress {
     }
 }
 
-/// A kind whose CRD may be missing: a list (streamed or paged) that answers 404 means no such
-/// object exists, so the scope is reported listed and empty (logged once each time the CRD
-/// goes or comes).
-fn optional_kind<E: Send + 'static>(
-    name: Kind,
-    api: Api<OwnerObject>,
+/// What the watches of the owner kinds in one scope share.
+#[derive(Clone)]
+struct Owners {
+    client: Client,
+    served: Served,
     scope: Scope,
-    convert: fn(&OwnerObject) -> E,
-    wrap: fn(Change<E>) -> Update,
-) -> BoxStream<'static, Item> {
-    let client = Client::from(api.clone());
-    after_floor(name, client, scope.clone(), move |mut progress| {
-        let mut absent = false;
-        let mut items = move |event| match event {
-            // A streamed list starts as a watch, so its 404 comes as the watch's.
-            Err(
-                watcher::Error::InitialListFailed(error) | watcher::Error::WatchStartFailed(error),
-            ) if resources::is_not_found(&error) => {
-                if !absent {
-                    absent = true;
-                    info!(
-                        kind = name.as_str(),
-                        "the CRD is not installed: no such objects exist; checking again with backoff"
-                    );
+}
+
+impl Owners {
+    /// The watch of an owner kind, at the version discovery says is served, resolved again
+    /// whenever that version stops being served (its list or watch answers 404). A kind not
+    /// served where it can be read empties the scope, as listed and empty (an optional kind
+    /// its group serves at no version) or unknown, and is resolved again with backoff.
+    fn watch<E: Send + 'static>(
+        &self,
+        owner: OwnerKind,
+        convert: fn(&OwnerObject) -> E,
+        wrap: fn(Change<E>) -> Update,
+    ) -> BoxStream<'static, Item> {
+        let this = self.clone();
+        let rounds = stream::unfold(Resolutions::default(), move |mut resolutions| {
+            let owners = this.clone();
+            async move {
+                if let Some(delay) = resolutions.delay() {
+                    tokio::time::sleep(delay).await;
                 }
-                vec![Ok(wrap(Change::InitDone(scope.clone())))]
+                let items = match owners.served.resolve(owner).await {
+                    Ok(serving) => owners.round(owner, serving, &mut resolutions, convert, wrap),
+                    Err(error) => {
+                        let error = watcher::Error::InitialListFailed(error);
+                        stream::iter([Err((Kind::from(owner), error))]).boxed()
+                    }
+                };
+                Some((items, resolutions))
             }
-            Ok(event) => {
-                // A paged list reports `Init` before every attempt, so only what follows it
-                // shows the kind is served.
-                if !matches!(event, Event::Init) && std::mem::take(&mut absent) {
-                    info!(kind = name.as_str(), "the CRD is installed now");
-                }
-                progress.updates(event, &scope, convert, wrap)
+        });
+        rounds.flatten().boxed()
+    }
+
+    /// The updates of one resolution: a watch where the kind can be read, until that version
+    /// is no longer served; otherwise the one update that empties the scope.
+    fn round<E: Send + 'static>(
+        self,
+        owner: OwnerKind,
+        serving: Serving,
+        resolutions: &mut Resolutions,
+        convert: fn(&OwnerObject) -> E,
+        wrap: fn(Change<E>) -> Update,
+    ) -> BoxStream<'static, Item> {
+        let resource = match serving.readable(owner) {
+            Ok(Some(resource)) => resource.clone(),
+            unserved => {
+                resolutions.unserved();
+                let why = unserved.err();
+                let update = Update::Unserved(owner, self.scope, why);
+                return stream::iter([Ok(update)]).boxed();
             }
-            Err(error) => vec![Err((name, error))],
         };
-        watch(name, api, watcher::Config::default())
-            .backoff(PatientBackoff::default())
-            .flat_map(move |event| stream::iter(items(event)))
-            .boxed()
-    })
+        resolutions.watching();
+        let name = Kind::from(owner);
+        let api = resources::owner_api(&self.client, self.scope.as_deref(), &resource);
+        let floor = {
+            let api = api.clone();
+            async move { progress::collection(&api, None).await }
+        };
+        let scope = self.scope;
+        after_floor(name, floor, move |progress| {
+            let events = (watch(name, api, watcher::Config::default()).default_backoff()).boxed();
+            let until_unserved = stream::unfold(Some((events, progress)), move |watching| {
+                let scope = scope.clone();
+                let at = resource.api_version.clone();
+                async move {
+                    let (mut events, mut progress) = watching?;
+                    let items = match events.next().await? {
+                        // A streamed list starts as a watch, so its 404 comes as the watch's.
+                        Err(
+                            watcher::Error::InitialListFailed(error)
+                            | watcher::Error::WatchStartFailed(error)
+                            | watcher::Error::WatchFailed(error),
+                        ) if resources::is_not_found(&error) => {
+                            let why = format!(
+                                "{} is no longer served at {at}; asking discovery again",
+                                owner.as_str()
+                            );
+                            let update = Update::Unserved(owner, scope, Some(why));
+                            return Some((vec![Ok(update)], None));
+                        }
+                        Ok(event) => progress.updates(event, &scope, convert, wrap),
+                        Err(error) => vec![Err((name, error))],
+                    };
+                    Some((items, Some((events, progress))))
+                }
+            });
+            until_unserved.flat_map(stream::iter).boxed()
+        })
+    }
+}
+
+/// When an owner kind is resolved again: at once the first time and after a watch that ran
+/// [`CALM`], otherwise with kube-runtime's backoff (0.8 s doubling up to 30 s), so that a kind
+/// not served, or a version discovery lists but the server does not serve yet, is not asked
+/// about every second forever.
+#[derive(Default)]
+struct Resolutions {
+    backoff: watcher::DefaultBackoff,
+    /// When the last watch started; `None` when the last round watched nothing.
+    watched: Option<std::time::Instant>,
+    started: bool,
+}
+
+impl Resolutions {
+    fn delay(&mut self) -> Option<std::time::Duration> {
+        if !std::mem::replace(&mut self.started, true) {
+            return None;
+        }
+        if self.watched.take().is_some_and(|at| at.elapsed() >= CALM) {
+            kube::runtime::utils::Backoff::reset(&mut self.backoff);
+            return None;
+        }
+        // Never ends; were it to, the longest of its delays.
+        Some(
+            self.backoff
+                .next()
+                .unwrap_or(std::time::Duration::from_secs(30)),
+        )
+    }
+
+    fn watching(&mut self) {
+        self.watched = Some(std::time::Instant::now());
+    }
+
+    fn unserved(&mut self) {
+        self.watched = None;
+    }
 }
 
 /// A kind's watcher. Its initial list, and every re-list, streams as watch events
@@ -389,35 +478,8 @@ enum Lists<K> {
     Paged(BoxStream<'static, watcher::Result<Event<K>>>),
 }
 
-/// kube-runtime's exponential backoff (0.8 s doubling up to 30 s), reset by a success only
-/// once no error came for a minute. The watcher reports `Init`, a success, before every list
-/// attempt, so a reset on any success would retry a list that keeps failing (a CRD that is not
-/// installed) about every second forever.
-#[derive(Default)]
-struct PatientBackoff {
-    inner: watcher::DefaultBackoff,
-    last_error: Option<std::time::Instant>,
-}
-
-/// How long a watch must go without an error before its backoff starts over.
+/// How long a watch must run before its kind's next resolution starts without backoff.
 const CALM: std::time::Duration = std::time::Duration::from_secs(60);
-
-impl Iterator for PatientBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.last_error = Some(std::time::Instant::now());
-        self.inner.next()
-    }
-}
-
-impl kube::runtime::utils::Backoff for PatientBackoff {
-    fn reset(&mut self) {
-        if self.last_error.is_none_or(|at| at.elapsed() >= CALM) {
-            self.inner.reset();
-        }
-    }
-}
 
 fn change<K: Resource, E>(event: Event<K>, scope: &Scope, convert: fn(&K) -> E) -> Change<E> {
     match event {
@@ -445,7 +507,7 @@ fn namespace_of(update: &Update) -> Option<&str> {
         Update::Pod(c) => of(c),
         Update::Quota(c) => of(c),
         Update::Namespace(c) => of(c),
-        Update::Delivered(..) => None,
+        Update::Delivered(..) | Update::Unserved(..) => None,
     }
 }
 

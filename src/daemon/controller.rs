@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::cache::{Change, Index, Scope, Update};
 use crate::cluster::leader::{FenceError, InFlight, Leadership};
 use crate::cluster::live::Snapshots;
+use crate::cluster::served::Served;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches::{self, PROVEN};
 use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
@@ -232,6 +233,7 @@ pub async fn run(
     };
     info!(?mode, "starting");
     let (schedule, scheduler) = Scheduler::new();
+    let served = Served::new(client.clone(), Some((metrics.clone(), health.clone())));
     let cluster = KubeCluster {
         writer: Writer::new(
             client.clone(),
@@ -241,6 +243,7 @@ pub async fn run(
         ),
         fence: leadership.fence(),
         snapshots: Snapshots::default(),
+        served: served.clone(),
         client: client.clone(),
     };
     let controller = Arc::new(Controller::new(
@@ -255,7 +258,7 @@ pub async fn run(
     // Fused, so that a task already seen to end is not polled again below.
     let feeder = tokio::spawn(feed(
         controller.clone(),
-        watches::updates(&client, &config),
+        watches::updates(&client, &config, &served),
         health.clone(),
     ));
     let follower = tokio::spawn(follow_leadership(controller.clone(), health));
@@ -1022,7 +1025,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     async fn prove_kind(&self, kind: Kind, scope: &Scope) -> bool {
         let revision = match self.cluster.revision(kind, scope, &self.metrics).await {
             Found::Yes(revision) => revision,
-            // Not served: no such object exists; one the cache still holds only keeps claims.
+            // Its group serves it at no version (discovery, asked now): no such object exists;
+            // one the cache still holds only keeps claims.
             Found::No => return true,
             Found::Unknown(_) => return false,
         };

@@ -16,6 +16,7 @@ use crate::cluster::cache::Scope;
 use crate::cluster::leader::{Fence, InFlight};
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::progress::{self, Delivery};
+use crate::cluster::served::Served;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
 use crate::daemon::cap_ledger::Ledger;
@@ -38,8 +39,8 @@ pub trait Cluster: Send + Sync + 'static {
         metrics: &Metrics,
     ) -> impl Future<Output = (Self::Live, Instant)> + Send;
 
-    /// A kind's current resourceVersion in a watch scope, read consistently (`No`: the kind
-    /// is not served).
+    /// A kind's current resourceVersion in a watch scope, read consistently (`No`: discovery,
+    /// asked now, says no such object exists: an optional kind its group serves at no version).
     fn revision(
         &self,
         kind: Kind,
@@ -204,19 +205,22 @@ pub struct KubeCluster {
     pub writer: Writer,
     pub fence: Fence,
     pub snapshots: Snapshots,
+    /// Where each owner kind is read, shared with the watches.
+    pub served: Served,
 }
 
 impl Cluster for KubeCluster {
     type Live = LiveView;
 
     async fn read_live(&self, claim: &ClaimFacts, metrics: &Metrics) -> (LiveView, Instant) {
-        let live = LiveView::read(&self.client, claim, &self.snapshots, metrics).await;
+        let (client, served) = (&self.client, &self.served);
+        let live = LiveView::read(client, served, claim, &self.snapshots, metrics).await;
         let read_at = live.read_at();
         (live, read_at)
     }
 
     async fn revision(&self, kind: Kind, scope: &Scope, metrics: &Metrics) -> Found<u64> {
-        progress::revision(&self.client, kind, scope, Some(metrics)).await
+        progress::revision(&self.client, &self.served, kind, scope, Some(metrics)).await
     }
 
     async fn changes(
@@ -226,7 +230,7 @@ impl Cluster for KubeCluster {
         span: (u64, u64),
         metrics: &Metrics,
     ) -> Option<Vec<Delivery>> {
-        progress::changes(&self.client, kind, scope, span, metrics).await
+        progress::changes(&self.client, &self.served, kind, scope, span, metrics).await
     }
 
     async fn claim_state(&self, claim: &ObjectKey, metrics: &Metrics) -> Found<(String, bool)> {

@@ -4,6 +4,7 @@
 //! `/metrics` over HTTPS on an address of its own, for callers the API server authenticates
 //! and authorises ([`access`](super::access)), as kubebuilder's controllers serve it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::contract::OwnerKind;
 use crate::observe::access::{Access, Gate};
 
 /// What the probes report, set by the controller.
@@ -32,6 +34,9 @@ pub struct Health {
     leader: AtomicBool,
     /// The watches cannot connect to the API server: the caches are going stale.
     unreachable: AtomicBool,
+    /// What `/readyz` tells of each owner kind not read where workspace-gc expects it
+    /// (`cluster::served`).
+    kinds: Mutex<BTreeMap<OwnerKind, String>>,
 }
 
 impl Health {
@@ -54,6 +59,21 @@ impl Health {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.store(leader, Ordering::Relaxed);
+    }
+
+    /// What to tell of an owner kind's serving; `None` once it is read where expected.
+    pub fn set_kind_note(&self, kind: OwnerKind, note: Option<String>) {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        match note {
+            Some(note) => kinds.insert(kind, note),
+            None => kinds.remove(&kind),
+        };
+    }
+
+    /// The notes on the owner kinds, a line each.
+    fn kind_notes(&self) -> String {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        kinds.values().map(|note| format!("{note}\n")).collect()
     }
 }
 
@@ -332,8 +352,16 @@ fn render_metrics(headers: &HeaderMap, shared: &Shared) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
+/// 200 or 503 by [`Health::is_ready`]; the body also names each owner kind not read where
+/// expected. A kind whose facts are unknown leaves the daemon ready: it keeps what that kind
+/// could protect and decides every other claim.
 async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let health = &shared.health;
+    let (status, said) = readiness(health);
+    (status, format!("{said}{}", health.kind_notes()))
+}
+
+fn readiness(health: &Health) -> (StatusCode, String) {
     if !health.synced.load(Ordering::Relaxed) {
         (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -17,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::cluster::served::State as Served;
+use crate::contract::OwnerKind;
 use crate::decide::facts::ObjectKey;
 use crate::decide::policy::{Reason, Verdict};
 use crate::decide::quota::QuotaEntry;
@@ -84,6 +86,16 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The owner kind this kind's objects are, if any.
+    pub fn owner(self) -> Option<OwnerKind> {
+        match self {
+            Kind::Jobs => Some(OwnerKind::Job),
+            Kind::Runs => Some(OwnerKind::Run),
+            Kind::TaskRuns => Some(OwnerKind::TaskRun),
+            Kind::Claims | Kind::Pods | Kind::Quotas | Kind::Namespaces => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Claims => "claims",
@@ -97,9 +109,25 @@ impl Kind {
     }
 }
 
+impl From<OwnerKind> for Kind {
+    fn from(owner: OwnerKind) -> Self {
+        match owner {
+            OwnerKind::Job => Kind::Jobs,
+            OwnerKind::Run => Kind::Runs,
+            OwnerKind::TaskRun => Kind::TaskRuns,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServedLabels {
+    kind: &'static str,
+    state: &'static str,
 }
 
 /// How a delete ended: the `result` label.
@@ -322,6 +350,7 @@ pub struct Metrics {
     reconcile_retries: Family<CategoryLabels, Counter>,
     watch_restarts: Family<KindLabels, Counter>,
     cached_objects: Family<KindLabels, Gauge>,
+    kind_served: Family<ServedLabels, Gauge>,
     leader: Gauge,
     ready: Gauge,
     blast_radius_capped: Gauge,
@@ -356,6 +385,7 @@ impl Metrics {
             reconcile_retries: Family::default(),
             watch_restarts: Family::default(),
             cached_objects: Family::default(),
+            kind_served: Family::default(),
             leader: Gauge::default(),
             ready: Gauge::default(),
             blast_radius_capped: Gauge::default(),
@@ -461,6 +491,14 @@ impl Metrics {
             "cached_objects",
             "Objects held in the caches, by kind",
             metrics.cached_objects.clone(),
+        );
+        r.register(
+            "kind_served",
+            "1 for how each owner kind is served, by discovery: preferred (the version \
+             workspace-gc reads first), other-version (another whose fields read are the same), \
+             unreadable (only versions whose fields it does not know: claims it could protect are \
+             kept) or absent (its group serves it at no version)",
+            metrics.kind_served.clone(),
         );
         r.register(
             "leader",
@@ -693,6 +731,19 @@ impl Metrics {
         }
     }
 
+    /// How an owner kind is served now: its state 1, the others 0.
+    pub fn kind_served(&self, kind: Kind, now: Served) {
+        for state in Served::ALL {
+            let labels = ServedLabels {
+                kind: kind.as_str(),
+                state: state.as_str(),
+            };
+            self.kind_served
+                .get_or_create(&labels)
+                .set((state == now).into());
+        }
+    }
+
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(leader.into());
     }
@@ -862,6 +913,7 @@ mod tests {
         metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
         metrics.watch_restart(Kind::Claims);
         metrics.cached([(Kind::Claims, 1)]);
+        metrics.kind_served(Kind::TaskRuns, Served::Preferred);
         metrics.set_leader(true);
         metrics.set_ready(true);
         metrics.set_capped(true);
