@@ -474,6 +474,9 @@ fn configuration_reaches_the_pod_as_config_toml_and_a_change_rolls_the_pods() {
         "config.http.listen=0.0.0.0:9090,config.leader_election.lease_name=gc-lease",
         "--set",
         "config.quota.enabled=false",
+        // The guard's fence names the Lease: the_guard_follows_… passes a guard printed for it.
+        "--set",
+        "admissionGuard.enabled=false",
     ]);
     let effective = keyed.effective_config(dir.path());
     assert_eq!(effective["policy"]["max_age"].as_str(), Some("3days"));
