@@ -1,10 +1,12 @@
 //! The admission guard (`workspace-gc admission-policy`, shipped in
 //! `manifests/components/admission-guard`) on the real API server: as the daemon's
-//! ServiceAccount, with RBAC wider than the shipped ClusterRole (update, patch and
-//! deletecollection on claims too), every claim delete the daemon must never make and every
-//! update or patch is refused with the broken rule's message, for real and with `dryRun=All`;
-//! the daemon's own deletes pass; the guard's label selector matches exactly what the daemon's
-//! does; and a daemon that disagrees with its guard counts the refusal and keeps the claim.
+//! ServiceAccount, with RBAC wider than the shipped ClusterRole (update and deletecollection on
+//! claims too), every claim delete the daemon must never make and every update or patch but
+//! its revocation annotation is refused with the broken rule's message, for real and with
+//! `dryRun=All`; the daemon's own deletes and revocations pass; the guard's label selector
+//! matches exactly what the daemon's does; a daemon that disagrees with its guard counts the
+//! refusal and keeps the claim; and the fence lets a delete through only from the pod that
+//! holds the Lease, with a token bound to that pod.
 //!
 //! Each test installs the guard under a name of its own for a ServiceAccount of its own, so the
 //! tests of this binary, which share one control plane, do not see each other's guards.
@@ -20,6 +22,7 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -35,7 +38,7 @@ use support::{
     wait_until,
 };
 use workspace_gc::config::labels::LabelSelector;
-use workspace_gc::contract::annotations::DELETED_CLAIM_UID;
+use workspace_gc::contract::annotations::{DELETED_CLAIM_UID, REVOKED};
 use workspace_gc::observe::metrics::ErrorCategory;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -78,26 +81,46 @@ fn guard_for(toml: &str, ns: &TestNamespace, args: &[&str]) -> String {
     print_guard(&config, &all)
 }
 
-/// Creates the printed policy and binding, renamed to `name`.
-async fn install(client: &Client, yaml: &str, name: &str) {
+/// Leader election off: the guard comes without the fence (there is no Lease).
+const NO_FENCE: &str = "[leader_election]\nenabled = false\n";
+
+/// Creates the printed policies and bindings: the guard renamed to `name`, the fence, if any,
+/// to `{name}-fence`. Returns how many policies it installed.
+async fn install(client: &Client, yaml: &str, name: &str) -> usize {
     let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("the guard is YAML");
-    let [policy, binding] = <[Value; 2]>::try_from(documents).expect("a policy and a binding");
-    let mut policy: ValidatingAdmissionPolicy = serde_json::from_value(policy).unwrap();
-    let mut binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(binding).unwrap();
-    policy.metadata.name = Some(name.to_owned());
-    binding.metadata.name = Some(name.to_owned());
-    binding.spec.policy_name = name.to_owned();
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("create the policy");
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create the binding");
+    assert!(
+        documents.len() == 2 || documents.len() == 4,
+        "a policy and a binding, and maybe the fence's: {documents:?}"
+    );
+    for (i, pair) in documents.chunks(2).enumerate() {
+        let [policy, binding] = pair else {
+            unreachable!()
+        };
+        let name = if i == 0 {
+            name.to_owned()
+        } else {
+            format!("{name}-fence")
+        };
+        let mut policy: ValidatingAdmissionPolicy = serde_json::from_value(policy.clone()).unwrap();
+        let mut binding: ValidatingAdmissionPolicyBinding =
+            serde_json::from_value(binding.clone()).unwrap();
+        policy.metadata.name = Some(name.clone());
+        binding.metadata.name = Some(name.clone());
+        binding.spec.policy_name = name;
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .expect("create the policy");
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create the binding");
+    }
+    documents.len() / 2
 }
 
-/// The daemon's rules, plus claim rights it never uses: the guard, not RBAC, must refuse them.
+/// The daemon's rules, plus claim rights it never uses (update, deletecollection, the status):
+/// the guard, not RBAC, must refuse them.
 fn wide_rules() -> Vec<PolicyRule> {
     vec![
         policy_rule(
@@ -112,6 +135,11 @@ fn wide_rules() -> Vec<PolicyRule> {
                 "update",
                 "patch",
             ],
+        ),
+        policy_rule(
+            &[""],
+            &["persistentvolumeclaims/status"],
+            &["update", "patch"],
         ),
         policy_rule(&[""], &["pods", "resourcequotas"], &["list", "watch"]),
         policy_rule(
@@ -314,7 +342,7 @@ async fn the_guard_refuses_every_delete_the_daemon_must_never_make_and_allows_it
 
     let guard = guard_for(
         &format!(
-            "[selector]\nexclude_namespaces = [\"{}\"]\n",
+            "{NO_FENCE}[selector]\nexclude_namespaces = [\"{}\"]\n",
             excluded.name()
         ),
         &ns,
@@ -369,7 +397,7 @@ async fn the_guard_refuses_every_delete_the_daemon_must_never_make_and_allows_it
                     &Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } })),
                 )
                 .await,
-            "no-update",
+            "revocation-only",
         );
         let apply = PatchParams {
             dry_run,
@@ -386,7 +414,7 @@ async fn the_guard_refuses_every_delete_the_daemon_must_never_make_and_allows_it
                     })),
                 )
                 .await,
-            "no-update",
+            "revocation-only",
         );
         let mut replaced = live(&ns, &name(&labelled)).await.unwrap();
         replaced
@@ -400,7 +428,7 @@ async fn the_guard_refuses_every_delete_the_daemon_must_never_make_and_allows_it
         };
         refused(
             claims.replace(&name(&labelled), &post, &replaced).await,
-            "no-update",
+            "revocation-only",
         );
         // A DeleteCollection is admitted item by item, each as a DELETE with the collection's
         // options: no UID precondition, so each item is refused.
@@ -474,7 +502,7 @@ async fn the_guards_label_selector_matches_exactly_the_daemons() {
         .create(&ns)
         .await;
     let guard = guard_for(
-        &format!("[selector]\nlabel_selector = \"{text}\"\n"),
+        &format!("{NO_FENCE}[selector]\nlabel_selector = \"{text}\"\n"),
         &ns,
         &[],
     );
@@ -567,7 +595,11 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     ClaimBuilder::build_workspace("probe-build-workspace")
         .create(&ns)
         .await;
-    let guard = guard_for("", &ns, &[&format!("--exclude-namespace={}", ns.name())]);
+    let guard = guard_for(
+        NO_FENCE,
+        &ns,
+        &[&format!("--exclude-namespace={}", ns.name())],
+    );
     install(&admin, &guard, &format!("guard-{}", ns.name())).await;
     let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
     wait_for_guard(&claims, "probe-build-workspace").await;
@@ -678,16 +710,9 @@ fn volume_delete(volume: &PersistentVolume) -> DeleteParams {
     }
 }
 
-/// As the daemon's ServiceAccount, with RBAC to get, list, patch, update and delete every
-/// PersistentVolume, the guard lets through only the delete of a Released volume whose mark is
-/// its claimRef UID, with a UID precondition, and only the patch that writes or removes that
-/// mark equal to the claimRef UID; it refuses deleting a volume not marked, marked for another
-/// claim or still bound, and any other change, status included.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_guard_lets_the_daemon_delete_only_released_volumes_it_marked() {
-    let control_plane = ControlPlane::shared();
-    let admin = control_plane.client();
-    let (ns, sa) = guarded_namespace(control_plane, "vguard").await;
+/// Grants the ServiceAccount of `ns` get, list, patch, update and delete on every
+/// PersistentVolume (and its status): the guard, not RBAC, must refuse what it must.
+async fn grant_volumes(admin: &Client, ns: &TestNamespace) {
     let role = format!("volumes-{}", ns.name());
     let rule = policy_rule(
         &[""],
@@ -712,13 +737,26 @@ async fn the_guard_lets_the_daemon_delete_only_released_volumes_it_marked() {
         .create(&PostParams::default(), &binding)
         .await
         .expect("create the ClusterRoleBinding");
+}
+
+/// As the daemon's ServiceAccount, with RBAC to get, list, patch, update and delete every
+/// PersistentVolume, the guard lets through only the delete of a Released volume whose mark is
+/// its claimRef UID, with a UID precondition, and only the patch that writes or removes that
+/// mark equal to the claimRef UID; it refuses deleting a volume not marked, marked for another
+/// claim or still bound, and any other change, status included.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guard_lets_the_daemon_delete_only_released_volumes_it_marked() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, sa) = guarded_namespace(control_plane, "vguard").await;
+    grant_volumes(&admin, &ns).await;
 
     let probe = guarded_volume(&admin, &ns, "probe", "c0", None, "Released").await;
     let ours = guarded_volume(&admin, &ns, "ours", "c1", Some("c1"), "Released").await;
     let unmarked = guarded_volume(&admin, &ns, "unmarked", "c2", None, "Released").await;
     let bound = guarded_volume(&admin, &ns, "bound", "c3", Some("c3"), "Bound").await;
     let other = guarded_volume(&admin, &ns, "other", "c4", Some("c5"), "Released").await;
-    let guard = guard_for("", &ns, &[]);
+    let guard = guard_for(NO_FENCE, &ns, &[]);
     install(&admin, &guard, &format!("vguard-{}", ns.name())).await;
     let volumes = Api::<PersistentVolume>::all(sa.clone());
     let name = |pv: &PersistentVolume| pv.metadata.name.clone().unwrap();
@@ -796,4 +834,337 @@ async fn the_guard_lets_the_daemon_delete_only_released_volumes_it_marked() {
         let untouched = found.is_some_and(|pv| pv.metadata.deletion_timestamp.is_none());
         assert!(untouched, "{} is kept", name(kept));
     }
+}
+
+// --- the revocation and the fence ---------------------------------------------------------------
+
+/// The daemon's revocation of a DELETE that got no answer (src/cluster/writer.rs): a JSON merge
+/// patch of its annotation alone, with the claim's UID as a precondition.
+fn revocation(claim: &PersistentVolumeClaim, version: &str) -> Patch<Value> {
+    Patch::Merge(json!({"metadata": {
+        "uid": claim.metadata.uid,
+        "annotations": {REVOKED: version},
+    }}))
+}
+
+/// As the daemon's ServiceAccount, with RBAC to update and patch claims, the guard lets through
+/// the patch that writes or changes the revocation annotation and nothing else, for any claim
+/// (one the selector no longer matches too: its DELETE must still be revoked), and refuses
+/// every other change: a label, the spec, another annotation, the removal of the revocation,
+/// a finalizer, an owner, the status, and a revocation that changes anything else besides.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guard_lets_the_daemon_change_a_claim_only_to_revoke_a_delete() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, sa) = guarded_namespace(control_plane, "guard-revoke").await;
+    let probe = ClaimBuilder::build_workspace("probe-build-workspace")
+        .create(&ns)
+        .await;
+    let claim = ClaimBuilder::build_workspace("a-build-workspace")
+        .create(&ns)
+        .await;
+    let unlabelled = ClaimBuilder::plain("user-data").create(&ns).await;
+    let guard = guard_for(NO_FENCE, &ns, &[]);
+    install(&admin, &guard, &format!("guard-{}", ns.name())).await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    // In force once a change that RBAC allows is refused (dry-run: it would pass before).
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let label = Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}));
+    let probe = probe.metadata.name.unwrap();
+    assert!(
+        wait_until(secs(30), || async {
+            let answer = claims.patch(&probe, &dry, &label).await;
+            matches!(&answer, Err(kube::Error::Api(s)) if s.message.contains("workspace-gc admission guard: rule "))
+        })
+        .await,
+        "the guard came into force"
+    );
+
+    let name = "a-build-workspace";
+    let params = PatchParams::default();
+    let version = claim.metadata.resource_version.clone().unwrap();
+    let revoked = claims
+        .patch(name, &params, &revocation(&claim, &version))
+        .await
+        .expect("the revocation is let through");
+    assert_ne!(
+        revoked.metadata.resource_version, claim.metadata.resource_version,
+        "the revocation gives the claim a new resourceVersion"
+    );
+    assert_eq!(
+        revoked.metadata.annotations.as_ref().unwrap()[REVOKED],
+        version
+    );
+    // Changed again (a later DELETE revoked), and on a claim the selector does not match.
+    claims
+        .patch(name, &params, &revocation(&claim, "12345"))
+        .await
+        .expect("a changed revocation is let through");
+    claims
+        .patch("user-data", &params, &revocation(&unlabelled, "1"))
+        .await
+        .expect("the revocation of a claim the selector does not match is let through");
+
+    let merge = |value: Value| Patch::Merge(value);
+    let refusals = [
+        ("a label", label.clone()),
+        // The one spec change an unbound claim allows: binding it to a volume.
+        (
+            "the spec",
+            merge(json!({"spec": {"volumeName": "someone-elses-volume"}})),
+        ),
+        (
+            "another annotation",
+            merge(json!({"metadata": {"annotations": {"workspace-gc.mlops.dev/keep": "false"}}})),
+        ),
+        (
+            "the revocation's removal",
+            merge(json!({"metadata": {"annotations": {REVOKED: null}}})),
+        ),
+        (
+            "an empty revocation",
+            merge(json!({"metadata": {"annotations": {REVOKED: ""}}})),
+        ),
+        (
+            "a finalizer",
+            merge(
+                json!({"metadata": {"finalizers": ["kubernetes.io/pvc-protection", "x.io/hold"]}}),
+            ),
+        ),
+        (
+            "an owner",
+            merge(json!({"metadata": {"ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": "x",
+                "uid": "00000000-0000-0000-0000-000000000001",
+            }]}})),
+        ),
+        (
+            "a revocation with a label besides",
+            merge(json!({"metadata": {
+                "annotations": {REVOKED: "7"}, "labels": {"touched": "yes"},
+            }})),
+        ),
+        (
+            "a revocation with another annotation besides",
+            merge(json!({"metadata": {"annotations": {REVOKED: "7", "other": "x"}}})),
+        ),
+    ];
+    for dry_run in [false, true] {
+        let params = PatchParams {
+            dry_run,
+            ..PatchParams::default()
+        };
+        for (what, patch) in &refusals {
+            let answer = claims.patch(name, &params, patch).await;
+            assert!(
+                matches!(&answer, Err(kube::Error::Api(s)) if s.message.contains("rule revocation-only")),
+                "{what} (dry run {dry_run}): {answer:?}"
+            );
+            refused(answer, "revocation-only");
+        }
+        let status = merge(json!({"status": {"phase": "Lost"}}));
+        refused(
+            claims.patch_status(name, &params, &status).await,
+            "revocation-only",
+        );
+    }
+    // Nothing refused was written: the claim carries the last revocation and nothing else new.
+    let now = live(&ns, name).await.unwrap();
+    let annotations = now.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get(REVOKED).map(String::as_str), Some("12345"));
+    assert!(!annotations.contains_key("workspace-gc.mlops.dev/keep"));
+    assert!(
+        !now.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("touched")
+    );
+    assert_eq!(
+        now.metadata.finalizers.unwrap_or_default(),
+        ["kubernetes.io/pvc-protection"]
+    );
+    assert!(now.metadata.owner_references.unwrap_or_default().is_empty());
+    assert_eq!(now.spec.unwrap().volume_name, None);
+}
+
+/// Writes the Lease `name` in `ns` with `holder` (none: no holder), as a leader's renewal
+/// does, creating it if missing.
+async fn hold_lease(ns: &TestNamespace, name: &str, holder: Option<&str>) {
+    let renewed = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    ns.api::<Lease>()
+        .patch(
+            name,
+            &PatchParams::apply("workspace-gc-test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed},
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("write the Lease: {e}"));
+}
+
+/// Whether `claims`' dry-run delete of `claim`, as the daemon sends it, is admitted: `Some(true)`
+/// admitted, `Some(false)` refused by the fence, `None` any other answer.
+async fn fence_admits(
+    claims: &Api<PersistentVolumeClaim>,
+    claim: &PersistentVolumeClaim,
+) -> Option<bool> {
+    let name = claim.metadata.name.as_deref().unwrap();
+    match claims.delete(name, &as_the_daemon(claim, true)).await {
+        Ok(_) => Some(true),
+        Err(kube::Error::Api(s)) if s.message.contains("rule lease-holder") => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// The fence on the real server. With the Lease held by pod X, the daemon's ServiceAccount
+/// deletes a claim or a volume only with a token bound to pod X: one bound to pod Y, or to no
+/// pod, is refused, for real and as a dry run. When the Lease passes to Y, X is refused and Y
+/// admitted once the API server's informer has seen the write (the time it took is printed: the
+/// window docs/security.md states). No holder refuses every delete; no Lease at all opens the
+/// fence, not the guard. The revocation passes from any of them: it is not fenced.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fence_admits_a_delete_only_from_the_pod_that_holds_the_lease() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, plain) = guarded_namespace(control_plane, "fence").await;
+    grant_volumes(&admin, &ns).await;
+    let client_of = |pod: &'static str| control_plane.pod_bound_client(ns.name(), ACCOUNT, pod);
+    let (x, y) = (
+        client_of("workspace-gc-x").await,
+        client_of("workspace-gc-y").await,
+    );
+    let lease = "workspace-gc";
+    hold_lease(&ns, lease, Some("workspace-gc-x")).await;
+
+    let probe = ClaimBuilder::build_workspace("probe-build-workspace")
+        .create(&ns)
+        .await;
+    let first = ClaimBuilder::build_workspace("a-build-workspace")
+        .create(&ns)
+        .await;
+    let second = ClaimBuilder::build_workspace("b-build-workspace")
+        .create(&ns)
+        .await;
+    let volume = guarded_volume(&admin, &ns, "ours", "c1", Some("c1"), "Released").await;
+    // Leader election on, in the ServiceAccount's namespace (lease_namespace = ""): the fence.
+    let guard = guard_for("", &ns, &[]);
+    assert_eq!(
+        install(&admin, &guard, &format!("fence-{}", ns.name())).await,
+        2
+    );
+    let claims =
+        |client: &Client| Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns.name());
+    let (as_x, as_y, as_plain) = (claims(&x), claims(&y), claims(&plain));
+    assert!(
+        wait_until(secs(30), || async {
+            fence_admits(&as_y, &probe).await == Some(false)
+                && fence_admits(&as_x, &probe).await == Some(true)
+        })
+        .await,
+        "the fence came into force: {:?} {:?}",
+        as_y.delete("probe-build-workspace", &as_the_daemon(&probe, true))
+            .await,
+        as_x.delete("probe-build-workspace", &as_the_daemon(&probe, true))
+            .await,
+    );
+
+    let name = |claim: &PersistentVolumeClaim| claim.metadata.name.clone().unwrap();
+    for dry_run in [true, false] {
+        refused(
+            as_y.delete(&name(&first), &as_the_daemon(&first, dry_run))
+                .await,
+            "lease-holder",
+        );
+        refused(
+            as_plain
+                .delete(&name(&first), &as_the_daemon(&first, dry_run))
+                .await,
+            "lease-holder",
+        );
+        refused(
+            Api::<PersistentVolume>::all(y.clone())
+                .delete(
+                    &volume.metadata.name.clone().unwrap(),
+                    &volume_delete(&volume),
+                )
+                .await,
+            "lease-holder",
+        );
+    }
+    assert!(untouched(&ns, &name(&first)).await);
+    // The revocation is not fenced: an ex-leader's only makes a DELETE fail its precondition.
+    let first = as_y
+        .patch(
+            &name(&first),
+            &PatchParams::default(),
+            &revocation(&first, first.metadata.resource_version.as_deref().unwrap()),
+        )
+        .await
+        .expect("a revocation from a pod that does not hold the Lease is let through");
+    as_x.delete(&name(&first), &as_the_daemon(&first, false))
+        .await
+        .expect("the holder's delete is admitted");
+    Api::<PersistentVolume>::all(x.clone())
+        .delete(
+            &volume.metadata.name.clone().unwrap(),
+            &volume_delete(&volume),
+        )
+        .await
+        .expect("the holder's volume delete is admitted");
+
+    // The hand-over: the fence follows the Lease, a moment after the write.
+    hold_lease(&ns, lease, Some("workspace-gc-y")).await;
+    let written = std::time::Instant::now();
+    assert!(
+        wait_until(secs(30), || async {
+            fence_admits(&as_x, &second).await == Some(false)
+        })
+        .await,
+        "the ex-holder is fenced out"
+    );
+    eprintln!(
+        "the fence saw the hand-over {} ms after the Lease write was answered",
+        written.elapsed().as_millis()
+    );
+    refused(
+        as_x.delete(&name(&second), &as_the_daemon(&second, false))
+            .await,
+        "lease-holder",
+    );
+    assert_eq!(fence_admits(&as_y, &second).await, Some(true));
+
+    // No holder (a leader that stepped down): nobody deletes.
+    hold_lease(&ns, lease, None).await;
+    assert!(
+        wait_until(secs(30), || async {
+            fence_admits(&as_y, &second).await == Some(false)
+        })
+        .await,
+        "no holder, no delete"
+    );
+    // No Lease: the fence opens (parameterNotFoundAction Allow, see src/surface/admission.rs);
+    // the guard's rules still hold.
+    ns.api::<Lease>()
+        .delete(lease, &DeleteParams::default())
+        .await
+        .expect("delete the Lease");
+    assert!(
+        wait_until(secs(30), || async {
+            fence_admits(&as_plain, &second).await == Some(true)
+        })
+        .await,
+        "no Lease, no fence"
+    );
+    refused(
+        as_plain.delete(&name(&second), &dry(true)).await,
+        "uid-precondition",
+    );
+    assert!(untouched(&ns, &name(&second)).await);
+    assert!(untouched(&ns, &name(&probe)).await);
 }

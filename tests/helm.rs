@@ -474,6 +474,9 @@ fn configuration_reaches_the_pod_as_config_toml_and_a_change_rolls_the_pods() {
         "config.http.listen=0.0.0.0:9090,config.leader_election.lease_name=gc-lease",
         "--set",
         "config.quota.enabled=false",
+        // The guard's fence names the Lease: the_guard_follows_… passes a guard printed for it.
+        "--set",
+        "admissionGuard.enabled=false",
     ]);
     let effective = keyed.effective_config(dir.path());
     assert_eq!(effective["policy"]["max_age"].as_str(), Some("3days"));
@@ -575,6 +578,10 @@ fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses
             "gc-elsewhere",
             "config.selector.label_selector=mlops.redhat.com/build-workspace=false",
         ),
+        // The fence follows the Lease, and there is none without leader election.
+        (NAMESPACE, "config.leader_election.lease_namespace=leases"),
+        (NAMESPACE, "config.leader_election.lease_name=gc-lease"),
+        (NAMESPACE, "config.leader_election.enabled=false"),
     ] {
         let error = template_in(namespace, &["--set", set]).expect_err(set);
         assert!(
@@ -589,7 +596,9 @@ fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses
             .unwrap_or_else(|e| panic!("{set}: {e}"));
         let expected = Rendered::parse(&std::fs::read_to_string(&printed).unwrap());
         assert_eq!(guard_objects(&rendered), guard_objects(&expected), "{set}");
-        assert_eq!(guard_objects(&rendered).len(), 2);
+        // The guard's policy and binding, and the fence's with leader election.
+        let fenced = !set.ends_with("enabled=false");
+        assert_eq!(guard_objects(&rendered).len(), if fenced { 4 } else { 2 });
 
         // The default guard passed for this configuration is refused as stale.
         let stale = printed_guard(
@@ -731,16 +740,19 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_on_a_real_api_server() 
         serde_json::to_value(config_maps.get("workspace-gc-config").await.unwrap()).unwrap();
     let server = Rendered(vec![stored.clone(), config_map]);
     let dir = scratch();
+    // A token bound to the daemon's pod, as the kubelet mounts it: the guard's fence admits
+    // the deletes of the Lease holder's pod only.
+    let pod_name = "workspace-gc-helm-test";
     let kubeconfig = support::readable_copy(
         &control_plane
-            .service_account_kubeconfig(NAMESPACE, "workspace-gc")
+            .pod_bound_kubeconfig(NAMESPACE, "workspace-gc", pod_name)
             .await,
         dir.path(),
     );
     let ns = TestNamespace::new(control_plane, "helm").await;
     let claim = "orphan-build-workspace";
     ClaimBuilder::build_workspace(claim).create(&ns).await;
-    let launch = Launch::from(&server, "workspace-gc-helm-test", dir.path());
+    let launch = Launch::from(&server, pod_name, dir.path());
     let daemon = DeployedDaemon::start(
         &launch,
         &kubeconfig,

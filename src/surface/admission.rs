@@ -7,23 +7,63 @@
 //! UID of the claim it deleted (`deletion.released_volume_ttl`), and may change a volume only
 //! by writing or removing that mark, equal to the volume's claimRef UID.
 //!
+//! The one change it lets the daemon make to a claim is its revocation annotation
+//! ([`REVOKED`]): writing it gives the claim a new resourceVersion, so a DELETE that got no
+//! answer fails its precondition whenever it arrives.
+//!
+//! With leader election, a second policy, the fence, takes the daemon's Lease as its parameter
+//! and lets a claim or volume DELETE through only from the pod the Lease names: a
+//! ServiceAccount token bound to a pod carries the pod's name in the user's extra, and the
+//! daemon's Lease holder identity is its pod name (`POD_NAME`, from the downward API). So a
+//! DELETE that a paused ex-leader sent, or that a proxy held, is refused once the API server
+//! has seen the new holder's Lease (docs/security.md states the window).
+//!
 //! Rendered from the same configuration as the daemon (`workspace-gc admission-policy`), so
 //! the two agree by construction; the shipped copy in `manifests/components/admission-guard`
 //! is checked against the shipped `config.toml` by tests/admission.rs.
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
 use kube::api::ObjectMeta;
 
-use crate::config::SelectorConfig;
 use crate::config::labels::{cel_list, cel_string};
-use crate::contract::annotations::DELETED_CLAIM_UID;
+use crate::config::{LeaderElectionConfig, SelectorConfig};
+use crate::contract::annotations::{DELETED_CLAIM_UID, REVOKED};
 
 /// The name of the policy and of its binding.
 pub const NAME: &str = "workspace-gc-guard";
+
+/// The name of the fence's policy and of its binding.
+pub const FENCE_NAME: &str = "workspace-gc-fence";
+
+/// Where the API server puts the name of the pod a ServiceAccount token is bound to.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+
+/// The Lease the fence reads: the daemon's, where its leader election keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub name: String,
+    pub namespace: String,
+}
+
+impl Lease {
+    /// The Lease of a daemon with `leader_election` running as `service_account`
+    /// (`NAMESPACE:NAME`): its pods run in the account's namespace, which is the Lease's when
+    /// `lease_namespace` is empty. `None` with leader election off: there is no Lease, and the
+    /// only replica must not be fenced out.
+    pub fn of(leader_election: &LeaderElectionConfig, service_account: &str) -> Option<Lease> {
+        let pod_namespace = service_account
+            .split_once(':')
+            .map(|(namespace, _)| namespace);
+        leader_election.enabled.then(|| Lease {
+            name: leader_election.lease_name.clone(),
+            namespace: leader_election.lease_namespace(pod_namespace).to_owned(),
+        })
+    }
+}
 
 /// The identity whose requests the guard checks, as `NAMESPACE:NAME` of a ServiceAccount.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "workspace-gc:workspace-gc";
@@ -31,12 +71,62 @@ pub const DEFAULT_SERVICE_ACCOUNT: &str = "workspace-gc:workspace-gc";
 /// Every message starts with this, then the rule's name: a refusal names the rule broken.
 const PREFIX: &str = "workspace-gc admission guard";
 
+/// The match condition that limits a policy to the daemon's ServiceAccount.
+fn only_the_daemon(service_account: &str) -> MatchCondition {
+    let username = format!("system:serviceaccount:{service_account}");
+    MatchCondition {
+        name: "workspace-gc-service-account".into(),
+        expression: format!("request.userInfo.username == {}", cel_string(&username)),
+    }
+}
+
+/// A validation named `name`: a refusal says the rule broken and why.
+fn rule(name: &str, expression: String, why: String) -> Validation {
+    Validation {
+        expression,
+        message: Some(format!("{PREFIX}: rule {name}: {why}")),
+        // 403, as RBAC's refusals: the request is not allowed, not malformed.
+        reason: Some("Forbidden".into()),
+        ..Validation::default()
+    }
+}
+
+/// `operations` on claims and volumes (`subresources` too, or not).
+fn claims_and_volumes(operations: &[&str], subresources: bool) -> MatchResources {
+    let resources: &[&str] = if subresources {
+        &[
+            "persistentvolumeclaims",
+            "persistentvolumeclaims/*",
+            "persistentvolumes",
+            "persistentvolumes/*",
+        ]
+    } else {
+        &["persistentvolumeclaims", "persistentvolumes"]
+    };
+    MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: Some(vec![String::new()]),
+            api_versions: Some(vec!["*".into()]),
+            resources: Some(resources.iter().map(|&r| r.to_owned()).collect()),
+            operations: Some(operations.iter().map(|&o| o.to_owned()).collect()),
+            ..NamedRuleWithOperations::default()
+        }]),
+        ..MatchResources::default()
+    }
+}
+
+fn metadata(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    }
+}
+
 /// The policy and its binding for the daemon's `selector` configuration and ServiceAccount.
 pub fn guard(
     selector: &SelectorConfig,
     service_account: &str,
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-    let username = format!("system:serviceaccount:{service_account}");
     let delete = |condition: String| format!("request.operation != 'DELETE' || ({condition})");
     // Each rule is about claims or about volumes; the UID precondition about both.
     let of = |resource: &str, condition: String| {
@@ -45,18 +135,31 @@ pub fn guard(
     let claims = |condition: String| of("persistentvolumeclaims", condition);
     let volumes = |condition: String| of("persistentvolumes", condition);
     let mark = cel_string(DELETED_CLAIM_UID);
-    let rule = |name: &str, expression: String, why: String| Validation {
-        expression,
-        message: Some(format!("{PREFIX}: rule {name}: {why}")),
-        // 403, as RBAC's refusals: the request is not allowed, not malformed.
-        reason: Some("Forbidden".into()),
-        ..Validation::default()
-    };
+    let revoked = cel_string(REVOKED);
     let mut validations = vec![
+        // The revocation only gives the claim a new resourceVersion. It is not limited to the
+        // claims the selector matches: a claim whose label was taken off while a DELETE of it
+        // was unanswered must still be revoked.
         rule(
-            "no-update",
-            claims("request.operation != 'UPDATE'".into()),
-            "workspace-gc never updates or patches a claim".into(),
+            "revocation-only",
+            claims(format!(
+                "request.operation != 'UPDATE' || ((!has(request.subResource) \
+                 || request.subResource == '') \
+                 && object.spec == oldObject.spec \
+                 && variables.newLabels == variables.labels \
+                 && variables.newFinalizers == variables.finalizers \
+                 && variables.newOwners == variables.owners \
+                 && {revoked} in variables.newAnnotations \
+                 && variables.newAnnotations[{revoked}] != '' \
+                 && variables.newAnnotations.all(k, k == {revoked} \
+                 || (k in variables.annotations \
+                 && variables.annotations[k] == variables.newAnnotations[k])) \
+                 && variables.annotations.all(k, k == {revoked} || k in variables.newAnnotations))"
+            )),
+            format!(
+                "workspace-gc changes a claim only to write its revocation annotation \
+                 {REVOKED}: nothing else in its spec, labels, annotations, finalizers or owners"
+            ),
         ),
         // A DeleteCollection is admitted item by item as a DELETE with the collection's
         // options, which carry no UID: this rule refuses every item.
@@ -142,54 +245,35 @@ pub fn guard(
         ),
     ));
 
+    // Read only on an UPDATE, where `object` is the claim or volume as it would be.
+    let of_object = |name: &str, field: &str, empty: &str| Variable {
+        name: name.into(),
+        expression: format!("has(object.metadata.{field}) ? object.metadata.{field} : {empty}"),
+    };
+    let of_old = |name: &str, field: &str, empty: &str| Variable {
+        name: name.into(),
+        expression: format!(
+            "has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {empty}"
+        ),
+    };
     let policy = ValidatingAdmissionPolicy {
-        metadata: ObjectMeta {
-            name: Some(NAME.into()),
-            ..ObjectMeta::default()
-        },
+        metadata: metadata(NAME),
         spec: Some(ValidatingAdmissionPolicySpec {
             // A policy that cannot be evaluated refuses: when in doubt, keep the claim.
             failure_policy: Some("Fail".into()),
-            match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec![String::new()]),
-                    api_versions: Some(vec!["*".into()]),
-                    // Subresources too: workspace-gc changes no claim's or volume's status.
-                    resources: Some(vec![
-                        "persistentvolumeclaims".into(),
-                        "persistentvolumeclaims/*".into(),
-                        "persistentvolumes".into(),
-                        "persistentvolumes/*".into(),
-                    ]),
-                    // CREATE is not matched: the creator creates claims under its own identity.
-                    operations: Some(vec!["DELETE".into(), "UPDATE".into()]),
-                    ..NamedRuleWithOperations::default()
-                }]),
-                ..MatchResources::default()
-            }),
-            match_conditions: Some(vec![MatchCondition {
-                name: "workspace-gc-service-account".into(),
-                expression: format!("request.userInfo.username == {}", cel_string(&username)),
-            }]),
+            // Subresources too: workspace-gc changes no claim's or volume's status. CREATE is
+            // not matched: the creator creates claims under its own identity.
+            match_constraints: Some(claims_and_volumes(&["DELETE", "UPDATE"], true)),
+            match_conditions: Some(vec![only_the_daemon(service_account)]),
             variables: Some(vec![
-                Variable {
-                    name: "labels".into(),
-                    expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"
-                        .into(),
-                },
-                Variable {
-                    name: "annotations".into(),
-                    expression: "has(oldObject.metadata.annotations) \
-                                 ? oldObject.metadata.annotations : {}"
-                        .into(),
-                },
-                // Only read on an UPDATE, where `object` is the volume as it would be.
-                Variable {
-                    name: "newAnnotations".into(),
-                    expression: "has(object.metadata.annotations) \
-                                 ? object.metadata.annotations : {}"
-                        .into(),
-                },
+                of_old("labels", "labels", "{}"),
+                of_old("annotations", "annotations", "{}"),
+                of_object("newAnnotations", "annotations", "{}"),
+                of_object("newLabels", "labels", "{}"),
+                of_old("finalizers", "finalizers", "[]"),
+                of_object("newFinalizers", "finalizers", "[]"),
+                of_old("owners", "ownerReferences", "[]"),
+                of_object("newOwners", "ownerReferences", "[]"),
             ]),
             validations: Some(validations),
             ..ValidatingAdmissionPolicySpec::default()
@@ -197,10 +281,7 @@ pub fn guard(
         status: None,
     };
     let binding = ValidatingAdmissionPolicyBinding {
-        metadata: ObjectMeta {
-            name: Some(NAME.into()),
-            ..ObjectMeta::default()
-        },
+        metadata: metadata(NAME),
         spec: ValidatingAdmissionPolicyBindingSpec {
             policy_name: NAME.into(),
             validation_actions: vec!["Deny".into()],
@@ -210,16 +291,151 @@ pub fn guard(
     (policy, binding)
 }
 
-/// The guard as the YAML `workspace-gc admission-policy` prints and the component ships.
-pub fn render(selector: &SelectorConfig, service_account: &str) -> Result<String, String> {
+/// The fence: a policy whose parameter is the daemon's `lease`, and its binding. A claim or
+/// volume DELETE by the daemon's ServiceAccount passes only with a token bound to the pod the
+/// Lease names as its holder; a token bound to no pod, and a Lease with no holder, refuse.
+///
+/// A missing Lease opens the fence (`parameterNotFoundAction: Allow`): the API server looks the
+/// parameter up before it evaluates the match condition on the user, so `Deny` would refuse
+/// every claim and volume DELETE in the cluster, from anyone, until the Lease exists. The
+/// daemon's own fence still holds then. A separate policy, because a binding whose parameter
+/// is missing skips every rule of its policy: the guard's must not depend on the Lease.
+pub fn fence(
+    lease: &Lease,
+    service_account: &str,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let pod = cel_string(POD_NAME_EXTRA);
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata(FENCE_NAME),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            param_kind: Some(ParamKind {
+                api_version: Some("coordination.k8s.io/v1".into()),
+                kind: Some("Lease".into()),
+            }),
+            // Only deletes: a revocation from any replica is harmless (it only makes a DELETE
+            // fail its precondition), and must pass from one that has lost the Lease.
+            match_constraints: Some(claims_and_volumes(&["DELETE"], false)),
+            match_conditions: Some(vec![only_the_daemon(service_account)]),
+            variables: Some(vec![Variable {
+                name: "pod".into(),
+                expression: format!(
+                    "has(request.userInfo.extra) && {pod} in request.userInfo.extra \
+                     ? request.userInfo.extra[{pod}] : []"
+                ),
+            }]),
+            validations: Some(vec![rule(
+                "lease-holder",
+                "has(params.spec) && has(params.spec.holderIdentity) \
+                 && params.spec.holderIdentity != '' \
+                 && variables.pod == [params.spec.holderIdentity]"
+                    .into(),
+                "a claim or volume is deleted only by the pod that holds the Lease \
+                 (leader_election), with a token bound to that pod"
+                    .into(),
+            )]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: metadata(FENCE_NAME),
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: FENCE_NAME.into(),
+            param_ref: Some(ParamRef {
+                name: Some(lease.name.clone()),
+                namespace: Some(lease.namespace.clone()),
+                parameter_not_found_action: Some("Allow".into()),
+                selector: None,
+            }),
+            validation_actions: vec!["Deny".into()],
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        },
+    };
+    (policy, binding)
+}
+
+fn yaml(object: &impl serde::Serialize) -> Result<String, String> {
+    serde_saphyr::to_string(object).map_err(|e| e.to_string())
+}
+
+/// The guard as the YAML `workspace-gc admission-policy` prints and the component ships: the
+/// guard, then the fence on `lease` when the daemon elects a leader.
+pub fn render(
+    selector: &SelectorConfig,
+    lease: Option<&Lease>,
+    service_account: &str,
+) -> Result<String, String> {
     let (policy, binding) = guard(selector, service_account);
-    Ok(format!(
+    let mut text = format!(
         "# Generated by `workspace-gc admission-policy` from the configuration; do not edit.\n\
          # For ServiceAccount {service_account}, the API server refuses every claim delete the\n\
-         # daemon must never make, and every update or patch of a claim; every volume delete\n\
-         # but of a Released one its mark names, and every volume change but that mark.\n\
-         {}---\n{}",
-        serde_saphyr::to_string(&policy).map_err(|e| e.to_string())?,
-        serde_saphyr::to_string(&binding).map_err(|e| e.to_string())?
-    ))
+         # daemon must never make, and every change of a claim but its revocation annotation;\n\
+         # every volume delete but of a Released one its mark names, and every volume change\n\
+         # but that mark.{}\n{}---\n{}",
+        match lease {
+            Some(lease) => format!(
+                "\n# The fence: a claim or volume delete only from the pod that holds the Lease\n\
+                 # {}/{} (leader_election).",
+                lease.namespace, lease.name
+            ),
+            None => "\n# No fence: leader election is off, so there is no Lease.".to_owned(),
+        },
+        yaml(&policy)?,
+        yaml(&binding)?
+    );
+    if let Some(lease) = lease {
+        let (policy, binding) = fence(lease, service_account);
+        text.push_str(&format!("---\n{}---\n{}", yaml(&policy)?, yaml(&binding)?));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_fence_reads_the_daemons_lease_and_none_without_leader_election() {
+        let mut election = Config::default().leader_election;
+        let lease = |election: &LeaderElectionConfig| Lease::of(election, "gc:workspace-gc");
+        // Its pods run in the ServiceAccount's namespace, which is the Lease's by default.
+        assert_eq!(
+            lease(&election),
+            Some(Lease {
+                name: "workspace-gc".into(),
+                namespace: "gc".into()
+            })
+        );
+        election.lease_namespace = Some("leases".into());
+        election.lease_name = "gc-lease".into();
+        assert_eq!(
+            lease(&election),
+            Some(Lease {
+                name: "gc-lease".into(),
+                namespace: "leases".into()
+            })
+        );
+        election.enabled = false;
+        assert_eq!(lease(&election), None);
+    }
+
+    #[test]
+    fn the_guard_comes_with_the_fence_only_with_leader_election() {
+        let selector = Config::default().selector;
+        let lease = Lease {
+            name: "workspace-gc".into(),
+            namespace: "gc".into(),
+        };
+        let fenced = render(&selector, Some(&lease), "gc:workspace-gc").unwrap();
+        let unfenced = render(&selector, None, "gc:workspace-gc").unwrap();
+        assert_eq!(fenced.matches("\nkind: ").count(), 4, "{fenced}");
+        assert_eq!(unfenced.matches("\nkind: ").count(), 2, "{unfenced}");
+        assert!(fenced.contains("rule lease-holder") && !unfenced.contains("rule lease-holder"));
+        assert!(
+            fenced.contains("parameterNotFoundAction: Allow"),
+            "{fenced}"
+        );
+    }
 }

@@ -265,7 +265,8 @@ pub fn check_config(config: &Config) -> i32 {
 
 /// `workspace-gc admission-policy`: the admission guard for the configuration, as YAML.
 pub fn admission_policy(config: &Config, args: &AdmissionPolicyArgs) -> i32 {
-    match admission::render(&config.selector, &args.service_account) {
+    let lease = admission::Lease::of(&config.leader_election, &args.service_account);
+    match admission::render(&config.selector, lease.as_ref(), &args.service_account) {
         Ok(text) => {
             print!("{text}");
             exit::OK

@@ -37,12 +37,14 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
     let admin = control_plane.client();
     let ns = TestNamespace::new(control_plane, "deploy-base").await;
     let scratch = scratch();
+    let pod_name = "workspace-gc-5d9c7b-test1";
+    // The token the kubelet mounts is bound to the pod: the guard's fence admits the deletes
+    // of the Lease holder's pod only.
     let token = control_plane
-        .service_account_kubeconfig(NAMESPACE, "workspace-gc")
+        .pod_bound_kubeconfig(NAMESPACE, "workspace-gc", pod_name)
         .await;
     let kubeconfig = readable_copy(&token, scratch.path());
     let base = Rendered::of(&manifests("base"));
-    let pod_name = "workspace-gc-5d9c7b-test1";
     let launch = Launch::from(&base, pod_name, scratch.path()).confined_as(ARBITRARY_UID);
 
     // The confinement holds: even the world-writable directories are read-only in there.

@@ -51,6 +51,8 @@ const WATCHED: [&str; 2] = ["team-a", "team-b"];
 
 /// The admission guard's policy and binding (manifests/components/admission-guard).
 const GUARD: &str = "workspace-gc-guard";
+/// The fence (the same component): claim and volume deletes only from the Lease holder's pod.
+const FENCE: &str = "workspace-gc-fence";
 
 /// Serializes the daemons that use the Lease `workspace-gc` in namespace `workspace-gc` (the
 /// base's and the namespaced overlay's): a second one would stand by and never delete.

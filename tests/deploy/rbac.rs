@@ -9,9 +9,10 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
     SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
 use crate::server::{
@@ -27,7 +28,11 @@ use crate::{LEASE, NAMESPACE, WATCHED, scratch, secs};
 /// The ClusterRole, one line per (API group, resource, verbs): what a reviewer signs off.
 /// Changing it must be deliberate: both the manifest and this table.
 pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
-    ("", "persistentvolumeclaims", &["list", "watch", "delete"]),
+    (
+        "",
+        "persistentvolumeclaims",
+        &["list", "watch", "delete", "patch"],
+    ),
     ("", "pods", &["list", "watch"]),
     (
         "mlops.mlops.dev",
@@ -208,7 +213,6 @@ fn never(test_ns: &str) -> Vec<Ask> {
         ask("get", c, "persistentvolumeclaims", test_ns),
         ask("create", c, "persistentvolumeclaims", test_ns),
         ask("update", c, "persistentvolumeclaims", test_ns),
-        ask("patch", c, "persistentvolumeclaims", test_ns),
         ask("deletecollection", c, "persistentvolumeclaims", test_ns),
         ask("delete", c, "pods", test_ns),
         ask("create", c, "pods", test_ns),
@@ -275,6 +279,8 @@ fn needed_in(ns: &str) -> Vec<Ask> {
         ask("list", CORE, "persistentvolumeclaims", ns),
         ask("watch", CORE, "persistentvolumeclaims", ns),
         ask("delete", CORE, "persistentvolumeclaims", ns),
+        // The revocation of a delete that got no answer (the guard limits it to that).
+        ask("patch", CORE, "persistentvolumeclaims", ns),
         ask("list", CORE, "pods", ns),
         ask("watch", CORE, "pods", ns),
         ask("list", "tekton.dev", "pipelineruns", ns),
@@ -344,16 +350,41 @@ async fn base_grants_its_service_account_what_the_daemon_needs_and_nothing_more(
 
 /// The guard, applied with the base as shipped, is in force for the ServiceAccount: a delete of
 /// an unlabelled claim, which RBAC allows, is refused by the API server with the rule's message
-/// (for real and as a server-side dry run), and the account's own kind of delete passes.
+/// (for real and as a server-side dry run), and the account's own kind of delete passes, from
+/// the pod that holds the Lease; its fence refuses the same delete from another pod, and from a
+/// token bound to no pod.
 #[tokio::test(flavor = "multi_thread")]
 async fn base_guard_applied_refuses_the_service_accounts_delete_of_an_unlabelled_claim() {
     let control_plane = ControlPlane::shared();
     apply_base(control_plane).await;
     let ns = TestNamespace::new(control_plane, "deploy-guard").await;
+    // This test holds the base's Lease, as a leader would, and hands it back at the end.
+    let _turn = LEASE.lock().await;
+    let holder = "workspace-gc-guard-test";
+    let leases = Api::<Lease>::namespaced(control_plane.client(), NAMESPACE);
+    let renewed = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    leases
+        .patch(
+            "workspace-gc",
+            &PatchParams::apply("deploy-guard-test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "workspace-gc"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed},
+            })),
+        )
+        .await
+        .expect("hold the Lease");
     let sa = control_plane
-        .service_account_client(NAMESPACE, "workspace-gc")
+        .pod_bound_client(NAMESPACE, "workspace-gc", holder)
         .await;
     let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    let other_pod = control_plane
+        .pod_bound_client(NAMESPACE, "workspace-gc", "workspace-gc-not-leader")
+        .await;
+    let no_pod = control_plane
+        .service_account_client(NAMESPACE, "workspace-gc")
+        .await;
     let plain = ClaimBuilder::plain("user-data").create(&ns).await;
     let preconditions = |claim: &PersistentVolumeClaim, dry_run: bool| DeleteParams {
         dry_run,
@@ -368,8 +399,11 @@ async fn base_guard_applied_refuses_the_service_accounts_delete_of_an_unlabelled
         Ok(_) => None,
         Err(other) => panic!("{other}"),
     };
-    // The API server loads a new policy a moment after it is created.
+    // The API server loads a new policy, and sees a Lease write, a moment after it is made.
     let rule = "workspace-gc admission guard: rule label-selector:";
+    let labelled = ClaimBuilder::build_workspace("due-build-workspace")
+        .create(&ns)
+        .await;
     assert!(
         wait_until(secs(30), || async {
             refusal(
@@ -378,9 +412,13 @@ async fn base_guard_applied_refuses_the_service_accounts_delete_of_an_unlabelled
                     .await,
             )
             .is_some_and(|message| message.contains(rule))
+                && claims
+                    .delete("due-build-workspace", &preconditions(&labelled, true))
+                    .await
+                    .is_ok()
         })
         .await,
-        "the guard refuses a dry-run delete of an unlabelled claim"
+        "the guard refuses a dry-run delete of an unlabelled claim, and admits the holder's"
     );
     let message = refusal(
         claims
@@ -393,13 +431,31 @@ async fn base_guard_applied_refuses_the_service_accounts_delete_of_an_unlabelled
     );
     assert!(!claim_is_gone(&control_plane.client(), ns.name(), "user-data").await);
 
-    let labelled = ClaimBuilder::build_workspace("due-build-workspace")
-        .create(&ns)
-        .await;
+    let fence = "workspace-gc admission guard: rule lease-holder:";
+    for client in [other_pod, no_pod] {
+        let message = refusal(
+            Api::<PersistentVolumeClaim>::namespaced(client, ns.name())
+                .delete("due-build-workspace", &preconditions(&labelled, false))
+                .await,
+        );
+        assert!(
+            message.as_deref().is_some_and(|m| m.contains(fence)),
+            "{message:?}"
+        );
+    }
     claims
         .delete("due-build-workspace", &preconditions(&labelled, true))
         .await
-        .expect("the daemon's kind of delete is admitted");
+        .expect("the daemon's kind of delete is admitted from the holder's pod");
+    assert!(!claim_is_gone(&control_plane.client(), ns.name(), "due-build-workspace").await);
+    leases
+        .patch(
+            "workspace-gc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": null}})),
+        )
+        .await
+        .expect("hand the Lease back");
 }
 
 /// The audit overlay, applied in a namespace of its own: the daemon sends only dry-run deletes

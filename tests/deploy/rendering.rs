@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::monitoring::alert_rules;
 use crate::rbac::{CLUSTER_RULES, grants, lease_grants, table_grants};
 use crate::support::{Key, Overlay, Rendered, key_of, manifests};
-use crate::{BINARY, GUARD, NAMESPACE, ROOT, WATCHED, scratch};
+use crate::{BINARY, FENCE, GUARD, NAMESPACE, ROOT, WATCHED, scratch};
 
 /// kustomize reads no file outside its root, so the ConfigMap is generated from a copy of the
 /// documented defaults: the copy must never drift.
@@ -52,6 +52,8 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         // Cluster-scoped; kustomize writes the namespace in, the API server ignores it.
         key("ValidatingAdmissionPolicy", NAMESPACE, GUARD),
         key("ValidatingAdmissionPolicyBinding", NAMESPACE, GUARD),
+        key("ValidatingAdmissionPolicy", NAMESPACE, FENCE),
+        key("ValidatingAdmissionPolicyBinding", NAMESPACE, FENCE),
     ]);
     assert_eq!(keys, expected);
 
@@ -220,6 +222,29 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
     let guard_binding = base.get("ValidatingAdmissionPolicyBinding", GUARD);
     assert_eq!(guard_binding["spec"]["policyName"], GUARD);
     assert_eq!(guard_binding["spec"]["validationActions"], json!(["Deny"]));
+
+    // The fence reads the daemon's Lease, where its leader election keeps it, and refuses when
+    // it is missing; the Lease's holder is the pod's name (POD_NAME, above), which the fence
+    // compares with the pod a token is bound to.
+    let fence = base.get("ValidatingAdmissionPolicy", FENCE);
+    assert_eq!(
+        fence["spec"]["matchConditions"],
+        policy["spec"]["matchConditions"]
+    );
+    assert_eq!(
+        fence["spec"]["paramKind"],
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"})
+    );
+    let fence_binding = base.get("ValidatingAdmissionPolicyBinding", FENCE);
+    assert_eq!(fence_binding["spec"]["policyName"], FENCE);
+    assert_eq!(
+        fence_binding["spec"]["paramRef"],
+        json!({
+            "name": lease_name,
+            "namespace": account["metadata"]["namespace"],
+            "parameterNotFoundAction": "Allow",
+        })
+    );
 }
 
 /// The README's way to change the guard with the configuration: print it for your config.toml
@@ -258,7 +283,7 @@ fn a_printed_guard_patched_in_an_overlay_replaces_the_shipped_rules() {
     assert_eq!(
         rules,
         [
-            "no-update",
+            "revocation-only",
             "uid-precondition",
             "volume-marked",
             "volume-released",

@@ -5,8 +5,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
@@ -278,8 +278,22 @@ impl ControlPlane {
 
     /// A kubeconfig authenticating as ServiceAccount `namespace/name` (created if missing) with a
     /// bound token from the TokenRequest API. It carries no rights beyond what RBAC grants that
-    /// account, so tests can check the daemon's Role as the daemon's own identity.
+    /// account, so tests can check the daemon's Role as the daemon's own identity. The token is
+    /// bound to no pod: the admission guard's fence refuses its deletes.
     pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        self.token_kubeconfig(namespace, name, None).await
+    }
+
+    /// As [`Self::service_account_kubeconfig`], with a token bound to pod `pod` of that account
+    /// in `namespace` (created if missing; no kubelet runs, so it stays Pending), as the kubelet
+    /// mounts one: the API server puts the pod's name in the user's extra
+    /// (`authentication.kubernetes.io/pod-name`), which the admission guard's fence compares with
+    /// the Lease holder.
+    pub async fn pod_bound_kubeconfig(&self, namespace: &str, name: &str, pod: &str) -> PathBuf {
+        self.token_kubeconfig(namespace, name, Some(pod)).await
+    }
+
+    async fn token_kubeconfig(&self, namespace: &str, name: &str, pod: Option<&str>) -> PathBuf {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client(), namespace);
         create_if_missing(
             &accounts,
@@ -292,10 +306,15 @@ impl ControlPlane {
             },
         )
         .await;
+        let bound_object_ref = match pod {
+            Some(pod) => Some(self.pod_of(namespace, name, pod).await),
+            None => None,
+        };
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
                 // Longer than any test; the audience defaults to the API server's.
                 expiration_seconds: Some(24 * 3600),
+                bound_object_ref,
                 ..TokenRequestSpec::default()
             }),
             ..TokenRequest::default()
@@ -318,9 +337,10 @@ impl ControlPlane {
         let server = self.config.cluster_url.to_string();
         let server = server.trim_end_matches('/');
         let user = format!("system:serviceaccount:{namespace}:{name}");
-        let path = self
-            .dir
-            .join(format!("serviceaccount-{namespace}-{name}.kubeconfig"));
+        let path = self.dir.join(match pod {
+            Some(pod) => format!("serviceaccount-{namespace}-{name}-pod-{pod}.kubeconfig"),
+            None => format!("serviceaccount-{namespace}-{name}.kubeconfig"),
+        });
         let text = format!(
             "apiVersion: v1
 kind: Config
@@ -346,11 +366,51 @@ current-context: workspace-gc-test
         path
     }
 
+    /// Pod `pod` of ServiceAccount `namespace/name` (created if missing, passing the restricted
+    /// Pod Security Standard), as a token's bound object.
+    async fn pod_of(&self, namespace: &str, name: &str, pod: &str) -> BoundObjectReference {
+        let pods: Api<Pod> = Api::namespaced(self.client(), namespace);
+        let restricted: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": pod},
+            "spec": {
+                "serviceAccountName": name,
+                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "workspace-gc", "image": "workspace-gc",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                    },
+                }],
+            },
+        }))
+        .expect("a pod");
+        create_if_missing(&pods, &restricted).await;
+        let uid = pods
+            .get(pod)
+            .await
+            .unwrap_or_else(|e| panic!("read pod {namespace}/{pod}: {e}"))
+            .metadata
+            .uid;
+        BoundObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.to_owned()),
+            uid,
+        }
+    }
+
     /// A client authenticating as ServiceAccount `namespace/name`; see
     /// [`Self::service_account_kubeconfig`].
     pub async fn service_account_client(&self, namespace: &str, name: &str) -> Client {
         let path = self.service_account_kubeconfig(namespace, name).await;
         Client::try_from(load_config(&path)).expect("build a service-account client")
+    }
+
+    /// A client authenticating as ServiceAccount `namespace/name` with a token bound to its pod
+    /// `pod`; see [`Self::pod_bound_kubeconfig`].
+    pub async fn pod_bound_client(&self, namespace: &str, name: &str, pod: &str) -> Client {
+        let path = self.pod_bound_kubeconfig(namespace, name, pod).await;
+        Client::try_from(load_config(&path)).expect("build a pod-bound client")
     }
 }
 
