@@ -98,15 +98,6 @@ pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404)
 }
 
-/// A 404 that says one object does not exist: the API server's `NotFound` Status, naming the
-/// resource asked for. The plain-text 404 of a kind not served at that version says nothing
-/// of the object.
-pub fn object_not_found(status: &kube::core::Status) -> bool {
-    status.code == 404
-        && status.reason == "NotFound"
-        && status.details.as_ref().is_some_and(|d| !d.kind.is_empty())
-}
-
 /// Converts a k8s-openapi timestamp into the domain's time type.
 pub fn to_chrono(time: &Time) -> DateTime<Utc> {
     let nanos = time.0.as_nanosecond();
