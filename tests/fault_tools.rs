@@ -22,6 +22,7 @@ use support::{
     AuditEvent, ControlPlane, DeleteInvariant, Fault, Proxy, RequestInfo, Rule, TestNamespace,
     ViolationKind, policy_rule, service_account, wait_until,
 };
+use workspace_gc::contract::annotations;
 
 // --- what a request is, and which rules match it ----------------------------------------------
 
@@ -750,4 +751,65 @@ fn one_decision_reaches_the_server_once() {
         text.contains("Twice") && text.contains("u1") && text.contains("no live re-check"),
         "{text}"
     );
+}
+
+/// A revocation of the DELETE that carried resourceVersion `rv` of claim `ml/ws`, by `user`.
+fn revoke(user: &str, rv: &str, at: i64, code: i64) -> AuditEvent {
+    AuditEvent {
+        code,
+        request: json!({"metadata": {"uid": "u1", "annotations": {annotations::REVOKED: rv}}}),
+        ..event(user, "patch", "persistentvolumeclaims", "ml", "ws", at)
+    }
+}
+
+#[test]
+fn a_late_delete_that_took_effect_is_a_violation_unless_revoked_after_it_landed() {
+    // Decided and fenced at 0–1 s; a hop delivers the DELETE 30 s later, and it lands.
+    let landed_late = vec![
+        renew(A, 0),
+        recheck(A, "ml", 500),
+        delete(A, "u1", "7", 30_000, 200),
+    ];
+    assert_eq!(
+        kinds(&landed_late, &[]),
+        [ViolationKind::Unfenced, ViolationKind::Unchecked],
+        "the daemon never knew"
+    );
+    // The daemon revoked it after it landed: the revocation found the claim being deleted.
+    let revoked_after = [landed_late.clone(), vec![revoke(A, "7", 31_000, 200)]].concat();
+    assert_eq!(kinds(&revoked_after, &[]), []);
+    // Refused by its precondition when it arrived: it changed nothing.
+    let refused = [
+        renew(A, 0),
+        recheck(A, "ml", 500),
+        revoke(A, "7", 6_000, 200),
+        delete(A, "u1", "7", 30_000, 409),
+    ];
+    assert_eq!(kinds(&refused, &[]), []);
+    // Taking effect after a revocation answered with success cannot be.
+    let after = [
+        renew(A, 0),
+        recheck(A, "ml", 500),
+        revoke(A, "7", 6_000, 200),
+        delete(A, "u1", "7", 30_000, 200),
+    ];
+    assert_eq!(
+        kinds(&after, &[]),
+        [
+            ViolationKind::AfterRevocation,
+            ViolationKind::Unfenced,
+            ViolationKind::Unchecked
+        ]
+    );
+    // A revocation of another resourceVersion, or by someone else, is no revocation of it.
+    for other in [
+        revoke(A, "8", 31_000, 200),
+        revoke("admin", "7", 31_000, 200),
+    ] {
+        let audited = [landed_late.clone(), vec![other]].concat();
+        assert_eq!(
+            kinds(&audited, &[]),
+            [ViolationKind::Unfenced, ViolationKind::Unchecked]
+        );
+    }
 }

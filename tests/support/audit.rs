@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::audit_log::AuditEvent;
+use workspace_gc::contract::annotations::REVOKED;
 
 /// A Lease write that empties the holder (a release on shutdown). Known only where the body is
 /// logged; otherwise taken for a renewal.
@@ -17,8 +18,9 @@ fn releases(write: &AuditEvent) -> bool {
 }
 
 /// The audit policy rules [`DeleteInvariant`] reads, for the `rules:` list of a policy:
-/// claim deletes with their preconditions, Lease writes with their bodies, and the pod LISTs
-/// of `users` (the live re-checks). Put it before a catch-all `- level: None`.
+/// claim deletes with their preconditions and claim patches with their bodies (revocations),
+/// Lease writes with their bodies, and the pod LISTs of `users` (the live re-checks). Put it
+/// before a catch-all `- level: None`.
 pub fn invariant_audit_rules(users: &[String]) -> String {
     let users = users
         .iter()
@@ -27,7 +29,7 @@ pub fn invariant_audit_rules(users: &[String]) -> String {
         .join(", ");
     format!(
         "  - level: Request
-    verbs: [delete, deletecollection]
+    verbs: [delete, deletecollection, patch]
     resources:
       - group: \"\"
         resources: [persistentvolumeclaims]
@@ -52,13 +54,20 @@ pub const DEFAULT_RECHECK_BOUND: Duration = Duration::from_secs(10);
 /// What every claim DELETE the daemon sent must meet, read from the audit log (the API
 /// server's own clock):
 ///
-/// - **fenced**: it was received from the Lease holder (the writer of the last successful Lease
-///   write before it, unless that write released the Lease), within `renew_deadline` of that
-///   write;
-/// - **re-checked**: a LIST of pods in its namespace, or of the whole cluster, by the same
-///   user finished less than `bound` before it (the live re-check: the namespace listed, or
-///   the first read of a round that proved the cache fresh, `daemon::proof`);
 /// - **preconditioned**: it names the claim's UID and resourceVersion;
+/// - if it took effect (answered with success): **fenced** and **re-checked** when it arrived,
+///   or else it arrived late (a hop held it after the daemon gave up) and the daemon
+///   **revoked** it afterwards: a PATCH of the claim by a daemon user carrying the revocation
+///   annotation with its resourceVersion. That is the bound that holds: a DELETE takes effect
+///   before the daemon's next answered write for that claim, or not at all;
+///   - fenced: it was received from the Lease holder (the writer of the last successful Lease
+///     write before it, unless that write released the Lease), within `renew_deadline` of
+///     that write;
+///   - re-checked: a LIST of pods in its namespace, or of the whole cluster, by the same user
+///     finished less than `bound` before it (the live re-check: the namespace listed, or the
+///     first read of a round that proved the cache fresh, `daemon::proof`);
+/// - **not after its revocation**: no DELETE takes effect once a revocation of it was
+///   answered with success (the server's precondition check refuses it);
 /// - **once per decision**: no two DELETEs name the same UID and resourceVersion, unless the
 ///   earlier one was not answered with success and a new live re-check started after that
 ///   answer and finished before the later one. Attempts the fault proxy refused count too.
@@ -105,6 +114,27 @@ impl DeleteInvariant {
             .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch") && e.succeeded())
             .collect();
         writes.sort_by_key(|e| e.at);
+        // The daemon's revocations of its DELETEs: (namespace, name, revoked resourceVersion).
+        let revocations: Vec<(&AuditEvent, &str)> = audited
+            .iter()
+            .filter(|e| {
+                e.verb == "patch"
+                    && e.resource == "persistentvolumeclaims"
+                    && self.users.contains(&e.user)
+            })
+            .filter_map(|e| Some((e, e.request["metadata"]["annotations"][REVOKED].as_str()?)))
+            .collect();
+        let revocations_of = |delete: &AuditEvent| {
+            revocations
+                .iter()
+                .filter(|(r, rv)| {
+                    r.namespace == delete.namespace
+                        && r.name == delete.name
+                        && Some(*rv) == delete.resource_version.as_deref()
+                })
+                .map(|(r, _)| *r)
+                .collect::<Vec<_>>()
+        };
         let rechecks: Vec<&AuditEvent> = audited
             .iter()
             .filter(|e| e.verb == "list" && e.resource == "pods" && e.succeeded())
@@ -138,43 +168,59 @@ impl DeleteInvariant {
                     ),
                 );
             }
+            // Refused by the server (its precondition, a guard): it changed nothing.
+            if !delete.succeeded() {
+                continue;
+            }
+            let revoked = revocations_of(delete);
+            if let Some(r) = revoked
+                .iter()
+                .find(|r| r.succeeded() && r.completed <= delete.at)
+            {
+                breach(
+                    ViolationKind::AfterRevocation,
+                    delete,
+                    format!(
+                        "took effect after its revocation by {}, answered at {}",
+                        r.user, r.completed
+                    ),
+                );
+            }
+            // Whether it met the fence and the re-check bound when it arrived.
+            let mut late: Vec<(ViolationKind, String)> = Vec::new();
             if self.lease.is_some() {
                 // What the server had acknowledged when the DELETE arrived.
                 let last = writes.iter().rev().find(|w| w.completed <= delete.at);
                 match last {
-                    None => breach(
+                    None => late.push((
                         ViolationKind::NotHolder,
-                        delete,
                         "no successful Lease write before it".into(),
-                    ),
-                    Some(w) if w.user != delete.user || releases(w) => breach(
+                    )),
+                    Some(w) if w.user != delete.user || releases(w) => late.push((
                         ViolationKind::NotHolder,
-                        delete,
                         format!(
                             "the last Lease write before it, at {}, was {} by {}",
                             w.at,
                             if releases(w) { "a release" } else { "a write" },
                             w.user
                         ),
-                    ),
-                    Some(w) if age(w.at, delete.at) >= self.renew_deadline => breach(
+                    )),
+                    Some(w) if age(w.at, delete.at) >= self.renew_deadline => late.push((
                         ViolationKind::Unfenced,
-                        delete,
                         format!(
                             "{:?} after its last Lease write at {} (renew deadline {:?})",
                             age(w.at, delete.at),
                             w.at,
                             self.renew_deadline
                         ),
-                    ),
+                    )),
                     Some(_) => {}
                 }
             }
             match recheck(&delete.user, &delete.namespace, delete.at, None) {
                 Some(r) if age(r.completed, delete.at) < self.bound => {}
-                found => breach(
+                found => late.push((
                     ViolationKind::Unchecked,
-                    delete,
                     match found {
                         Some(r) => format!(
                             "its last pod LIST of the namespace finished {:?} before (at {}; bound {:?})",
@@ -184,7 +230,14 @@ impl DeleteInvariant {
                         ),
                         None => "no pod LIST of the namespace or the cluster by it before".into(),
                     },
-                ),
+                )),
+            }
+            // Late, but revoked after it landed: within the bound that holds.
+            if revoked.iter().any(|r| r.at >= delete.at) {
+                late.clear();
+            }
+            for (kind, detail) in late {
+                breach(kind, delete, detail);
             }
         }
 
@@ -254,6 +307,8 @@ pub enum ViolationKind {
     NoPreconditions,
     /// A second DELETE for one decision.
     Twice,
+    /// It took effect after the daemon's revocation of it was answered.
+    AfterRevocation,
 }
 
 /// One DELETE that breaks the [`DeleteInvariant`], and why.
