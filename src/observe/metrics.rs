@@ -914,6 +914,7 @@ mod tests {
         metrics.watch_restart(Kind::Claims);
         metrics.cached([(Kind::Claims, 1)]);
         metrics.kind_served(Kind::TaskRuns, Served::Preferred);
+        metrics.revocation(Revoked::NotRevoked);
         metrics.set_leader(true);
         metrics.set_ready(true);
         metrics.set_capped(true);

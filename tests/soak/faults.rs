@@ -1,7 +1,8 @@
 //! The fault injector: kube-apiserver and etcd killed and restarted, etcd compacted under both
 //! replicas, the leader alone partitioned or its watches stalled, the leader SIGKILLed, a restart
-//! storm within one window of the cap, and throttling bursts on the leader's connection; each
-//! recorded as a [`Window`] for the report.
+//! storm within one window of the cap, throttling bursts on the leader's connection, and
+//! requests a hop holds and forwards after the leader gave up (DELETEs and Lease writes, with
+//! the leader paused or not); each recorded as a [`Window`] for the report.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,8 @@ use kube::api::{Api, ListParams};
 
 use crate::load::{Driver, Rng};
 use crate::replicas::Replica;
-use crate::support::{AuditEvent, ControlPlane, Fault, Rule};
-use crate::{CAP, LEASE_NAMESPACE, SLOW_LIST, now, seconds};
+use crate::support::{AuditEvent, ControlPlane, Fault, Forwarded, Rule};
+use crate::{CAP, LEASE_DURATION, LEASE_NAMESPACE, RECHECK_BOUND, SLOW_LIST, now, seconds};
 
 #[derive(Debug, Clone)]
 pub struct Window {
@@ -33,6 +34,8 @@ pub struct Faults {
     pub throttles: usize,
     /// The fault kinds left in this round.
     pub order: Vec<usize>,
+    /// Held-and-forwarded faults so far.
+    pub holds: usize,
 }
 
 impl Faults {
@@ -62,6 +65,61 @@ impl Faults {
             .filter(|f| f.fault.refuses())
             .map(|f| f.as_audit_event())
             .collect()
+    }
+
+    /// The requests the hops held and forwarded late, with the API server's answers.
+    pub fn forwarded(&self) -> Vec<Forwarded> {
+        self.replicas
+            .iter()
+            .flat_map(|r| r.proxy.forwarded())
+            .collect()
+    }
+
+    /// The leader's next DELETEs of claims and its next Lease write are held by the hop on
+    /// its connection, with 10 claims due at once, and forwarded only after the leader gave
+    /// up on them (its deadline is at most the re-check bound): as an L7 load balancer that
+    /// serves requests whose client left. Every other time the leader is paused (SIGSTOP)
+    /// meanwhile, for longer than the lease, so that the other replica takes over and must
+    /// revoke what the Lease names in flight; the hop forwards once it has.
+    async fn hold_and_forward(&mut self, rng: &mut Rng) {
+        let target = self.leader().await.unwrap_or(0);
+        self.holds += 1;
+        let paused = self.holds % 2 == 0;
+        println!(
+            "soak: holding {}'s DELETEs and a Lease write{}",
+            self.replicas[target].name,
+            if paused { ", and pausing it" } else { "" }
+        );
+        let proxy = &self.replicas[target].proxy;
+        let held = [
+            proxy.add(
+                Rule::new("delete", "persistentvolumeclaims", Fault::HoldAndForward)
+                    .times(rng.between(1, 4)),
+            ),
+            proxy.add(Rule::new("patch", "leases", Fault::HoldAndForward).times(1)),
+        ];
+        self.driver.burst(10).await;
+        let pause = self.replicas[target].process.as_ref().map(|p| p.pid());
+        let signal = |signal: &str, pid: u32| {
+            let _ = std::process::Command::new("kill")
+                .args([&format!("-{signal}"), &pid.to_string()])
+                .status();
+        };
+        if paused && let Some(pid) = pause {
+            tokio::time::sleep(Duration::from_secs(rng.between(1, 3))).await;
+            signal("STOP", pid);
+            // Longer than the lease: the other replica takes over, and revokes first.
+            tokio::time::sleep(LEASE_DURATION * 2 + Duration::from_secs(rng.between(2, 6))).await;
+        } else {
+            tokio::time::sleep(RECHECK_BOUND + Duration::from_secs(rng.between(1, 8))).await;
+        }
+        let proxy = &self.replicas[target].proxy;
+        for rule in held {
+            proxy.remove(rule);
+        }
+        if paused && let Some(pid) = pause {
+            signal("CONT", pid);
+        }
     }
 
     pub async fn leader(&self) -> Option<usize> {
@@ -106,7 +164,7 @@ impl Faults {
         let target = self.leader().await.unwrap_or(0);
         let retry_after = rng.between(1, 3);
         self.throttles += 1;
-        let (what, rule) = match (self.throttles - 1) % 5 {
+        let (what, rule) = match (self.throttles - 1) % 6 {
             0 => (
                 "DELETEs 429",
                 Rule::new(
@@ -134,9 +192,22 @@ impl Faults {
                     },
                 ),
             ),
-            _ => (
+            4 => (
                 "re-check LISTs answered late",
                 Rule::new("list", "pods", Fault::DelayResponse(SLOW_LIST)),
+            ),
+            // Answered by the hop, which never forwarded them: not carried out, though a 503
+            // does not say so.
+            _ => (
+                "DELETEs 503 from the hop",
+                Rule::new(
+                    "delete",
+                    "persistentvolumeclaims",
+                    Fault::Refuse {
+                        status: 503,
+                        retry_after: None,
+                    },
+                ),
             ),
         };
         println!(
@@ -162,15 +233,16 @@ impl Faults {
     /// eight faults or more has every kind.
     async fn inject(&mut self, rng: &mut Rng) {
         if self.order.is_empty() {
-            let mut kinds: Vec<usize> = (0..8).collect();
+            let mut kinds: Vec<usize> = (0..9).collect();
             for i in (1..kinds.len()).rev() {
                 kinds.swap(i, rng.below(i + 1));
             }
             if self.windows.is_empty() {
-                // The first round opens with a throttling burst, the restart storm and the
-                // leader's partition, so that even a short run has them.
-                kinds.retain(|&k| k != 7 && k != 6 && k != 3);
-                kinds.extend([3, 6, 7]);
+                // The first round opens with a throttling burst, held-and-forwarded requests,
+                // the restart storm and the leader's partition, so that even a short run has
+                // them.
+                kinds.retain(|&k| ![3, 6, 7, 8].contains(&k));
+                kinds.extend([3, 6, 8, 7]);
             }
             self.order = kinds;
         }
@@ -238,6 +310,10 @@ impl Faults {
             7 => {
                 self.throttle(rng).await;
                 "throttle"
+            }
+            8 => {
+                self.hold_and_forward(rng).await;
+                "hold"
             }
             _ => {
                 // A burst that meets the cap, then whoever leads is killed and restarted four

@@ -20,7 +20,11 @@
 //!   burst of [`CAP`] claims due at once, then the leader killed and restarted again and again
 //!   within one [`WINDOW`] of the tight blast-radius cap; throttling bursts on the leader's
 //!   connection: its DELETEs, its live re-check LISTs or its Lease writes answered 429 with
-//!   `Retry-After`, everything answered 503, or its re-check LISTs answered too late to be live.
+//!   `Retry-After`, everything answered 503, its re-check LISTs answered too late to be live,
+//!   or its DELETEs answered 503 by the hop without being forwarded; and held-and-forwarded
+//!   requests: the leader's next claim DELETEs and a Lease write held by its hop and forwarded
+//!   after the leader gave up on them, every other time with the leader paused (SIGSTOP) for
+//!   longer than the lease, so that the other replica takes over and revokes them.
 //! - **The ground truth**: for every claim incarnation (UID), the history of the states that
 //!   decide its fate, each bracketed by the times before and after the API call that made it.
 //!   Protections (a pod, `keep`, a later deadline) are only ever added to a claim that is not
@@ -32,8 +36,9 @@
 //!   for [`BOUND`] must be gone (missed deletions: zero), and no rolling [`WINDOW`] may hold
 //!   more than [`CAP`] of them (cap exceeded: never). Every claim that went away must have its
 //!   successful DELETE in the audit log (an empty or partial log fails the run), and every
-//!   DELETE the daemon sent must meet the audit-log invariant ([`DeleteInvariant`]: from the
-//!   Lease holder within its renew deadline, after a live re-check within [`RECHECK_BOUND`],
+//!   DELETE the daemon sent must meet the audit-log invariant ([`DeleteInvariant`]: one that
+//!   took effect came from the Lease holder within its renew deadline, after a live re-check
+//!   within [`RECHECK_BOUND`], or else landed before the daemon revoked it, and never after;
 //!   once per decision, counting the attempts the proxies refused). Exit status 1 otherwise.
 //!
 //! The modules, one part each: [`world`] the ground truth, [`load`] the load generator that
@@ -239,6 +244,7 @@ async fn soak(args: Args) -> bool {
         crashes: 0,
         throttles: 0,
         order: Vec::new(),
+        holds: 0,
     };
     let started = now();
     let workload_end = started + chrono::Duration::milliseconds((args.minutes * 60_000.0) as i64);

@@ -67,7 +67,7 @@ pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
         world.actions, world.failures
     );
     println!(
-        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms, {} throttling bursts; {} daemon crashes",
+        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms, {} throttling bursts, {} held-and-forwarded; {} daemon crashes",
         restarts("apiserver-restart"),
         restarts("etcd-restart"),
         restarts("compaction"),
@@ -76,7 +76,21 @@ pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
         restarts("leader-kill"),
         restarts("restart-storm"),
         restarts("throttle"),
+        restarts("hold"),
         faults.crashes
+    );
+    let forwarded = faults.forwarded();
+    let count = |resource: &str, landed: bool| {
+        (forwarded.iter())
+            .filter(|f| f.request.resource == resource && (200..300).contains(&f.status) == landed)
+            .count()
+    };
+    println!(
+        "soak: held and forwarded late: {} claim DELETEs refused by the server, {} that landed (checked as any delete); {} Lease writes refused, {} taken",
+        count("persistentvolumeclaims", false),
+        count("persistentvolumeclaims", true),
+        count("leases", false),
+        count("leases", true)
     );
     let faulted: i64 = faults
         .windows
