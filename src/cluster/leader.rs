@@ -666,6 +666,27 @@ mod tests {
     }
 
     #[test]
+    fn the_deletes_in_flight_read_back_as_written_and_garbage_names_none() {
+        let delete = InFlight {
+            namespace: "ml".into(),
+            name: "nb-build-workspace".into(),
+            uid: "u1".into(),
+            resource_version: "42".into(),
+        };
+        let named = BTreeMap::from([(delete.uid.clone(), delete.clone())]);
+        let text = in_flight_text(&named).expect("one named");
+        assert_eq!(
+            text,
+            r#"[{"namespace":"ml","name":"nb-build-workspace","uid":"u1","resourceVersion":"42"}]"#
+        );
+        assert_eq!(parse_in_flight(&text).ok(), Some(named));
+        assert_eq!(in_flight_text(&BTreeMap::new()), None, "none: the key goes");
+        for garbage in ["", "{}", "[{\"uid\": 1}]", "[1]"] {
+            assert!(parse_in_flight(garbage).is_err(), "{garbage}");
+        }
+    }
+
+    #[test]
     fn without_election_the_fence_always_allows() {
         assert!(Fence::unfenced().check().is_ok());
     }

@@ -806,8 +806,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 })
                 .collect()
         };
-        for key in keys {
-            if let Some(Outcome::Retry(_)) = self.resolve_outstanding(&key).await {
+        let resolved = keys.iter().map(|key| self.resolve_outstanding(key));
+        let outcomes = futures::future::join_all(resolved).await;
+        for (key, outcome) in keys.into_iter().zip(outcomes) {
+            if let Some(Outcome::Retry(_)) = outcome {
                 self.schedule.now(key);
             }
         }

@@ -84,7 +84,7 @@ impl Faults {
     async fn hold_and_forward(&mut self, rng: &mut Rng) {
         let target = self.leader().await.unwrap_or(0);
         self.holds += 1;
-        let paused = self.holds % 2 == 0;
+        let paused = self.holds.is_multiple_of(2);
         println!(
             "soak: holding {}'s DELETEs and a Lease write{}",
             self.replicas[target].name,
