@@ -346,21 +346,33 @@ async fn a_successful_build_keeps_its_claim_while_a_pod_mounts_it_then_within_it
 }
 
 /// OpenShift Pipelines runs Tekton with `coschedule: pipelineruns`: one affinity assistant per
-/// run, a StatefulSet whose pod mounts the run's claims, deleted when the run completes. The
-/// claim is kept while that pod exists, after the run has finished and past its TTL, and is
-/// collected once the pod is gone. (`disable-affinity-assistant`, which Tekton before v1.0
-/// requires to be `true` for any `coschedule` but `workspaces`, is gone from newer releases,
-/// which ignore it.) No kubelet runs here, and a deleted pod that was never scheduled goes at
-/// once: a finalizer of the test holds the assistant's pod, as a kubelet holds a deleted pod
-/// Terminating while it stops its container and unmounts its volumes.
+/// run, a StatefulSet whose pod mounts the run's claims, deleted when the run completes.
 #[tokio::test(flavor = "multi_thread")]
 async fn under_coschedule_pipelineruns_the_claim_is_kept_until_the_runs_assistant_pod_is_gone() {
+    claim_kept_until_the_runs_assistant_pod_is_gone("pipelineruns").await;
+}
+
+/// `coschedule: isolate-pipelinerun`: the same, and the assistant keeps other runs off its node.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_coschedule_isolate_pipelinerun_the_claim_is_kept_until_the_assistant_pod_is_gone() {
+    claim_kept_until_the_runs_assistant_pod_is_gone("isolate-pipelinerun").await;
+}
+
+/// Under `coschedule` `mode` (one assistant per run) the claim is kept while the run's
+/// assistant pod exists, after the run has finished and past its TTL, and is collected once
+/// the pod is gone. (`disable-affinity-assistant=true`, which v0.68.0 requires for any mode but
+/// `workspaces`, is gone from v1.15.1, which ignores it.) No kubelet runs here, and a deleted
+/// pod that was never scheduled goes at once: a finalizer of the test holds the assistant's
+/// pod, as a kubelet holds a deleted pod Terminating while it stops its container and unmounts
+/// its volumes.
+async fn claim_kept_until_the_runs_assistant_pod_is_gone(mode: &str) {
     const KUBELET: &str = "workspace-gc.test/kubelet";
+    let coschedule = format!("coschedule={mode}");
     let control_plane =
-        ControlPlane::start_tekton(&["disable-affinity-assistant=true", "coschedule=pipelineruns"]);
+        ControlPlane::start_tekton(&["disable-affinity-assistant=true", &coschedule]);
     let build = Build::start_on(
         &control_plane,
-        "tk-coschedule",
+        &format!("tk-{mode}"),
         json!({ "tasks": [task("build")] }),
         json!({}),
     )
@@ -368,20 +380,35 @@ async fn under_coschedule_pipelineruns_the_claim_is_kept_until_the_runs_assistan
     build.wait_for(Some("build"), "Unknown", "Pending").await;
     build.wait_for_pod("nb-build-build-pod").await;
     // Tekton names a run's assistant after the run alone (one per workspace: after the workspace
-    // and the run), so its name shows the mode in force.
+    // and the run), and only an isolating one requires other assistants off its node: together
+    // they show the mode in force.
     let assistant = format!("affinity-assistant-{}", &sha256_hex(RUN)[..10]);
-    let statefulsets: Vec<String> = (build.ns.api::<StatefulSet>())
+    let statefulsets = (build.ns.api::<StatefulSet>())
         .list(&Default::default())
         .await
         .expect("list StatefulSets")
-        .items
-        .into_iter()
-        .filter_map(|statefulset| statefulset.metadata.name)
+        .items;
+    let names: Vec<_> = (statefulsets.iter())
+        .filter_map(|statefulset| statefulset.metadata.name.as_deref())
         .collect();
     assert_eq!(
-        statefulsets,
+        names,
         [assistant.as_str()],
         "one affinity assistant, the run's"
+    );
+    let isolating = (statefulsets.iter())
+        .filter_map(|statefulset| statefulset.spec.template.spec.as_ref())
+        .filter_map(|pod| pod.affinity.as_ref()?.pod_anti_affinity.as_ref())
+        .any(|anti| {
+            !(anti.required_during_scheduling_ignored_during_execution)
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty()
+        });
+    assert_eq!(
+        isolating,
+        mode == "isolate-pipelinerun",
+        "the assistant keeps other runs off its node only when isolating"
     );
     let assistant_pod = format!("{assistant}-0");
     build.wait_for_pod(&assistant_pod).await;
@@ -415,19 +442,13 @@ async fn under_coschedule_pipelineruns_the_claim_is_kept_until_the_runs_assistan
     let mut config = build.ns.config();
     config.policy.ttl_after_finished = Duration::from_secs(1);
     let daemon = Daemon::start(build.ns.client().clone(), config, "tekton").await;
-    let claims = |state: &str, reason: &str| {
-        format!(
-            "claim_namespace=\"{}\",state=\"{state}\",reason=\"{reason}\"",
-            build.ns.name()
-        )
-    };
+    let in_use = format!(
+        "claim_namespace=\"{}\",state=\"protected\",reason=\"in-use\"",
+        build.ns.name()
+    );
     assert!(
         wait_until(Duration::from_secs(15), || async {
-            metric(
-                &daemon.metrics().await,
-                "workspace_gc_claims",
-                &claims("protected", "in-use"),
-            ) == 1.0
+            metric(&daemon.metrics().await, "workspace_gc_claims", &in_use) == 1.0
         })
         .await,
         "the daemon keeps the claim in use by the terminating pod: {}",
