@@ -55,15 +55,28 @@ fn task(name: &str) -> Value {
 
 /// One build as the operator starts it: its claim, its Pipeline `nb-pipeline` and the
 /// PipelineRun `nb-build` binding the claim as `shared-workspace`.
-struct Build {
+struct Build<'a> {
+    control_plane: &'a ControlPlane,
     ns: TestNamespace,
 }
 
-impl Build {
+impl Build<'static> {
+    /// A build on the shared Tekton control plane (Tekton's default feature flags).
+    async fn start(prefix: &str, pipeline: Value, run: Value) -> Build<'static> {
+        Build::start_on(ControlPlane::shared_tekton(), prefix, pipeline, run).await
+    }
+}
+
+impl<'a> Build<'a> {
     /// `pipeline` is the Pipeline's spec less its workspaces; `run` is merged into the run's
     /// spec (`status`, `timeouts`).
-    async fn start(prefix: &str, pipeline: Value, run: Value) -> Build {
-        let ns = TestNamespace::new(ControlPlane::shared_tekton(), prefix).await;
+    async fn start_on(
+        control_plane: &'a ControlPlane,
+        prefix: &str,
+        pipeline: Value,
+        run: Value,
+    ) -> Build<'a> {
+        let ns = TestNamespace::new(control_plane, prefix).await;
         ClaimBuilder::for_job("nb").create(&ns).await;
         let mut pipeline_spec = pipeline;
         pipeline_spec["workspaces"] = json!([{ "name": "shared-workspace" }]);
@@ -87,7 +100,7 @@ impl Build {
         }
         let labels = json!({ "app": "nb", "mlops.redhat.com/notebook-validation": "true" });
         create(&ns, &pipeline_run_resource(), RUN, labels, run_spec).await;
-        Build { ns }
+        Build { control_plane, ns }
     }
 
     async fn get(&self, resource: &ApiResource, name: &str) -> Option<DynamicObject> {
@@ -157,7 +170,7 @@ impl Build {
     /// The claim's verdict and reason from `workspace-gc audit` under `ttl`.
     async fn verdict(&self, ttl: &str) -> (String, String) {
         let rows = audit_rows(
-            ControlPlane::shared_tekton(),
+            self.control_plane,
             &[self.ns.name().to_owned()],
             (ttl, ttl, "1h", "24h"),
         )
@@ -223,6 +236,18 @@ impl Build {
             "{metrics}"
         );
         daemon.stop().await;
+    }
+
+    /// Sets pod `name`'s finalizers (`null` removes them).
+    async fn set_finalizers(&self, name: &str, finalizers: Value) {
+        (self.ns.api::<Pod>())
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "finalizers": finalizers } })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("patch pod {name}: {e}"));
     }
 
     async fn patch_run_spec(&self, spec: Value) {
@@ -318,6 +343,154 @@ async fn a_successful_build_keeps_its_claim_while_a_pod_mounts_it_then_within_it
     // Tekton removes the affinity assistant when the run completes.
     build.wait_for_no_pod(&assistant_pod).await;
     build.assert_reclaimed_after_ttl().await;
+}
+
+/// OpenShift Pipelines runs Tekton with `coschedule: pipelineruns`: one affinity assistant per
+/// run, a StatefulSet whose pod mounts the run's claims, deleted when the run completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_coschedule_pipelineruns_the_claim_is_kept_until_the_runs_assistant_pod_is_gone() {
+    claim_kept_until_the_runs_assistant_pod_is_gone("pipelineruns").await;
+}
+
+/// `coschedule: isolate-pipelinerun`: the same, and the assistant keeps other runs off its node.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_coschedule_isolate_pipelinerun_the_claim_is_kept_until_the_assistant_pod_is_gone() {
+    claim_kept_until_the_runs_assistant_pod_is_gone("isolate-pipelinerun").await;
+}
+
+/// Under `coschedule` `mode` (one assistant per run) the claim is kept while the run's
+/// assistant pod exists, after the run has finished and past its TTL, and is collected once
+/// the pod is gone. (`disable-affinity-assistant=true`, which v0.68.0 requires for any mode but
+/// `workspaces`, is gone from v1.15.1, which ignores it.) No kubelet runs here, and a deleted
+/// pod that was never scheduled goes at once: a finalizer of the test holds the assistant's
+/// pod, as a kubelet holds a deleted pod Terminating while it stops its container and unmounts
+/// its volumes.
+async fn claim_kept_until_the_runs_assistant_pod_is_gone(mode: &str) {
+    const KUBELET: &str = "workspace-gc.test/kubelet";
+    let coschedule = format!("coschedule={mode}");
+    let control_plane =
+        ControlPlane::start_tekton(&["disable-affinity-assistant=true", &coschedule]);
+    let build = Build::start_on(
+        &control_plane,
+        &format!("tk-{mode}"),
+        json!({ "tasks": [task("build")] }),
+        json!({}),
+    )
+    .await;
+    build.wait_for(Some("build"), "Unknown", "Pending").await;
+    build.wait_for_pod("nb-build-build-pod").await;
+    // Tekton names a run's assistant after the run alone (one per workspace: after the workspace
+    // and the run), and only an isolating one requires other assistants off its node: together
+    // they show the mode in force.
+    let assistant = format!("affinity-assistant-{}", &sha256_hex(RUN)[..10]);
+    let statefulsets = (build.ns.api::<StatefulSet>())
+        .list(&Default::default())
+        .await
+        .expect("list StatefulSets")
+        .items;
+    let names: Vec<_> = (statefulsets.iter())
+        .filter_map(|statefulset| statefulset.metadata.name.as_deref())
+        .collect();
+    assert_eq!(
+        names,
+        [assistant.as_str()],
+        "one affinity assistant, the run's"
+    );
+    let isolating = (statefulsets.iter())
+        .filter_map(|statefulset| statefulset.spec.template.spec.as_ref())
+        .filter_map(|pod| pod.affinity.as_ref()?.pod_anti_affinity.as_ref())
+        .any(|anti| {
+            !(anti.required_during_scheduling_ignored_during_execution)
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty()
+        });
+    assert_eq!(
+        isolating,
+        mode == "isolate-pipelinerun",
+        "the assistant keeps other runs off its node only when isolating"
+    );
+    let assistant_pod = format!("{assistant}-0");
+    build.wait_for_pod(&assistant_pod).await;
+    build.set_finalizers(&assistant_pod, json!([KUBELET])).await;
+
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build.wait_for(Some("build"), "Unknown", "Running").await;
+    kubelet(&build.ns, "nb-build-build-pod", PodState::Succeeded).await;
+    build.wait_for(None, "True", "Succeeded").await;
+    // Tekton deletes the assistant at completion; the garbage collector deletes its pod, which
+    // the kubelet still holds.
+    assert!(
+        wait_until(TEKTON, || async {
+            (build.pod(&assistant_pod).await)
+                .is_some_and(|pod| pod.metadata.deletion_timestamp.is_some())
+        })
+        .await,
+        "the assistant's pod is being deleted after the run: {:?}",
+        build.pod(&assistant_pod).await.map(|pod| pod.metadata)
+    );
+    // Completion times have whole seconds: past a 1 s TTL for certain two seconds later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    build
+        .assert_verdict(
+            "finished, the assistant's pod terminating",
+            SHORT_TTL,
+            "protected",
+            "in-use",
+        )
+        .await;
+    let mut config = build.ns.config();
+    config.policy.ttl_after_finished = Duration::from_secs(1);
+    let daemon = Daemon::start(build.ns.client().clone(), config, "tekton").await;
+    let in_use = format!(
+        "claim_namespace=\"{}\",state=\"protected\",reason=\"in-use\"",
+        build.ns.name()
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            metric(&daemon.metrics().await, "workspace_gc_claims", &in_use) == 1.0
+        })
+        .await,
+        "the daemon keeps the claim in use by the terminating pod: {}",
+        daemon.metrics().await
+    );
+    assert!(claim_exists(&build.ns, CLAIM).await, "the claim is kept");
+
+    // The kubelet has unmounted the claim: the pod goes, and so does the claim.
+    build.set_finalizers(&assistant_pod, Value::Null).await;
+    build.wait_for_no_pod(&assistant_pod).await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            !claim_exists(&build.ns, CLAIM).await
+        })
+        .await,
+        "the daemon deletes the claim once the assistant's pod is gone"
+    );
+    let labels = format!(
+        "claim_namespace=\"{}\",reason=\"ttl-expired\",result=\"deleted\"",
+        build.ns.name()
+    );
+    let metrics = daemon.metrics().await;
+    assert_eq!(
+        metric(&metrics, "workspace_gc_deletions_total", &labels),
+        1.0,
+        "{metrics}"
+    );
+    daemon.stop().await;
+}
+
+/// The SHA-256 of `text` in hex, as Tekton hashes names (coreutils' `sha256sum`).
+fn sha256_hex(text: &str) -> String {
+    let output = std::process::Command::new("sh")
+        .args(["-c", "printf %s \"$1\" | sha256sum", "sh", text])
+        .output()
+        .expect("run sha256sum");
+    assert!(output.status.success(), "sha256sum: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .next()
+        .expect("sha256sum prints the hash")
+        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -510,7 +683,7 @@ fn alive(pid: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_selected_tekton_release_runs_in_a_network_namespace_of_its_own_and_stops_with_down() {
-    let control_plane = ControlPlane::start_tekton();
+    let control_plane = ControlPlane::start_tekton(&[]);
     let netns = recorded_pid(control_plane.dir(), "tekton-controller");
     let children = std::fs::read_to_string(format!("/proc/{netns}/task/{netns}/children"))
         .expect("read the children of tekton-netns");

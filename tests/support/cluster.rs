@@ -99,14 +99,20 @@ impl ControlPlane {
     }
 
     /// A dedicated control plane with kube-controller-manager and the real Tekton controller
-    /// (see [`Self::shared_tekton`]), stopped on drop.
-    pub fn start_tekton() -> ControlPlane {
-        Self::launch(
+    /// (see [`Self::shared_tekton`]), stopped on drop. Each of `features` (`KEY=VALUE`) is set in
+    /// Tekton's `feature-flags` ConfigMap before its controller starts, as OpenShift Pipelines'
+    /// TektonConfig sets them.
+    pub fn start_tekton(features: &[&str]) -> ControlPlane {
+        let flags: Vec<&str> = (features.iter())
+            .flat_map(|feature| ["--tekton-feature", feature])
+            .collect();
+        Self::launch_with(
             &ControlPlaneOptions {
                 controller_manager: true,
                 ..ControlPlaneOptions::default()
             },
             true,
+            &flags,
         )
     }
 
