@@ -19,9 +19,9 @@ use kube::api::PostParams;
 use support::{
     AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, Fault, PodBuilder,
     Process, Proxy, Rule, TestNamespace, capped, deleted, deleted_count, deleted_events,
-    elected_role, elected_vars, events, expiring, fate, in_secs, invariant_audit_rules,
-    leads_within_the_cap, log_dir, metric, overdue_under_a_cap, read_audit, replica_through,
-    service_account, wait_until,
+    elected_role, elected_vars, events, expiring, fate, forward_held_delete, in_secs,
+    invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap, read_audit,
+    replica_through, revoked, service_account, wait_until,
 };
 use workspace_gc::contract::annotations;
 use workspace_gc::daemon::controller::LIVE_BOUND;
@@ -483,30 +483,9 @@ async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
         "replica-b takes over from the paused leader:\n{}",
         b.logs()
     );
-    let revoked = wait_until(secs(15), || async {
-        (ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
-            .get_opt(claim))
-        .await
-        .expect("read the claim")
-        .and_then(|claim| claim.metadata.annotations)
-        .is_some_and(|notes| notes.contains_key(annotations::REVOKED))
-    })
-    .await;
-    proxy.remove(held);
-    assert!(
-        wait_until(secs(15), || async { proxy.forwarded().len() == 1 }).await,
-        "the hop forwarded the held DELETE"
-    );
-    let forwarded = proxy.forwarded();
-    assert_eq!(
-        fate(&ns, claim).await,
-        Fate::Live,
-        "the paused leader's late DELETE must not take the re-run's workspace (answered {}):\n{}",
-        forwarded[0].status,
-        b.logs()
-    );
-    assert!(revoked, "replica-b revoked it:\n{}", b.logs());
-    assert_eq!(forwarded[0].status, 409, "refused by its precondition");
+    let was_revoked = wait_until(secs(15), || revoked(&ns, claim)).await;
+    forward_held_delete(&proxy, held, &ns, claim, || b.logs()).await;
+    assert!(was_revoked, "replica-b revoked it:\n{}", b.logs());
     // Resumed, the old leader finds it no longer leads, and sends nothing more.
     signal(&a, "CONT");
     a.kill().await;

@@ -755,16 +755,9 @@ async fn a_delete_not_known_to_be_carried_out_leaves_the_retain_volume_alone() {
     let lost_claim = "lost-build-workspace";
     // The hop answers every DELETE of this claim 503 and never forwards one.
     let unanswered = proxy.add(
-        Rule::new(
-            "delete",
-            "persistentvolumeclaims",
-            Fault::Refuse {
-                status: 503,
-                retry_after: None,
-            },
-        )
-        .user(user.clone())
-        .name(lost_claim),
+        Rule::new("delete", "persistentvolumeclaims", Fault::unavailable())
+            .user(user.clone())
+            .name(lost_claim),
     );
     let mut config = ns.config();
     config.deletion.read_volumes = true;
@@ -777,16 +770,9 @@ async fn a_delete_not_known_to_be_carried_out_leaves_the_retain_volume_alone() {
     // Reads of the claim fail for a while too, so that what the daemon does after a 503
     // settles before the claim is kept.
     let unread = proxy.add(
-        Rule::new(
-            "get",
-            "persistentvolumeclaims",
-            Fault::Refuse {
-                status: 503,
-                retry_after: None,
-            },
-        )
-        .user(user)
-        .name(lost_claim),
+        Rule::new("get", "persistentvolumeclaims", Fault::unavailable())
+            .user(user)
+            .name(lost_claim),
     );
     let hits = proxy.hits(unanswered);
     assert!(

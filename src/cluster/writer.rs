@@ -732,35 +732,16 @@ mod tests {
         status: u16,
         answer: Value,
     ) -> (http::Method, String, Value, Revocation) {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let writer = Writer::new(
-            kube::Client::new(service, "default"),
-            Mode::Delete,
-            None,
-            Fence::unfenced(),
-        );
-        let metrics = Metrics::register(&mut Registry::default());
-        let server = tokio::spawn(async move {
-            let (request, reply) = handle.next_request().await.expect("a request");
-            let (method, path) = (request.method().clone(), request.uri().path().to_owned());
-            let body = request.into_body().collect_bytes().await.unwrap();
-            let body: Value = serde_json::from_slice(&body).unwrap();
-            let response = Response::builder()
-                .status(status)
-                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                .unwrap();
-            reply.send_response(response);
-            (method, path, body)
-        });
         let delete = InFlight {
             namespace: "ml".into(),
             name: "nb-build-workspace".into(),
             uid: "uid-1".into(),
             resource_version: "42".into(),
         };
-        let result = bounded_wait(writer.revoke(&delete, &metrics)).await;
-        let (method, path, body) = bounded_wait(server).await.unwrap();
-        (method, path, body, result)
+        let revoke = |writer: Writer, metrics: Metrics| async move {
+            writer.revoke(&delete, &metrics).await
+        };
+        one_write(revoke, status, answer).await
     }
 
     fn claim_object(deleting: bool) -> Value {
@@ -812,10 +793,11 @@ mod tests {
         VolumeFacts::example("uid-1")
     }
 
-    /// One volume write through a mock API server answering 200 with `answer`: the request's
+    /// One write through a mock API server answering `status` with `answer`: the request's
     /// method, path and body, and the writer's result.
-    async fn volume_write<T, F>(
+    async fn one_write<T, F>(
         write: impl FnOnce(Writer, Metrics) -> F,
+        status: u16,
         answer: Value,
     ) -> (http::Method, String, Value, T)
     where
@@ -835,7 +817,7 @@ mod tests {
             let body = request.into_body().collect_bytes().await.unwrap();
             let body: Value = serde_json::from_slice(&body).unwrap();
             let response = Response::builder()
-                .status(200)
+                .status(status)
                 .body(Body::from(serde_json::to_vec(&answer).unwrap()))
                 .unwrap();
             reply.send_response(response);
@@ -850,10 +832,11 @@ mod tests {
     async fn a_volume_delete_carries_its_uid_and_resource_version() {
         let status =
             json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200});
-        let (method, path, body, result) = volume_write(
+        let (method, path, body, result) = one_write(
             |writer, metrics| async move {
                 writer.delete_volume(&volume(), soon(), &metrics).await.ok()
             },
+            200,
             status,
         )
         .await;
@@ -871,8 +854,9 @@ mod tests {
         let marked = json!({"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": "pv-1", "uid": "pv-uid", "resourceVersion": "8",
                          "annotations": {DELETED_CLAIM_UID: "uid-1"}}});
-        let (method, path, body, result) = volume_write(
+        let (method, path, body, result) = one_write(
             |writer, metrics| async move { writer.mark_volume(&volume(), "uid-1", &metrics).await },
+            200,
             marked,
         )
         .await;

@@ -200,14 +200,7 @@ impl Faults {
             // does not say so.
             _ => (
                 "DELETEs 503 from the hop",
-                Rule::new(
-                    "delete",
-                    "persistentvolumeclaims",
-                    Fault::Refuse {
-                        status: 503,
-                        retry_after: None,
-                    },
-                ),
+                Rule::new("delete", "persistentvolumeclaims", Fault::unavailable()),
             ),
         };
         println!(

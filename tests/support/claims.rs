@@ -7,7 +7,7 @@ use k8s_openapi::api::events::v1::Event;
 use workspace_gc::contract::annotations;
 
 use super::graph::rfc3339;
-use super::{ClaimBuilder, TestNamespace};
+use super::{ClaimBuilder, Proxy, RuleId, TestNamespace, wait_until};
 
 /// Whole seconds from now, as the `expires` annotation states deadlines.
 pub fn in_secs(n: i64) -> DateTime<Utc> {
@@ -59,4 +59,43 @@ pub async fn events(ns: &TestNamespace, claim: &str, reason: &str) -> Vec<Event>
 
 pub async fn deleted_events(ns: &TestNamespace, claim: &str) -> Vec<Event> {
     events(ns, claim, "Deleted").await
+}
+
+/// Whether claim `name` carries the revocation annotation: the daemon changed it after a
+/// DELETE of it got no definite answer.
+pub async fn revoked(ns: &TestNamespace, name: &str) -> bool {
+    ns.api::<PersistentVolumeClaim>()
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get claim {name}: {e}"))
+        .and_then(|claim| claim.metadata.annotations)
+        .is_some_and(|notes| notes.contains_key(annotations::REVOKED))
+}
+
+/// Lets the one DELETE of claim `name` that rule `held` holds go on to the API server (the
+/// client gave up on it long ago), and checks what it did: nothing. The claim must live, and
+/// the server must have refused the DELETE by its precondition (409). `logs` is shown when not.
+pub async fn forward_held_delete(
+    proxy: &Proxy,
+    held: RuleId,
+    ns: &TestNamespace,
+    name: &str,
+    logs: impl Fn() -> String,
+) {
+    proxy.remove(held);
+    assert!(
+        wait_until(std::time::Duration::from_secs(15), || async {
+            proxy.forwarded().len() == 1
+        })
+        .await,
+        "the hop forwarded the held DELETE"
+    );
+    let status = proxy.forwarded()[0].status;
+    assert_eq!(
+        fate(ns, name).await,
+        Fate::Live,
+        "the late DELETE (answered {status}) must not take the claim a build now uses:\n{}",
+        logs()
+    );
+    assert_eq!(status, 409, "refused by its precondition");
 }

@@ -160,6 +160,15 @@ impl Fault {
         }
     }
 
+    /// 503 Service Unavailable without `Retry-After`, answered by the hop itself: the API
+    /// server never saw the request, though the answer does not say so.
+    pub fn unavailable() -> Fault {
+        Fault::Refuse {
+            status: 503,
+            retry_after: None,
+        }
+    }
+
     /// Whether the request never reached the API server.
     pub fn refuses(&self) -> bool {
         matches!(self, Fault::Refuse { .. } | Fault::Reset)

@@ -35,7 +35,9 @@ pub use audit::{
 #[allow(unused_imports)]
 pub use audit_log::{AuditEvent, read_audit};
 #[allow(unused_imports)]
-pub use claims::{Fate, deleted_events, events, expiring, fate, in_secs};
+pub use claims::{
+    Fate, deleted_events, events, expiring, fate, forward_held_delete, in_secs, revoked,
+};
 #[allow(unused_imports)]
 pub use cluster::{
     ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
