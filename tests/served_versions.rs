@@ -243,9 +243,10 @@ async fn task_runs_served_only_at_v1beta1_protect_their_claims() {
 }
 
 /// NotebookValidationJobs served only at `v1alpha2`, whose fields workspace-gc does not know
-/// (an operator upgrade): the claim of a job created there is kept, owner unknown, and the
-/// daemon says so in its log, its metrics and `/readyz`; claims no job can protect are still
-/// collected.
+/// (an operator upgrade): every claim of the namespace is kept, since any unfinished job may
+/// name any claim in its own volumes (the claim of a job created there among them, owner
+/// unknown), and the daemon says so in its log, its metrics and `/readyz`. An orphan deleted
+/// before the switch is the witness that the daemon collects there.
 ///
 /// On the code before (jobs read at `v1alpha1` only, a 404 on a GET taken as "the job is
 /// gone") the claim was deleted.
@@ -265,6 +266,12 @@ async fn jobs_served_only_at_an_unknown_version_keep_their_claims() {
         .create(&ns)
         .await;
     ClaimBuilder::for_job("before").create(&ns).await;
+    ClaimBuilder::build_workspace("early").create(&ns).await;
+    assert!(
+        wait_until(secs(60), || deleted(&ns, "early")).await,
+        "an orphan is collected while the jobs can be read:\n{}",
+        daemon.logs()
+    );
 
     serve_versions(
         &cp,
@@ -282,30 +289,27 @@ async fn jobs_served_only_at_an_unknown_version_keep_their_claims() {
                                    "path": "notebooks/after.ipynb"}});
     create(&ns, &alpha2, "after", spec, json!({"phase": "Building"})).await;
     ClaimBuilder::for_job("after").create(&ns).await;
-    // Labelled, but named for no job: nothing can protect it.
+    // Labelled, named for no job: only a job's own volumes could protect it, and they cannot
+    // be read.
     ClaimBuilder::build_workspace("scratch").create(&ns).await;
 
-    let witness = ("scratch", "after-build-workspace", "owner-unknown");
+    let unknown = || async {
+        kept_for(&daemon, &ns, "owner-unknown").await
+            + kept_for(&daemon, &ns, "users-unknown").await
+    };
     assert!(
-        decided(&daemon, &ns, witness).await,
-        "the daemon decided the claims:\n{}",
+        wait_until(secs(60), || async { unknown().await == 3.0 }).await,
+        "every claim is kept, what protects it unknown:\n{}\n{}",
+        daemon.metrics().await,
         daemon.logs()
     );
-    for claim in ["after-build-workspace", "before-build-workspace"] {
+    for claim in ["after-build-workspace", "before-build-workspace", "scratch"] {
         assert!(
             !deleted(&ns, claim).await,
-            "{claim} must be kept while its job cannot be read, yet it was deleted:\n{}",
+            "{claim} must be kept while the jobs cannot be read, yet it was deleted:\n{}",
             daemon.logs()
         );
     }
-    assert!(
-        wait_until(secs(60), || async {
-            kept_for(&daemon, &ns, "owner-unknown").await == 2.0
-        })
-        .await,
-        "both claims a job could protect are kept, owner unknown:\n{}",
-        daemon.metrics().await
-    );
     assert!(
         served_state(&daemon, "jobs", "unreadable").await,
         "{}\n{}",

@@ -776,8 +776,9 @@ impl Lookup for Index {
     }
 
     fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
-        if !self.jobs.synced() {
-            return Found::Unknown(format!("the {} cache has not synced yet", JobEntry::WHAT));
+        // Jobs not served where they can be read may name any claim of the namespace.
+        if let Err(why) = self.jobs.known_in(&claim.namespace, JobEntry::WHAT) {
+            return Found::Unknown(why);
         }
         let named = self.jobs_by_claim.get(claim).into_iter().flatten();
         let unreadable = (self.unreadable_jobs.get(&*claim.namespace))
@@ -1194,6 +1195,21 @@ mod tests {
         assert_eq!(affected, keys(&["a", "b"]));
         assert_eq!(binding(&index, "a"), Found::Yes(Vec::new()));
         assert!(matches!(binding(&index, "b"), Found::Yes(runs) if runs.len() == 1));
+    }
+
+    #[test]
+    fn jobs_not_served_where_they_can_be_read_may_name_any_claim() {
+        let mut index = synced();
+        index.apply(Change::Apply(claim("a")));
+        let naming = |index: &Index| index.jobs_naming(&ObjectKey::new("ml", "a"));
+        assert_eq!(naming(&index), Found::Yes(Vec::new()));
+        let why = "NotebookValidationJob is served only at mlops.mlops.dev/v1alpha2".to_owned();
+        let affected = index.update(Update::Unserved(OwnerKind::Job, None, Some(why)));
+        assert_eq!(affected, keys(&["a"]));
+        let Found::Unknown(said) = naming(&index) else {
+            panic!("known: {:?}", naming(&index))
+        };
+        assert!(said.contains("v1alpha2"), "{said}");
     }
 
     #[test]
