@@ -127,11 +127,20 @@ struct Controller<C, K> {
     already_sent: Mutex<HashMap<ObjectKey, String>>,
     /// Claims whose DELETE got no definite answer: it may still reach the API server, so the
     /// claim is revoked (changed) before anything else is decided for it.
-    outstanding: Mutex<HashMap<ObjectKey, InFlight>>,
+    outstanding: Mutex<HashMap<ObjectKey, Outstanding>>,
     /// The rounds that prove the cache fresh for the live re-check.
     proofs: Proofs,
     /// Whether the watches cover one namespace each (`selector.namespaces`), not the cluster.
     per_namespace: bool,
+}
+
+/// A claim DELETE without a definite answer, and its slot of the cap while it may land: a
+/// revocation that proves it never can frees the slot. `None` for one the Lease named when
+/// this replica won it (the ledger recovered from the Lease counts it).
+#[derive(Debug, Clone)]
+struct Outstanding {
+    delete: InFlight,
+    reservation: Option<Reservation>,
 }
 
 /// When a kept claim becomes due and why, with the notice's lead time.
@@ -780,7 +789,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.already_sent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, InFlight>> {
+    fn lock_outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Outstanding>> {
         self.outstanding.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -801,7 +810,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             (found.into_iter())
                 .map(|delete| {
                     let key = delete.key();
-                    outstanding.insert(key.clone(), delete);
+                    let found = Outstanding {
+                        delete,
+                        reservation: None,
+                    };
+                    outstanding.insert(key.clone(), found);
                     key
                 })
                 .collect()
@@ -819,7 +832,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// decided for it: until the revocation is answered, the claim is kept and nothing else
     /// is sent for it. `None` when no such DELETE is outstanding.
     async fn resolve_outstanding(&self, key: &ObjectKey) -> Option<Outcome> {
-        let delete = self.lock_outstanding().get(key).cloned()?;
+        let Outstanding {
+            delete,
+            reservation,
+        } = self.lock_outstanding().get(key).cloned()?;
         if !self.is_leader() {
             // The Lease names it: whoever leads revokes it.
             return Some(Outcome::Done);
@@ -839,6 +855,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         match revocation {
             Revocation::Revoked => {
+                // It can never land: its slot of the cap goes to another claim.
+                if let Some(reservation) = reservation {
+                    self.release(reservation);
+                }
                 self.metrics.revocation(Revoked::Revoked);
                 info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again");
             }
@@ -856,7 +876,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
         }
         let mut outstanding = self.lock_outstanding();
-        if outstanding.get(key).is_some_and(|d| d.uid == delete.uid) {
+        if outstanding
+            .get(key)
+            .is_some_and(|o| o.delete.uid == delete.uid)
+        {
             outstanding.remove(key);
         }
         // Revoked, the claim's change brings it back through the watch; landed, it goes.
@@ -1107,7 +1130,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 self.lock_limiter()
                     .count_from(reservation, self.clock.server().1);
             }
-            // It may have been carried out: it stays counted.
+            // It may have been carried out: it stays counted until its revocation says.
             Ok(DeleteResult::Unanswered) => {}
             Ok(_) | Err(_) => self.release(reservation),
         }
@@ -1125,7 +1148,12 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                         uid: claim.uid.clone(),
                         resource_version: claim.resource_version.clone(),
                     };
-                    self.lock_outstanding().insert(claim.key.clone(), delete);
+                    let outstanding = Outstanding {
+                        delete,
+                        reservation: Some(reservation),
+                    };
+                    self.lock_outstanding()
+                        .insert(claim.key.clone(), outstanding);
                 }
                 _ => {}
             }
@@ -1837,12 +1865,33 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_unanswered_delete_stays_counted_against_the_cap() {
+    async fn an_unanswered_delete_stays_counted_against_the_cap_until_revoked() {
         let cluster = FakeCluster::default();
         lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        lock(&cluster.revocations).push_back(Revocation::Unanswered);
+        let c = controller(cluster, 1, &[due("a"), due("b")], true);
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::Unanswered)
+        );
+        // It may still land: the cap of one holds `b` back.
+        let outcome = c.clone().reconcile(key("b")).await;
+        assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
+        // Revoked, it never can: its slot goes to `b`.
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_that_landed_late_stays_counted_against_the_cap() {
+        let cluster = FakeCluster::default();
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+        lock(&cluster.revocations).push_back(Revocation::Landed);
+        *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
         let c = controller(cluster, 1, &[due("a"), due("b")], true);
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
-        // It may have been carried out: the cap of one holds `b` back.
         let outcome = c.clone().reconcile(key("b")).await;
         assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
         assert_eq!(lock(&c.cluster.sent).len(), 1);
