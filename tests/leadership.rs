@@ -492,3 +492,87 @@ async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
     let status = b.terminate().await;
     assert!(status.success(), "{status}");
 }
+
+/// The Lease write that must name a DELETE before it is sent fails (503 from a hop), so the
+/// DELETE is not sent; then a build starts on the claim, and the claim is kept. The next Lease
+/// write must not name that DELETE in flight: it was never sent, and a next leader would revoke
+/// a claim nobody deleted. (Before, the failed write's entry stayed and every later write
+/// carried it.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_not_sent_because_its_lease_write_failed_is_not_named_in_flight() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "unnamed").await;
+    let proxy = Proxy::http(cp).await;
+    let config = replica_through(cp, &ns, "replica-a", &proxy).await;
+    let vars = elected_vars(&ns, "30s");
+    let logs = log_dir("leadership");
+    let a = Process::spawn(&config, &vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || a.leading()).await,
+        "replica-a leads:\n{}",
+        a.logs()
+    );
+    let refused = proxy.add(
+        Rule::new("patch", "leases", Fault::unavailable())
+            .user(service_account(ns.name(), "replica-a")),
+    );
+    let claim = "unsent-build-workspace";
+    let uid = (expiring(claim, in_secs(-60)).create(&ns).await)
+        .metadata
+        .uid
+        .expect("a uid");
+    let not_sent = format!("claim={}/{claim}", ns.name());
+    assert!(
+        wait_until(secs(20), || async {
+            a.logs()
+                .lines()
+                .any(|l| l.contains("not deleted: deciding again") && l.contains(&not_sent))
+        })
+        .await,
+        "the DELETE is held back by the failed Lease write:\n{}",
+        a.logs()
+    );
+    PodBuilder::new("rerun")
+        .mounting(claim)
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    let in_use = format!(
+        "workspace_gc_claims{{claim_namespace=\"{}\",state=\"protected\",reason=\"in-use\"}} 1",
+        ns.name()
+    );
+    assert!(
+        wait_until(secs(20), || async { a.metrics().await.contains(&in_use) }).await,
+        "the claim is kept in use:\n{}",
+        a.logs()
+    );
+    proxy.remove(refused);
+    let healed = k8s_openapi::jiff::Timestamp::now();
+    let leases = ns.api::<Lease>();
+    let lease = || async { leases.get("workspace-gc").await.expect("the lease") };
+    assert!(
+        wait_until(secs(20), || async {
+            let renewed = lease().await.spec.and_then(|s| s.renew_time);
+            renewed.is_some_and(|t| t.0 > healed)
+        })
+        .await,
+        "the leader writes the Lease again:\n{}",
+        a.logs()
+    );
+    let named = lease()
+        .await
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get(annotations::DELETES_IN_FLIGHT)
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !named.contains(&uid),
+        "the Lease names a DELETE that was never sent: {named}"
+    );
+    assert_eq!(fate(&ns, claim).await, Fate::Live);
+    let status = a.terminate().await;
+    assert!(status.success(), "{status}");
+}

@@ -281,16 +281,27 @@ impl Fence {
         };
         let mut held = elector.lease.lock().await;
         self.check()?;
+        let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         // Named before the write: any write from now on carries it until it is settled.
-        elector
+        let before = elector
             .in_flight()
             .insert(delete.uid.clone(), delete.clone());
-        let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
         let sent = Instant::now();
         // Bounded: the lock it holds also holds up the renewals.
         let write = elector.write(read, spec, Some(ledger));
-        match tokio::time::timeout(elector.timing.renew_deadline, write).await {
+        let written = tokio::time::timeout(elector.timing.renew_deadline, write).await;
+        if !matches!(written, Ok(Ok(_))) {
+            // Nothing is sent: this DELETE cannot land, and no later write may name it (the
+            // next leader would revoke a claim nobody deleted). What was named before, a
+            // DELETE the Lease handed over and not yet revoked, stays named.
+            let mut in_flight = elector.in_flight();
+            match before {
+                Some(before) => in_flight.insert(delete.uid.clone(), before),
+                None => in_flight.remove(&delete.uid),
+            };
+        }
+        match written {
             Ok(Ok(written)) => {
                 *held = Some(written);
                 elector.renewed(sent);
@@ -313,7 +324,8 @@ impl Fence {
 
     /// The DELETE of claim `uid` (or its revocation) was answered for certain: it can no
     /// longer land, and leaves the Lease with the next write. Until then it is named in
-    /// flight, so a DELETE not sent after all (the record failed) is at worst revoked once.
+    /// flight, so a DELETE not sent after all (the deadline passed after the record) is at
+    /// worst revoked once.
     pub fn settle(&self, uid: &str) {
         if let Some(elector) = &self.elector {
             elector.in_flight().remove(uid);
