@@ -147,13 +147,16 @@ pub fn judge(
         let states = inc.states_at(delete.at);
         let legit = states.iter().any(|s| inc.deletable(&s.state, delete.at));
         if !legit {
+            // The whole bracketed history, so that a race with the driver can be told from a
+            // decision made on stale facts.
+            let history: String = inc
+                .history
+                .iter()
+                .map(|s| format!("\n    [{} .. {}] {:?}", s.before, s.after, s.state))
+                .collect();
             wrong.push(format!(
-                "{}/{} (uid {}) deleted at {} in state {:?}",
-                inc.namespace,
-                inc.name,
-                inc.uid,
-                delete.at,
-                states.last().map(|s| &s.state)
+                "{}/{} (uid {}, created {}) deleted: received {}, completed {}; history:{history}",
+                inc.namespace, inc.name, inc.uid, inc.created, delete.at, delete.completed
             ));
         } else if !states
             .last()

@@ -314,16 +314,21 @@ impl Driver {
     }
 
     /// Picks a build with the given state.
-    async fn pick_build(&self, f: impl Fn(&Build) -> bool) -> Option<Build> {
+    async fn pick_build(&self, f: impl Fn(&World, &Build) -> bool) -> Option<Build> {
         let candidates: Vec<Build> = {
             let world = self.world.lock().await;
-            world.builds.values().filter(|b| f(b)).cloned().collect()
+            world
+                .builds
+                .values()
+                .filter(|b| f(&world, b))
+                .cloned()
+                .collect()
         };
         self.rng.lock().await.pick(&candidates).cloned()
     }
 
     async fn finish(&self) -> Result<(), String> {
-        let Some(build) = self.pick_build(|b| b.state == Owner::Running).await else {
+        let Some(build) = self.pick_build(|_, b| b.state == Owner::Running).await else {
             return Ok(());
         };
         let succeeded = self.rng.lock().await.chance(70);
@@ -373,7 +378,10 @@ impl Driver {
     }
 
     async fn delete_owner(&self) -> Result<(), String> {
-        let Some(build) = self.pick_build(|b| b.state != Owner::Absent).await else {
+        let Some(build) = self
+            .pick_build(|world, b| b.state != Owner::Absent && world.owners_deletable(b))
+            .await
+        else {
             return Ok(());
         };
         let key = (build.namespace.clone(), build.job.clone());

@@ -282,6 +282,35 @@ impl World {
         self.live(|inc, state| inc.next_due(state, now()).is_none_or(|due| due > horizon))
     }
 
+    /// Whether the driver may delete a build's job, then its run. That takes a young claim that
+    /// its finished build made due to an orphan within its grace, not due: a protection like
+    /// any other, so it is only made where the claim is not due for [`MARGIN`], or where the
+    /// claim stays due through both deletions.
+    pub fn owners_deletable(&self, build: &Build) -> bool {
+        let at = now();
+        let horizon = at + seconds(MARGIN);
+        self.claims_of(build).iter().all(|name| {
+            let inc = &self.incarnations[self.current[&(build.namespace.clone(), name.clone())]];
+            let Some(state) = self.state_of(&build.namespace, name) else {
+                return true;
+            };
+            if inc.next_due(&state, at).is_none_or(|due| due > horizon) {
+                return true;
+            }
+            let job_gone = State {
+                job: Owner::Absent,
+                ..state.clone()
+            };
+            let both_gone = State {
+                run: Owner::Absent,
+                ..job_gone.clone()
+            };
+            [job_gone, both_gone]
+                .iter()
+                .all(|after| inc.next_due(after, at).is_some_and(|due| due <= at))
+        })
+    }
+
     pub fn count(&mut self, action: &'static str) {
         *self.actions.entry(action).or_default() += 1;
     }
