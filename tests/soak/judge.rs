@@ -36,13 +36,13 @@ pub struct Verdict {
     pub wrong: Vec<String>,
     /// Claims the daemon deleted more than once.
     pub twice: usize,
-    /// Claims deletable for [`BOUND`] and still there.
+    /// Claims deletable for longer than their allowance (`allowance`) and still there.
     pub missed: Vec<String>,
     /// Claims that went away without a successful DELETE in the audit log.
     pub unaudited: Vec<String>,
     /// Deletes decided while a change was in flight (legitimate either way).
     pub ambiguous: usize,
-    /// Still there at the end: deletable but not yet for [`BOUND`], and kept.
+    /// Still there at the end: deletable but within their allowance, and kept.
     pub pending: usize,
     pub still_kept: usize,
     /// Seconds from deletable to deleted, sorted.
@@ -106,6 +106,9 @@ pub fn judge(
     let mut ambiguous = 0;
     let mut daemon_deleted: HashMap<&str, u32> = HashMap::new();
     let mut lags = Vec::new();
+    // Each deletable stretch that ended in the daemon's delete, or lasts to the end: who
+    // stood in the cap's line, and when.
+    let mut waited: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = Vec::new();
     let (mut conflicts, mut not_found, mut other_codes) = (0, 0, 0);
     let mut by_gc = 0;
     let mut unmapped = 0;
@@ -166,6 +169,7 @@ pub fn judge(
         }
         if let Some(since) = inc.deletable_since(delete.at) {
             lags.push((delete.at - since).as_seconds_f64());
+            waited.push((since, Some(delete.at)));
         }
     }
     // The cap: successful daemon deletes in any rolling window, by the API server's clock.
@@ -193,17 +197,27 @@ pub fn judge(
     let mut missed = Vec::new();
     let mut pending = 0;
     let mut still_kept = 0;
-    for inc in &world.incarnations {
-        if inc.gone || inc.driver_deleted || inc.tainted {
+    let left: Vec<(&Incarnation, Option<DateTime<Utc>>)> = (world.incarnations.iter())
+        .filter(|inc| !inc.gone && !inc.driver_deleted && !inc.tainted)
+        .map(|inc| (inc, inc.deletable_since(checked_at)))
+        .collect();
+    waited.extend(
+        left.iter()
+            .filter_map(|(_, since)| since.map(|s| (s, None))),
+    );
+    for (inc, since) in left {
+        let Some(since) = since else {
+            still_kept += 1;
             continue;
-        }
-        match inc.deletable_since(checked_at) {
-            Some(since) if (checked_at - since).num_seconds() >= BOUND => missed.push(format!(
-                "{}/{} (uid {}) deletable since {since}, still there at {checked_at}",
+        };
+        let allowed = allowance(&waited, since);
+        if (checked_at - since).num_seconds() >= allowed {
+            missed.push(format!(
+                "{}/{} (uid {}) deletable since {since}, still there at {checked_at} (allowed {allowed} s)",
                 inc.namespace, inc.name, inc.uid
-            )),
-            Some(_) => pending += 1,
-            None => still_kept += 1,
+            ));
+        } else {
+            pending += 1;
         }
     }
 
@@ -259,5 +273,37 @@ pub fn judge(
         busiest,
         invariant,
         violations,
+    }
+}
+
+/// How long a claim deletable since `since` may wait: [`BOUND`], plus the time the cap needs
+/// for the claims ahead of it in its line (deletable before it, still there then) at
+/// [`CAP`] per [`WINDOW`]. The daemon cannot delete faster than the cap, and gives freed
+/// slots to the claim due first; one that falls behind that pace is missed.
+fn allowance(waited: &[(DateTime<Utc>, Option<DateTime<Utc>>)], since: DateTime<Utc>) -> i64 {
+    let ahead = (waited.iter())
+        .filter(|(their_since, removed)| *their_since < since && removed.is_none_or(|r| r > since))
+        .count();
+    BOUND + i64::try_from(ahead).unwrap_or(i64::MAX / 2) * WINDOW / i64::from(CAP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_may_wait_for_the_caps_pace_through_the_claims_ahead_of_it() {
+        let at = |s: i64| DateTime::<Utc>::UNIX_EPOCH + seconds(s);
+        let waited = [
+            // Ahead of it: deletable before, still there or deleted after it became so.
+            (at(0), None),
+            (at(5), Some(at(20))),
+            // Not ahead: deleted before it became deletable, or deletable after it.
+            (at(1), Some(at(9))),
+            (at(15), None),
+        ];
+        let per_claim = WINDOW / i64::from(CAP);
+        assert_eq!(allowance(&waited, at(10)), BOUND + 2 * per_claim);
+        assert_eq!(allowance(&waited, at(0)), BOUND);
     }
 }

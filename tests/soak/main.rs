@@ -33,7 +33,9 @@
 //! - **The check**: every delete in the API server's audit log sent by the daemon's
 //!   ServiceAccounts that succeeded must name a claim that was due and unprotected at that moment
 //!   (wrong deletions: zero), no claim may be deleted twice, every claim that has been due
-//!   for [`BOUND`] must be gone (missed deletions: zero), and no rolling [`WINDOW`] may hold
+//!   for [`BOUND`], plus the time the cap needs for the claims due before it and still there
+//!   then (at [`CAP`] per [`WINDOW`]: the daemon cannot go faster, and serves the claim due
+//!   first), must be gone (missed deletions: zero), and no rolling [`WINDOW`] may hold
 //!   more than [`CAP`] of them (cap exceeded: never). Every claim that went away must have its
 //!   successful DELETE in the audit log (an empty or partial log fails the run), and every
 //!   DELETE the daemon sent must meet the audit-log invariant ([`DeleteInvariant`]: one that

@@ -99,7 +99,7 @@ pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
         .sum();
     println!("soak: {faulted} s of the workload under a fault");
     println!(
-        "soak: claims: {created} incarnations; deleted by the daemon {daemon_deletes}, by the driver {}; {by_gc} successful delete calls by the garbage collector; still there at the end: {still_kept} kept, {pending} not yet due for {BOUND} s",
+        "soak: claims: {created} incarnations; deleted by the daemon {daemon_deletes}, by the driver {}; {by_gc} successful delete calls by the garbage collector; still there at the end: {still_kept} kept, {pending} deletable within their allowance ({BOUND} s, plus the cap's time for the claims ahead)",
         world
             .incarnations
             .iter()
