@@ -6,13 +6,17 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::ops::Bound;
 use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
 
 use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
 use std::collections::BTreeMap;
 
 use crate::decide::facts::{
-    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, PodUse, RunEntry, VolumeClaims,
+    ClaimFacts, JobEntry, MAX_KEEP_FAILED, NamespaceEntry, ObjectKey, PodEntry, PodUse, Progress,
+    RunEntry, VolumeClaims,
 };
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::quota::QuotaEntry;
@@ -177,6 +181,9 @@ pub struct Index {
     /// Namespace → how many jobs, runs (of both kinds) and pods the cache holds there: asked at
     /// every re-check ([`Index::namespace_size`]), so counted, not scanned.
     sizes_by_namespace: HashMap<Arc<str>, usize>,
+    /// Namespace and owner kind → completion time → how many owners of that kind there finished
+    /// failed then: what ranks a failed build ([`Lookup::failed_after`]) without a scan.
+    failed_by_kind: HashMap<(Arc<str>, OwnerKind), BTreeMap<DateTime<Utc>, u32>>,
     /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
     delivered: HashMap<(Kind, Scope), u64>,
 }
@@ -216,6 +223,7 @@ impl Index {
             jobs_by_claim: HashMap::new(),
             unreadable_jobs: HashMap::new(),
             claims_by_owner: HashMap::new(),
+            failed_by_kind: HashMap::new(),
             sizes_by_namespace: HashMap::new(),
             delivered: HashMap::new(),
         }
@@ -333,6 +341,32 @@ impl Index {
             *count = count.saturating_sub(1);
             if *count == 0 {
                 self.sizes_by_namespace.remove(&key.namespace);
+            }
+        }
+    }
+
+    /// Counts a failed owner of `kind` with a completion time in (or out of) its namespace's
+    /// ranking.
+    fn count_failed(&mut self, kind: OwnerKind, key: &ObjectKey, progress: &Progress, add: bool) {
+        let Progress::Finished {
+            at: Some(at),
+            failed: true,
+        } = progress
+        else {
+            return;
+        };
+        let slot = (key.namespace.clone(), kind);
+        let times = self.failed_by_kind.entry(slot.clone()).or_default();
+        let count = times.entry(*at).or_default();
+        if add {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                times.remove(at);
+            }
+            if times.is_empty() {
+                self.failed_by_kind.remove(&slot);
             }
         }
     }
@@ -571,6 +605,7 @@ impl Cached for JobEntry {
 
     fn index(&self, index: &mut Index, add: bool) {
         index.count(&self.key, add);
+        index.count_failed(OwnerKind::Job, &self.key, &self.progress, add);
         let name = self.key.name.clone();
         match &self.volumes {
             VolumeClaims::Named(claims) => {
@@ -589,6 +624,7 @@ impl Cached for JobEntry {
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         index.tracked(sibling(&self.key, naming::claim(&self.key.name)), out);
         index.owned_by(&self.uid, out);
+        ranked_below(&self.key, &self.progress, index, out);
         match &self.volumes {
             VolumeClaims::Named(claims) => {
                 for claim in claims {
@@ -619,6 +655,7 @@ impl Cached for RunEntry {
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         bound_claims(self, index, out);
+        ranked_below(&self.key, &self.progress, index, out);
         if let Some(job) = naming::job_of_run(&self.key.name) {
             index.tracked(sibling(&self.key, naming::claim(job)), out);
         }
@@ -642,16 +679,37 @@ impl Cached for TaskRunEntry {
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         bound_claims(&self.0, index, out);
+        ranked_below(&self.0.key, &self.0.progress, index, out);
     }
 }
 
 /// Adds (or removes) a run's rows in the claim → binding runs index, and counts it.
 fn index_bindings(run: &RunEntry, index: &mut Index, add: bool) {
     index.count(&run.key, add);
+    index.count_failed(run.kind, &run.key, &run.progress, add);
     for claim in &run.claims {
         let claim = sibling(&run.key, claim.clone());
         let row = (run.kind, run.key.name.clone());
         set_row(&mut index.runs_by_claim, claim, row, add);
+    }
+}
+
+/// A failed owner with a completion time ranks every other failed build of its namespace: a new
+/// one may push a claim out of the newest kept by count (`Policy::keep_failed`).
+fn ranked_below(
+    key: &ObjectKey,
+    progress: &Progress,
+    index: &Index,
+    out: &mut BTreeSet<ObjectKey>,
+) {
+    if matches!(
+        progress,
+        Progress::Finished {
+            at: Some(_),
+            failed: true
+        }
+    ) {
+        out.extend((index.claims_in(&key.namespace)).map(|claim| claim.key.clone()));
     }
 }
 
@@ -793,6 +851,31 @@ impl Lookup for Index {
         )
     }
 
+    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32> {
+        let known = match kind {
+            OwnerKind::Job => self.jobs.known_in(namespace, JobEntry::WHAT),
+            OwnerKind::Run => self.runs.known_in(namespace, RunEntry::WHAT),
+            OwnerKind::TaskRun => self.task_runs.known_in(namespace, TaskRunEntry::WHAT),
+        };
+        if let Err(why) = known {
+            return Found::Unknown(why);
+        }
+        let Some(times) = self.failed_by_kind.get(&(Arc::from(namespace), kind)) else {
+            return Found::Yes(0);
+        };
+        let mut newer = 0u32;
+        for count in times
+            .range((Bound::Excluded(at), Bound::Unbounded))
+            .map(|(_, n)| *n)
+        {
+            newer = newer.saturating_add(count);
+            if newer >= MAX_KEEP_FAILED {
+                return Found::Yes(MAX_KEEP_FAILED);
+            }
+        }
+        Found::Yes(newer)
+    }
+
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
         if !self.pods.synced() {
             return Found::Unknown(format!("the {} cache has not synced yet", PodEntry::WHAT));
@@ -890,6 +973,59 @@ mod tests {
                 .iter()
                 .all(|o| matches!(o.state, OwnerState::Unknown { .. }))
         );
+    }
+
+    #[test]
+    fn failed_runs_rank_through_changes_and_wake_their_namespace() {
+        let at = |minute| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::minutes(minute);
+        let failed = |name: &str, minute| RunEntry {
+            progress: Progress::Finished {
+                at: Some(at(minute)),
+                failed: true,
+            },
+            ..run(name, &[])
+        };
+        let mut index = synced();
+        index.apply(Change::Apply(claim("x")));
+        let count = |index: &Index| index.failed_after(OwnerKind::Run, "ml", at(1));
+        assert_eq!(count(&index), Found::Yes(0));
+        let woken = index.apply(Change::Apply(failed("r1", 5)));
+        assert!(woken.contains(&ObjectKey::new("ml", "x")), "{woken:?}");
+        index.apply(Change::Apply(failed("r2", 5)));
+        index.apply(Change::Apply(failed("r3", 1)));
+        index.apply(Change::Apply(TaskRunEntry(RunEntry {
+            kind: OwnerKind::TaskRun,
+            ..failed("t1", 9)
+        })));
+        assert_eq!(
+            count(&index),
+            Found::Yes(2),
+            "later failures of its kind only"
+        );
+        assert_eq!(
+            index.failed_after(OwnerKind::Run, "other", at(1)),
+            Found::Yes(0)
+        );
+        index.apply(Change::Apply(run("r1", &[])));
+        assert_eq!(
+            count(&index),
+            Found::Yes(1),
+            "a changed run counts as it is now"
+        );
+        index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r2")));
+        assert_eq!(count(&index), Found::Yes(0));
+        assert!(
+            index
+                .failed_by_kind
+                .get(&(Arc::from("ml"), OwnerKind::Run))
+                .is_some()
+        );
+        index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r3")));
+        assert_eq!(index.failed_by_kind.len(), 1, "only the TaskRun's is left");
+        assert!(matches!(
+            Index::default().failed_after(OwnerKind::Run, "ml", at(1)),
+            Found::Unknown(_)
+        ));
     }
 
     #[test]
