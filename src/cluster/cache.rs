@@ -1017,8 +1017,7 @@ mod tests {
         assert!(
             index
                 .failed_by_kind
-                .get(&(Arc::from("ml"), OwnerKind::Run))
-                .is_some()
+                .contains_key(&(Arc::from("ml"), OwnerKind::Run))
         );
         index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r3")));
         assert_eq!(index.failed_by_kind.len(), 1, "only the TaskRun's is left");
