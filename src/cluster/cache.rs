@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::contract::annotations::NS_KEEP_FAILED;
 use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
 use std::collections::BTreeMap;
 
@@ -181,12 +182,18 @@ pub struct Index {
     /// Namespace → how many jobs, runs (of both kinds) and pods the cache holds there: asked at
     /// every re-check ([`Index::namespace_size`]), so counted, not scanned.
     sizes_by_namespace: HashMap<Arc<str>, usize>,
-    /// Namespace and owner kind → completion time → how many owners of that kind there finished
+    /// Namespace → owner kind and completion time → how many owners of that kind there finished
     /// failed then: what ranks a failed build ([`Lookup::failed_after`]) without a scan.
-    failed_by_kind: HashMap<(Arc<str>, OwnerKind), BTreeMap<DateTime<Utc>, u32>>,
+    failed_by_namespace: HashMap<Arc<str>, Failures>,
+    /// The cluster's `keep_failed` ([`Index::with_keep_failed`]): where nothing keeps by count,
+    /// a failure re-evaluates only its own claims.
+    keep_failed: u32,
     /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
     delivered: HashMap<(Kind, Scope), u64>,
 }
+
+/// One namespace's failed owners with a completion time: how many of each kind finished then.
+type Failures = BTreeMap<(OwnerKind, DateTime<Utc>), u32>;
 
 /// A cache entry kind: where it lives in the index and which claims it touches.
 pub trait Cached: Clone + PartialEq + Sized {
@@ -223,7 +230,8 @@ impl Index {
             jobs_by_claim: HashMap::new(),
             unreadable_jobs: HashMap::new(),
             claims_by_owner: HashMap::new(),
-            failed_by_kind: HashMap::new(),
+            failed_by_namespace: HashMap::new(),
+            keep_failed: 0,
             sizes_by_namespace: HashMap::new(),
             delivered: HashMap::new(),
         }
@@ -233,6 +241,34 @@ impl Index {
     pub fn with_quotas(mut self, scopes: &[Scope]) -> Self {
         self.quotas = Table::new(scopes);
         self
+    }
+
+    /// An index for a cluster keeping `keep` failed builds by count (`policy.keep_failed`).
+    pub fn with_keep_failed(mut self, keep: u32) -> Self {
+        self.keep_failed = keep;
+        self
+    }
+
+    /// Whether claims of `namespace` may be kept by count: the cluster keeps some, or the
+    /// namespace sets its own `keep-failed`.
+    fn keeps_by_count(&self, namespace: &str) -> bool {
+        self.keep_failed > 0
+            || (self.namespace_annotations(namespace))
+                .is_some_and(|annotations| annotations.contains_key(NS_KEEP_FAILED))
+    }
+
+    /// `affected`, each key with an empty name (which no object has) standing for every claim
+    /// of its namespace: expanded once per change, however many entries asked for it.
+    fn expand(&self, mut affected: BTreeSet<ObjectKey>) -> BTreeSet<ObjectKey> {
+        let whole: Vec<Arc<str>> = (affected.iter())
+            .filter(|key| key.name.is_empty())
+            .map(|key| key.namespace.clone())
+            .collect();
+        affected.retain(|key| !key.name.is_empty());
+        for namespace in whole {
+            affected.extend(self.claims_in(&namespace).map(|claim| claim.key.clone()));
+        }
+        affected
     }
 
     /// An index that also waits for the Namespace watch (cluster-wide) to list once.
@@ -355,18 +391,18 @@ impl Index {
         else {
             return;
         };
-        let slot = (key.namespace.clone(), kind);
-        let times = self.failed_by_kind.entry(slot.clone()).or_default();
-        let count = times.entry(*at).or_default();
+        let namespace = &key.namespace;
+        let times = (self.failed_by_namespace.entry(namespace.clone())).or_default();
+        let count = times.entry((kind, *at)).or_default();
         if add {
             *count += 1;
         } else {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                times.remove(at);
+                times.remove(&(kind, *at));
             }
             if times.is_empty() {
-                self.failed_by_kind.remove(&slot);
+                self.failed_by_namespace.remove(namespace);
             }
         }
     }
@@ -424,7 +460,7 @@ impl Index {
                 }
             }
         }
-        affected
+        self.expand(affected)
     }
 
     fn upsert<E: Cached>(&mut self, entry: E, affected: &mut BTreeSet<ObjectKey>) {
@@ -694,8 +730,9 @@ fn index_bindings(run: &RunEntry, index: &mut Index, add: bool) {
     }
 }
 
-/// A failed owner with a completion time ranks every other failed build of its namespace: a new
-/// one may push a claim out of the newest kept by count (`Policy::keep_failed`).
+/// A failed owner with a completion time ranks every other failed build of its namespace: where
+/// claims may be kept by count (`Policy::keep_failed`), a new one may push one out, so each
+/// claim there is re-evaluated (once per change, see [`Index::expand`]).
 fn ranked_below(
     key: &ObjectKey,
     progress: &Progress,
@@ -708,8 +745,9 @@ fn ranked_below(
             at: Some(_),
             failed: true
         }
-    ) {
-        out.extend((index.claims_in(&key.namespace)).map(|claim| claim.key.clone()));
+    ) && index.keeps_by_count(&key.namespace)
+    {
+        out.insert(ObjectKey::new(&key.namespace, ""));
     }
 }
 
@@ -860,14 +898,15 @@ impl Lookup for Index {
         if let Err(why) = known {
             return Found::Unknown(why);
         }
-        let Some(times) = self.failed_by_kind.get(&(Arc::from(namespace), kind)) else {
+        let Some(times) = self.failed_by_namespace.get(namespace) else {
             return Found::Yes(0);
         };
+        let later = (
+            Bound::Excluded((kind, at)),
+            Bound::Included((kind, DateTime::<Utc>::MAX_UTC)),
+        );
         let mut newer = 0u32;
-        for count in times
-            .range((Bound::Excluded(at), Bound::Unbounded))
-            .map(|(_, n)| *n)
-        {
+        for count in times.range(later).map(|(_, n)| *n) {
             newer = newer.saturating_add(count);
             if newer >= MAX_KEEP_FAILED {
                 return Found::Yes(MAX_KEEP_FAILED);
@@ -985,12 +1024,27 @@ mod tests {
             },
             ..run(name, &[])
         };
-        let mut index = synced();
+        let mut off = synced();
+        off.apply(Change::Apply(claim("x")));
+        let woken = off.apply(Change::Apply(failed("r1", 5)));
+        assert!(woken.is_empty(), "nothing keeps by count: {woken:?}");
+        // A namespace that sets its own keep-failed keeps by count.
+        let mut annotated = Index::listed_empty().with_namespaces();
+        annotated.apply::<NamespaceEntry>(Change::InitDone(None));
+        annotated.apply(Change::Apply(claim("x")));
+        annotated.apply(Change::Apply(NamespaceEntry {
+            key: ObjectKey::new("", "ml"),
+            annotations: [(NS_KEEP_FAILED.to_owned(), "1".to_owned())].into(),
+        }));
+        let woken = annotated.apply(Change::Apply(failed("r1", 5)));
+        assert_eq!(woken, keys(&["x"]));
+        let mut index = synced().with_keep_failed(2);
         index.apply(Change::Apply(claim("x")));
+        index.apply(Change::Apply(claim("y")));
         let count = |index: &Index| index.failed_after(OwnerKind::Run, "ml", at(1));
         assert_eq!(count(&index), Found::Yes(0));
         let woken = index.apply(Change::Apply(failed("r1", 5)));
-        assert!(woken.contains(&ObjectKey::new("ml", "x")), "{woken:?}");
+        assert_eq!(woken, keys(&["x", "y"]), "every claim of its namespace");
         index.apply(Change::Apply(failed("r2", 5)));
         index.apply(Change::Apply(failed("r3", 1)));
         index.apply(Change::Apply(TaskRunEntry(RunEntry {
@@ -1014,13 +1068,13 @@ mod tests {
         );
         index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r2")));
         assert_eq!(count(&index), Found::Yes(0));
-        assert!(
-            index
-                .failed_by_kind
-                .contains_key(&(Arc::from("ml"), OwnerKind::Run))
-        );
         index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r3")));
-        assert_eq!(index.failed_by_kind.len(), 1, "only the TaskRun's is left");
+        let left: Vec<_> = index.failed_by_namespace["ml"].keys().collect();
+        assert_eq!(
+            left,
+            [&(OwnerKind::TaskRun, at(9))],
+            "only the TaskRun's is left"
+        );
         assert!(matches!(
             Index::default().failed_after(OwnerKind::Run, "ml", at(1)),
             Found::Unknown(_)
