@@ -151,6 +151,9 @@ pub mod annotations {
     pub const NS_TTL_AFTER_FAILED: &str = "workspace-gc.mlops.dev/ttl-after-failed";
     pub const NS_ORPHAN_GRACE: &str = "workspace-gc.mlops.dev/orphan-grace";
     pub const NS_MAX_AGE: &str = "workspace-gc.mlops.dev/max-age";
+    /// How many of the namespace's newest failed builds keep their workspaces, at least the
+    /// cluster's `keep_failed`.
+    pub const NS_KEEP_FAILED: &str = "workspace-gc.mlops.dev/keep-failed";
     /// On a Namespace: `"false"` switches collection off there; `"true"` is the same as absent.
     pub const NS_COLLECT: &str = "workspace-gc.mlops.dev/collect";
     /// On the leader-election Lease: the blast-radius cap's count of recent deletions.

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use workspace_gc::cluster::resources;
 use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
 use workspace_gc::decide::annotations;
-use workspace_gc::decide::facts::{ClaimFacts, Facts, ObjectKey, Progress, Users};
+use workspace_gc::decide::facts::{ClaimFacts, Facts, FailedRank, ObjectKey, Progress, Users};
 use workspace_gc::decide::policy::{self, Policy, Reason, Verdict};
 use workspace_gc::surface::commands::exit;
 
@@ -396,6 +396,7 @@ fn overdue(annotations: BTreeMap<String, String>) -> Facts {
             reported_in_use: false,
         },
         owners: Vec::new(),
+        failed_rank: FailedRank::NotFailed,
         users: Users::Known {
             pods: Vec::new(),
             jobs: Vec::new(),

@@ -195,6 +195,52 @@ fn ttl_after_failed_defaults_to_ttl_after_finished() {
 }
 
 #[test]
+fn keep_failed_is_off_by_default_and_bounded() {
+    assert_eq!(vars(&[]).unwrap().policy().keep_failed, 0);
+    let config = file("[policy]\nkeep_failed = 3\n").unwrap();
+    assert_eq!(config.policy().keep_failed, 3);
+    let config = vars(&[("WORKSPACE_GC_POLICY_KEEP_FAILED", "5")]).unwrap();
+    assert_eq!(config.policy().keep_failed, 5);
+    for (text, expected) in [
+        (
+            "[policy]\nkeep_failed = 1001\n",
+            "config.toml:2: policy.keep_failed: 1001 is too many; expected at most 1000",
+        ),
+        (
+            "[policy]\nkeep_failed = -1\n",
+            "config.toml:2: policy.keep_failed: ",
+        ),
+        (
+            "[policy]\nkeep_failed = \"3\"\n",
+            "config.toml:2: policy.keep_failed: ",
+        ),
+    ] {
+        let message = file(text).unwrap_err().to_string();
+        assert!(message.contains(expected), "{text:?}: {message}");
+    }
+    let message = vars(&[("WORKSPACE_GC_POLICY_KEEP_FAILED", "some")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("\"some\" is not a whole number"),
+        "{message}"
+    );
+    // Keeping fewer deletes more: an override that lowers it is named.
+    let base = file("[policy]\nkeep_failed = 3\n").unwrap();
+    let lowered = with_file(
+        "[policy]\nkeep_failed = 3\n",
+        &[("WORKSPACE_GC_POLICY_KEEP_FAILED", "1")],
+        &Overrides::default(),
+    )
+    .unwrap();
+    let warnings = lowered.widenings(&base);
+    assert_eq!(
+        warnings,
+        ["policy.keep_failed is overridden from 3 to 1: more claims may be deleted"]
+    );
+}
+
+#[test]
 fn values_of_every_kind_load() {
     let config = file(
         r#"
@@ -836,6 +882,7 @@ const KEYS: &[&str] = &[
     "policy.ttl_after_failed",
     "policy.orphan_grace",
     "policy.max_age",
+    "policy.keep_failed",
     "deletion.dry_run",
     "deletion.server_side_dry_run",
     "deletion.deletes_per_second",

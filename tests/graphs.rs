@@ -42,10 +42,10 @@ fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
         ..Config::default()
     });
     let seen = RefCell::new(Seen::default());
-    let policy = graph::memory_policy();
     let started = std::time::Instant::now();
     let result = runner.run(&graph::graph(Profile::Memory), |graph| {
         let world = graph.render(&namespaces(), now(), &graph::memory_uid);
+        let policy = graph.memory_policy();
         check(&world, &policy, now(), &mut seen.borrow_mut()).map_err(TestCaseError::fail)
     });
     if let Err(error) = result {
@@ -58,6 +58,7 @@ fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
     assert!(seen.deleted > seen.claims / 20, "{seen:?}");
     assert!(seen.must > seen.claims / 20, "{seen:?}");
     assert!(seen.deleted < seen.claims * 3 / 4, "{seen:?}");
+    assert!(seen.kept_by_count > 10, "{seen:?}");
 }
 
 /// The watch path: the same graph reached through watch events from an earlier graph (updates
@@ -69,10 +70,10 @@ fn watch_events_lead_to_the_same_decisions_as_a_list() {
         failure_persistence: None,
         ..Config::default()
     });
-    let policy = graph::memory_policy();
     let started = std::time::Instant::now();
     let pair = (graph::graph(Profile::Memory), graph::graph(Profile::Memory));
     let result = runner.run(&pair, |(before, after)| {
+        let policy = after.memory_policy();
         let before = before.render(&namespaces(), now(), &graph::memory_uid);
         let after = after.render(&namespaces(), now(), &graph::memory_uid);
         let policies = graph::policies(&after, &policy);
@@ -291,6 +292,57 @@ fn the_oracle_keeps_claims_unfinished_jobs_name_and_the_server_reports_in_use() 
         world.claims[0]["status"] = json!({"conditions": [{"type": "Unused", "status": status}]});
         assert_eq!(judge(&world), (may, may), "Unused={status}");
     }
+}
+
+#[test]
+fn the_oracle_keeps_the_newest_failed_builds_by_count() {
+    let failed = |secs_ago: i64| json!({"conditions": [{"type": "Succeeded", "status": "False"}], "completionTime": at(secs_ago)});
+    // Three failed builds, two hours and more ago, each past its TTL; one succeeded later.
+    let world = World {
+        claims: ["a", "b", "c", "d"]
+            .map(|c| claim(&format!("{c}-build-workspace"), 86_400, json!({})))
+            .to_vec(),
+        runs: vec![
+            run("a-build", &[], failed(7200)),
+            run("b-build", &[], failed(9000)),
+            run("c-build", &[], failed(10_800)),
+            run("d-build", &[], done(3700)),
+        ],
+        // A failed job does not count among PipelineRuns.
+        jobs: vec![job(
+            "other",
+            json!({"phase": "Failed", "completionTime": at(60)}),
+        )],
+        ..World::default()
+    };
+    let judged = |keep_failed: u32, world: &World| -> Vec<bool> {
+        let policy = Policy {
+            keep_failed,
+            ..Policy::default()
+        };
+        (world.claims.iter())
+            .map(|claim| oracle::judge(world, claim, &policy, now()).must_delete)
+            .collect()
+    };
+    assert_eq!(judged(0, &world), [true, true, true, true]);
+    assert_eq!(judged(1, &world), [false, true, true, true]);
+    assert_eq!(judged(2, &world), [false, false, true, true]);
+    // A failure without a completion time cannot be ranked: its claim is kept, and it pushes
+    // no other out.
+    let mut unranked = world.clone();
+    unranked.runs[2]["status"] = json!({"conditions": [{"type": "Succeeded", "status": "False"}]});
+    assert_eq!(judged(1, &unranked), [false, true, false, true]);
+    // Deleting a claim changes no rank: the runs are what is counted.
+    let mut fewer = world.clone();
+    fewer.claims.remove(0);
+    assert_eq!(judged(1, &fewer), [true, true, true]);
+    // max_age still applies.
+    let policy = Policy {
+        keep_failed: 3,
+        max_age: Duration::hours(1),
+        ..Policy::default()
+    };
+    assert!(oracle::judge(&world, &world.claims[0], &policy, now()).may_delete);
 }
 
 #[test]

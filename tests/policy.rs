@@ -9,7 +9,8 @@ use workspace_gc::contract::OwnerKind;
 use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
 use workspace_gc::decide::annotations;
 use workspace_gc::decide::facts::{
-    ClaimFacts, Facts, LinkRule, ObjectKey, Owner, OwnerRef, OwnerState, PodUse, Progress, Users,
+    ClaimFacts, Facts, FailedRank, LinkRule, ObjectKey, Owner, OwnerRef, OwnerState, PodUse,
+    Progress, Users,
 };
 use workspace_gc::decide::policy::{Collection, Policy, Reason, Verdict, decide, scheduled};
 
@@ -44,7 +45,13 @@ fn facts(owners: Vec<Owner>) -> Facts {
             pods: Vec::new(),
             jobs: Vec::new(),
         },
+        failed_rank: FailedRank::NotFailed,
     }
+}
+
+fn ranked(mut facts: Facts, failed_rank: FailedRank) -> Facts {
+    facts.failed_rank = failed_rank;
+    facts
 }
 
 fn job(state: OwnerState) -> Owner {
@@ -438,6 +445,96 @@ fn every_verdict_and_reason() {
         );
         covered.insert(reason);
     }
+    // Keeping the 2 newest failed builds: only a failed build's rank counts, it keeps whatever
+    // the TTL says, and max_age and expires still apply.
+    let keep = Policy {
+        keep_failed: 2,
+        ..policy.clone()
+    };
+    let failed_at_1h = || facts(vec![job(failed(at(1))), run(failed(at(1)))]);
+    let newer = |newer| FailedRank::Ranked { newer };
+    let unknown = FailedRank::Unknown {
+        why: "the PipelineRun cache has not synced yet".into(),
+    };
+    let kept = |reason| Verdict::Keep {
+        reason,
+        recheck_at: Some(t0() + policy.max_age),
+    };
+    for (name, facts, now, expected) in [
+        (
+            "one of the 2 newest failed builds, past its TTL",
+            ranked(failed_at_1h(), newer(1)),
+            at(30),
+            kept(Reason::NewestFailed),
+        ),
+        (
+            "one of the 2 newest failed builds, within its TTL (quota pressure never takes it)",
+            ranked(failed_at_1h(), newer(0)),
+            at(2),
+            kept(Reason::NewestFailed),
+        ),
+        (
+            "the third newest failed build",
+            ranked(failed_at_1h(), newer(2)),
+            at(30),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(25)),
+            },
+        ),
+        (
+            "a failed build whose rank cannot be read",
+            ranked(failed_at_1h(), unknown.clone()),
+            at(30),
+            kept(Reason::FailedRankUnknown),
+        ),
+        (
+            "a succeeded build is not ranked",
+            done_at_1h(),
+            at(3),
+            Verdict::Delete {
+                reason: Reason::TtlExpired,
+                due_at: Some(at(2)),
+            },
+        ),
+        (
+            "max age still applies",
+            ranked(failed_at_1h(), newer(0)),
+            t0() + policy.max_age,
+            Verdict::Delete {
+                reason: Reason::MaxAgeExceeded,
+                due_at: Some(t0() + policy.max_age),
+            },
+        ),
+        (
+            "expires still applies",
+            annotated(
+                ranked(failed_at_1h(), newer(0)),
+                EXPIRES,
+                "2026-11-02T13:00:00Z",
+            ),
+            at(30),
+            Verdict::Delete {
+                reason: Reason::Expired,
+                due_at: Some(at(25)),
+            },
+        ),
+    ] {
+        let decision = decide(&facts, &keep, now);
+        assert_eq!(decision.verdict, expected, "{name}");
+        covered.insert(expected.reason());
+        // Off, the rank counts for nothing.
+        let off = decide(&facts, &policy, now).verdict.reason();
+        assert!(
+            ![Reason::NewestFailed, Reason::FailedRankUnknown].contains(&off),
+            "{name}: {off}"
+        );
+    }
+    let detail = decide(&ranked(failed_at_1h(), unknown), &keep, at(30)).detail;
+    assert_eq!(
+        detail.as_deref(),
+        Some("the PipelineRun cache has not synced yet")
+    );
     // `quota-pressure` is chosen by `quota::plan` over a namespace, never by `decide`.
     let missing: Vec<_> = Reason::ALL
         .iter()
@@ -544,10 +641,29 @@ fn any_facts() -> impl Strategy<Value = Facts> {
         any_pods(),
         proptest::option::of(any_instant()),
         proptest::bool::weighted(0.1),
+        prop_oneof![
+            (0..5u32).prop_map(|newer| FailedRank::Ranked { newer }),
+            Just(FailedRank::Unknown {
+                why: "unread".into()
+            }),
+        ],
     )
         .prop_map(
-            |(created, owners, notes, users, deleting, reported_in_use)| {
+            |(created, owners, notes, users, deleting, reported_in_use, rank)| {
                 let mut facts = facts(owners);
+                // Linking ranks exactly the claims with a failed owner.
+                let failed = facts.owners.iter().any(|o| {
+                    matches!(
+                        o.state,
+                        OwnerState::Present {
+                            progress: Progress::Finished { failed: true, .. },
+                            ..
+                        }
+                    )
+                });
+                if failed {
+                    facts.failed_rank = rank;
+                }
                 facts.claim.created = created;
                 facts.claim.reported_in_use = reported_in_use;
                 facts.claim.deletion_timestamp = deleting.filter(|_| created.timestamp() % 7 == 0);
@@ -573,15 +689,27 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         any_duration(),
         any_duration(),
     );
-    (durations, collection).prop_map(
-        |((ttl_after_finished, ttl_after_failed, orphan_grace, max_age), collection)| Policy {
-            ttl_after_finished,
-            ttl_after_failed,
-            orphan_grace,
-            max_age,
-            collection,
-        },
+    (
+        durations,
+        collection,
+        prop_oneof![2 => Just(0u32), 1 => 1..4u32],
     )
+        .prop_map(
+            |(
+                (ttl_after_finished, ttl_after_failed, orphan_grace, max_age),
+                collection,
+                keep_failed,
+            )| {
+                Policy {
+                    ttl_after_finished,
+                    ttl_after_failed,
+                    orphan_grace,
+                    max_age,
+                    keep_failed,
+                    collection,
+                }
+            },
+        )
 }
 
 fn verdict_key(verdict: &Verdict) -> (workspace_gc::decide::policy::VerdictState, Reason) {
@@ -619,6 +747,15 @@ proptest! {
         }
         // Unless an absolute deadline passed, every linked owner allows it: gone, or finished
         // with a completion time at least the TTL ago.
+        // Keeping by count, only a failed build ranked below the newest `keep_failed` goes.
+        if policy.keep_failed > 0 && !matches!(verdict.reason(), Reason::Expired | Reason::MaxAgeExceeded) {
+            let ranked_out = match &facts.failed_rank {
+                FailedRank::NotFailed => true,
+                FailedRank::Ranked { newer } => *newer >= policy.keep_failed,
+                FailedRank::Unknown { .. } => false,
+            };
+            prop_assert!(ranked_out, "deleted one of the newest failed builds: {:?}", facts.failed_rank);
+        }
         if !matches!(verdict.reason(), Reason::Expired | Reason::MaxAgeExceeded) {
             // A failed build's workspace is kept by the failed TTL, unless annotated.
             let failed = facts.owners.iter().any(|o| matches!(o.state,

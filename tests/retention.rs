@@ -138,6 +138,99 @@ async fn has_event(ns: &TestNamespace, reason: &str, note: &str) -> bool {
     })
 }
 
+/// Whether none of the workspaces of builds `jobs` is left in `ns`.
+async fn gone(ns: &TestNamespace, jobs: &[&str]) -> bool {
+    for job in jobs {
+        if claim_exists(ns, &format!("{job}-build-workspace")).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Keeping by count (`policy.keep_failed`, Tekton's pruner's `keep: N`): with keep 2 and every
+/// TTL passed, the workspaces of the two newest failed builds stay while older failed builds'
+/// and a succeeded build's go; a namespace annotated `keep-failed: "3"` keeps three. A newer
+/// failure pushes the oldest kept one out, and it goes. Failed builds rank by their failed
+/// NotebookValidationJobs' completion times (their PipelineRuns succeeded here).
+///
+/// Strings, not `Reason`s, name the reason. Statuses written by hand, ten seconds apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_newest_failed_builds_keep_their_workspaces_by_count() {
+    let (two, three) = (ns("keep-two").await, ns("keep-three").await);
+    annotate(&three, json!({annotations::NS_KEEP_FAILED: "3"})).await;
+    let done = Utc::now().trunc_subsecs(0);
+    for ns in [&two, &three] {
+        finished_build(ns, "ok", done).await;
+        for (i, name) in ["f1", "f2", "f3", "f4"].into_iter().enumerate() {
+            let at = done - chrono::Duration::seconds(40 - 10 * i as i64);
+            failed_build(ns, name, at, true).await;
+        }
+    }
+    let mut config = config_over(&[&two, &three]);
+    config.policy.keep_failed = 2;
+    let daemon = Daemon::start(two.client().clone(), config.clone(), "keep-failed").await;
+
+    let kept = |ns: &TestNamespace| {
+        format!(
+            "claim_namespace=\"{}\",state=\"keep\",reason=\"newest-failed\"",
+            ns.name()
+        )
+    };
+    for (ns, deleted, newest) in [
+        (&two, &["ok", "f1", "f2"][..], &["f3", "f4"][..]),
+        (&three, &["ok", "f1"][..], &["f2", "f3", "f4"][..]),
+    ] {
+        assert!(
+            wait_until(secs(15), || gone(ns, deleted)).await,
+            "{}: the older failed builds' and the succeeded build's workspaces go",
+            ns.name()
+        );
+        let count = newest.len() as f64;
+        assert!(
+            wait_until(secs(10), || async {
+                metric(&daemon.metrics().await, "workspace_gc_claims", &kept(ns)) == count
+            })
+            .await,
+            "{}: {count} claims kept as newest-failed:\n{}",
+            ns.name(),
+            daemon.metrics().await
+        );
+        for claim in newest {
+            assert!(
+                claim_exists(ns, &format!("{claim}-build-workspace")).await,
+                "{}: {claim}, one of the newest failed builds, keeps its workspace past its TTL",
+                ns.name()
+            );
+        }
+    }
+    let rows = audit_rows(&two, &config).await;
+    let row = (rows
+        .iter()
+        .find(|r| r.namespace == two.name() && r.name == "f3-build-workspace"))
+    .unwrap_or_else(|| panic!("a row for f3: {rows:#?}"));
+    assert_eq!(row.decision.verdict.reason().as_str(), "newest-failed");
+
+    // A newer failure pushes f3 out of the two newest: it goes, f4 and f5 stay.
+    failed_build(&two, "f5", Utc::now().trunc_subsecs(0), true).await;
+    assert!(
+        wait_until(secs(15), || gone(&two, &["f3"])).await,
+        "the build a newer failure pushed out loses its workspace"
+    );
+    assert!(
+        wait_until(secs(10), || async {
+            metric(&daemon.metrics().await, "workspace_gc_claims", &kept(&two)) == 2.0
+        })
+        .await,
+        "f4 and f5 are kept as newest-failed:\n{}",
+        daemon.metrics().await
+    );
+    for claim in ["f4-build-workspace", "f5-build-workspace"] {
+        assert!(claim_exists(&two, claim).await, "{claim} stays");
+    }
+    daemon.stop().await;
+}
+
 /// A namespace's annotations choose when its claims are due: a longer TTL keeps a finished
 /// build's workspace and `collect: "false"` keeps everything, while a namespace without any gets
 /// the cluster's policy. Changing the annotations re-evaluates the namespace's claims at once.

@@ -6,13 +6,18 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::ops::Bound;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
+use crate::contract::annotations::NS_KEEP_FAILED;
 use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
 use std::collections::BTreeMap;
 
 use crate::decide::facts::{
-    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, PodUse, RunEntry, VolumeClaims,
+    ClaimFacts, JobEntry, MAX_KEEP_FAILED, NamespaceEntry, ObjectKey, PodEntry, PodUse, Progress,
+    RunEntry, VolumeClaims,
 };
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::quota::QuotaEntry;
@@ -177,9 +182,18 @@ pub struct Index {
     /// Namespace → how many jobs, runs (of both kinds) and pods the cache holds there: asked at
     /// every re-check ([`Index::namespace_size`]), so counted, not scanned.
     sizes_by_namespace: HashMap<Arc<str>, usize>,
+    /// Namespace → owner kind and completion time → how many owners of that kind there finished
+    /// failed then: what ranks a failed build ([`Lookup::failed_after`]) without a scan.
+    failed_by_namespace: HashMap<Arc<str>, Failures>,
+    /// The cluster's `keep_failed` ([`Index::with_keep_failed`]): where nothing keeps by count,
+    /// a failure re-evaluates only its own claims.
+    keep_failed: u32,
     /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
     delivered: HashMap<(Kind, Scope), u64>,
 }
+
+/// One namespace's failed owners with a completion time: how many of each kind finished then.
+type Failures = BTreeMap<(OwnerKind, DateTime<Utc>), u32>;
 
 /// A cache entry kind: where it lives in the index and which claims it touches.
 pub trait Cached: Clone + PartialEq + Sized {
@@ -216,6 +230,8 @@ impl Index {
             jobs_by_claim: HashMap::new(),
             unreadable_jobs: HashMap::new(),
             claims_by_owner: HashMap::new(),
+            failed_by_namespace: HashMap::new(),
+            keep_failed: 0,
             sizes_by_namespace: HashMap::new(),
             delivered: HashMap::new(),
         }
@@ -225,6 +241,34 @@ impl Index {
     pub fn with_quotas(mut self, scopes: &[Scope]) -> Self {
         self.quotas = Table::new(scopes);
         self
+    }
+
+    /// An index for a cluster keeping `keep` failed builds by count (`policy.keep_failed`).
+    pub fn with_keep_failed(mut self, keep: u32) -> Self {
+        self.keep_failed = keep;
+        self
+    }
+
+    /// Whether claims of `namespace` may be kept by count: the cluster keeps some, or the
+    /// namespace sets its own `keep-failed`.
+    fn keeps_by_count(&self, namespace: &str) -> bool {
+        self.keep_failed > 0
+            || (self.namespace_annotations(namespace))
+                .is_some_and(|annotations| annotations.contains_key(NS_KEEP_FAILED))
+    }
+
+    /// `affected`, each key with an empty name (which no object has) standing for every claim
+    /// of its namespace: expanded once per change, however many entries asked for it.
+    fn expand(&self, mut affected: BTreeSet<ObjectKey>) -> BTreeSet<ObjectKey> {
+        let whole: Vec<Arc<str>> = (affected.iter())
+            .filter(|key| key.name.is_empty())
+            .map(|key| key.namespace.clone())
+            .collect();
+        affected.retain(|key| !key.name.is_empty());
+        for namespace in whole {
+            affected.extend(self.claims_in(&namespace).map(|claim| claim.key.clone()));
+        }
+        affected
     }
 
     /// An index that also waits for the Namespace watch (cluster-wide) to list once.
@@ -337,6 +381,32 @@ impl Index {
         }
     }
 
+    /// Counts a failed owner of `kind` with a completion time in (or out of) its namespace's
+    /// ranking.
+    fn count_failed(&mut self, kind: OwnerKind, key: &ObjectKey, progress: &Progress, add: bool) {
+        let Progress::Finished {
+            at: Some(at),
+            failed: true,
+        } = progress
+        else {
+            return;
+        };
+        let namespace = &key.namespace;
+        let times = (self.failed_by_namespace.entry(namespace.clone())).or_default();
+        let count = times.entry((kind, *at)).or_default();
+        if add {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                times.remove(&(kind, *at));
+            }
+            if times.is_empty() {
+                self.failed_by_namespace.remove(namespace);
+            }
+        }
+    }
+
     /// Whether the cache holds an object of `kind` under `key`.
     pub fn holds(&self, kind: Kind, key: &ObjectKey) -> bool {
         match kind {
@@ -390,7 +460,7 @@ impl Index {
                 }
             }
         }
-        affected
+        self.expand(affected)
     }
 
     fn upsert<E: Cached>(&mut self, entry: E, affected: &mut BTreeSet<ObjectKey>) {
@@ -571,6 +641,7 @@ impl Cached for JobEntry {
 
     fn index(&self, index: &mut Index, add: bool) {
         index.count(&self.key, add);
+        index.count_failed(OwnerKind::Job, &self.key, &self.progress, add);
         let name = self.key.name.clone();
         match &self.volumes {
             VolumeClaims::Named(claims) => {
@@ -589,6 +660,7 @@ impl Cached for JobEntry {
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         index.tracked(sibling(&self.key, naming::claim(&self.key.name)), out);
         index.owned_by(&self.uid, out);
+        ranked_below(&self.key, &self.progress, index, out);
         match &self.volumes {
             VolumeClaims::Named(claims) => {
                 for claim in claims {
@@ -619,6 +691,7 @@ impl Cached for RunEntry {
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         bound_claims(self, index, out);
+        ranked_below(&self.key, &self.progress, index, out);
         if let Some(job) = naming::job_of_run(&self.key.name) {
             index.tracked(sibling(&self.key, naming::claim(job)), out);
         }
@@ -642,16 +715,39 @@ impl Cached for TaskRunEntry {
 
     fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
         bound_claims(&self.0, index, out);
+        ranked_below(&self.0.key, &self.0.progress, index, out);
     }
 }
 
 /// Adds (or removes) a run's rows in the claim → binding runs index, and counts it.
 fn index_bindings(run: &RunEntry, index: &mut Index, add: bool) {
     index.count(&run.key, add);
+    index.count_failed(run.kind, &run.key, &run.progress, add);
     for claim in &run.claims {
         let claim = sibling(&run.key, claim.clone());
         let row = (run.kind, run.key.name.clone());
         set_row(&mut index.runs_by_claim, claim, row, add);
+    }
+}
+
+/// A failed owner with a completion time ranks every other failed build of its namespace: where
+/// claims may be kept by count (`Policy::keep_failed`), a new one may push one out, so each
+/// claim there is re-evaluated (once per change, see [`Index::expand`]).
+fn ranked_below(
+    key: &ObjectKey,
+    progress: &Progress,
+    index: &Index,
+    out: &mut BTreeSet<ObjectKey>,
+) {
+    if matches!(
+        progress,
+        Progress::Finished {
+            at: Some(_),
+            failed: true
+        }
+    ) && index.keeps_by_count(&key.namespace)
+    {
+        out.insert(ObjectKey::new(&key.namespace, ""));
     }
 }
 
@@ -793,6 +889,32 @@ impl Lookup for Index {
         )
     }
 
+    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32> {
+        let known = match kind {
+            OwnerKind::Job => self.jobs.known_in(namespace, JobEntry::WHAT),
+            OwnerKind::Run => self.runs.known_in(namespace, RunEntry::WHAT),
+            OwnerKind::TaskRun => self.task_runs.known_in(namespace, TaskRunEntry::WHAT),
+        };
+        if let Err(why) = known {
+            return Found::Unknown(why);
+        }
+        let Some(times) = self.failed_by_namespace.get(namespace) else {
+            return Found::Yes(0);
+        };
+        let later = (
+            Bound::Excluded((kind, at)),
+            Bound::Included((kind, DateTime::<Utc>::MAX_UTC)),
+        );
+        let mut newer = 0u32;
+        for count in times.range(later).map(|(_, n)| *n) {
+            newer = newer.saturating_add(count);
+            if newer >= MAX_KEEP_FAILED {
+                return Found::Yes(MAX_KEEP_FAILED);
+            }
+        }
+        Found::Yes(newer)
+    }
+
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
         if !self.pods.synced() {
             return Found::Unknown(format!("the {} cache has not synced yet", PodEntry::WHAT));
@@ -890,6 +1012,73 @@ mod tests {
                 .iter()
                 .all(|o| matches!(o.state, OwnerState::Unknown { .. }))
         );
+    }
+
+    #[test]
+    fn failed_runs_rank_through_changes_and_wake_their_namespace() {
+        let at = |minute| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::minutes(minute);
+        let failed = |name: &str, minute| RunEntry {
+            progress: Progress::Finished {
+                at: Some(at(minute)),
+                failed: true,
+            },
+            ..run(name, &[])
+        };
+        let mut off = synced();
+        off.apply(Change::Apply(claim("x")));
+        let woken = off.apply(Change::Apply(failed("r1", 5)));
+        assert!(woken.is_empty(), "nothing keeps by count: {woken:?}");
+        // A namespace that sets its own keep-failed keeps by count.
+        let mut annotated = Index::listed_empty().with_namespaces();
+        annotated.apply::<NamespaceEntry>(Change::InitDone(None));
+        annotated.apply(Change::Apply(claim("x")));
+        annotated.apply(Change::Apply(NamespaceEntry {
+            key: ObjectKey::new("", "ml"),
+            annotations: [(NS_KEEP_FAILED.to_owned(), "1".to_owned())].into(),
+        }));
+        let woken = annotated.apply(Change::Apply(failed("r1", 5)));
+        assert_eq!(woken, keys(&["x"]));
+        let mut index = synced().with_keep_failed(2);
+        index.apply(Change::Apply(claim("x")));
+        index.apply(Change::Apply(claim("y")));
+        let count = |index: &Index| index.failed_after(OwnerKind::Run, "ml", at(1));
+        assert_eq!(count(&index), Found::Yes(0));
+        let woken = index.apply(Change::Apply(failed("r1", 5)));
+        assert_eq!(woken, keys(&["x", "y"]), "every claim of its namespace");
+        index.apply(Change::Apply(failed("r2", 5)));
+        index.apply(Change::Apply(failed("r3", 1)));
+        index.apply(Change::Apply(TaskRunEntry(RunEntry {
+            kind: OwnerKind::TaskRun,
+            ..failed("t1", 9)
+        })));
+        assert_eq!(
+            count(&index),
+            Found::Yes(2),
+            "later failures of its kind only"
+        );
+        assert_eq!(
+            index.failed_after(OwnerKind::Run, "other", at(1)),
+            Found::Yes(0)
+        );
+        index.apply(Change::Apply(run("r1", &[])));
+        assert_eq!(
+            count(&index),
+            Found::Yes(1),
+            "a changed run counts as it is now"
+        );
+        index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r2")));
+        assert_eq!(count(&index), Found::Yes(0));
+        index.apply::<RunEntry>(Change::Delete(ObjectKey::new("ml", "r3")));
+        let left: Vec<_> = index.failed_by_namespace["ml"].keys().collect();
+        assert_eq!(
+            left,
+            [&(OwnerKind::TaskRun, at(9))],
+            "only the TaskRun's is left"
+        );
+        assert!(matches!(
+            Index::default().failed_after(OwnerKind::Run, "ml", at(1)),
+            Found::Unknown(_)
+        ));
     }
 
     #[test]

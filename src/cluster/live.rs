@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, Utc};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde::de::DeserializeOwned;
@@ -31,7 +32,7 @@ use crate::contract::OwnerKind;
 use crate::decide::facts::{
     ClaimFacts, JobEntry, ObjectKey, PodEntry, PodUse, RunEntry, VolumeClaims,
 };
-use crate::decide::linking::{Found, Lookup};
+use crate::decide::linking::{self, Found, Lookup};
 use crate::decide::quota::QuotaEntry;
 use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{Metrics, Operation};
@@ -553,6 +554,22 @@ impl Lookup for LiveView {
             }
         }
         Found::Yes(binding)
+    }
+
+    fn failed_after(&self, kind: OwnerKind, _: &str, at: DateTime<Utc>) -> Found<u32> {
+        let counted = match kind {
+            OwnerKind::Job => match &self.namespace.jobs {
+                Found::Yes(jobs) => Ok(linking::failed_after(jobs.iter().map(|j| &j.progress), at)),
+                Found::No => Ok(0),
+                Found::Unknown(why) => Err(why),
+            },
+            OwnerKind::Run | OwnerKind::TaskRun => match self.namespace.runs(kind) {
+                Found::Yes(runs) => Ok(linking::failed_after(runs.iter().map(|r| &r.progress), at)),
+                Found::No => Ok(0),
+                Found::Unknown(why) => Err(why),
+            },
+        };
+        counted.map_or_else(|why| Found::Unknown(why.clone()), Found::Yes)
     }
 
     fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {

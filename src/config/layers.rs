@@ -81,6 +81,7 @@ pub(super) struct PolicyLayer {
     pub(super) ttl_after_failed: Slot<String>,
     pub(super) orphan_grace: Slot<String>,
     pub(super) max_age: Slot<String>,
+    pub(super) keep_failed: Slot<u32>,
 }
 
 #[derive(Default, Deserialize)]
@@ -317,6 +318,7 @@ impl Layer {
             "policy.ttl_after_failed" => put(&mut p.ttl_after_failed, raw, at),
             "policy.orphan_grace" => put(&mut p.orphan_grace, raw, at),
             "policy.max_age" => put(&mut p.max_age, raw, at),
+            "policy.keep_failed" => put(&mut p.keep_failed, raw, at),
             "deletion.dry_run" => put(&mut d.dry_run, raw, at),
             "deletion.server_side_dry_run" => put(&mut d.server_side_dry_run, raw, at),
             "deletion.deletes_per_second" => put(&mut d.deletes_per_second, raw, at),

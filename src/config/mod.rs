@@ -99,6 +99,9 @@ pub struct PolicyConfig {
     pub orphan_grace: Duration,
     #[serde(serialize_with = "serialize_duration")]
     pub max_age: Duration,
+    /// Count-based retention: the workspaces of each namespace's this many newest failed builds
+    /// are kept whatever their TTL; 0: off.
+    pub keep_failed: u32,
 }
 
 impl PolicyConfig {
@@ -239,6 +242,7 @@ impl Default for Config {
                 ttl_after_failed: None,
                 orphan_grace: Duration::from_secs(10 * 60),
                 max_age: Duration::from_secs(7 * 24 * 60 * 60),
+                keep_failed: 0,
             },
             deletion: DeletionConfig {
                 dry_run: false,
@@ -375,6 +379,10 @@ impl Config {
         if to < from && !followed {
             say("policy.ttl_after_failed", human(from), human(to));
         }
+        if pol.keep_failed < was.keep_failed {
+            let (from, to) = (was.keep_failed.to_string(), pol.keep_failed.to_string());
+            say("policy.keep_failed", from, to);
+        }
         let (del, was) = (&self.deletion, &base.deletion);
         if was.dry_run && !del.dry_run {
             say("deletion.dry_run", "true".into(), "false".into());
@@ -444,6 +452,7 @@ impl Config {
             ttl_after_failed: chrono(self.policy.ttl_after_failed()),
             orphan_grace: chrono(self.policy.orphan_grace),
             max_age: chrono(self.policy.max_age),
+            keep_failed: self.policy.keep_failed,
             collection: Collection::On,
         }
     }

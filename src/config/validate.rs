@@ -15,6 +15,7 @@ use super::{
     deletion_interval,
 };
 use crate::contract::labels;
+use crate::decide::facts::MAX_KEEP_FAILED;
 
 impl Layer {
     /// Turns raw values into typed ones, falling back to [`Config::default`] for unset keys.
@@ -256,6 +257,13 @@ impl Layer {
                 ttl_after_failed: ttl_after_failed.value,
                 orphan_grace: orphan_grace.value,
                 max_age: max_age.value,
+                keep_failed: take(
+                    pol.keep_failed,
+                    "policy.keep_failed",
+                    d.policy.keep_failed,
+                    keep_count,
+                )?
+                .value,
             },
             deletion: DeletionConfig {
                 dry_run: dry_run.value,
@@ -468,6 +476,17 @@ fn fraction(value: f64) -> Result<f64, String> {
             "{value} must be a fraction greater than 0 and at most 1, e.g. 0.9"
         ))
     }
+}
+
+/// A number of failed builds to keep: a larger one is a typo, and would make every decision
+/// count that many newer failures.
+fn keep_count(keep: u32) -> Result<u32, String> {
+    if keep > MAX_KEEP_FAILED {
+        return Err(format!(
+            "{keep} is too many; expected at most {MAX_KEEP_FAILED} failed builds per namespace (0 turns keeping by count off)"
+        ));
+    }
+    Ok(keep)
 }
 
 fn positive_cap(cap: u32) -> Result<u32, String> {

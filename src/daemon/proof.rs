@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
@@ -156,6 +157,13 @@ impl<L: Lookup> Lookup for Recheck<L> {
             Recheck::Proven(recorded) => recorded.jobs_naming(claim),
         }
     }
+
+    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32> {
+        match self {
+            Recheck::Listed(live) => live.failed_after(kind, namespace, at),
+            Recheck::Proven(recorded) => recorded.failed_after(kind, namespace, at),
+        }
+    }
 }
 
 /// The answers linking got for one claim from a lookup (the proven cache, under its lock),
@@ -167,6 +175,7 @@ pub struct Recorded {
     runs_binding: HashMap<ObjectKey, Found<Vec<RunEntry>>>,
     pods_using: HashMap<ObjectKey, Found<Vec<PodUse>>>,
     jobs_naming: HashMap<ObjectKey, Found<Vec<JobEntry>>>,
+    failed_after: HashMap<(OwnerKind, String, DateTime<Utc>), Found<u32>>,
 }
 
 impl Recorded {
@@ -215,6 +224,14 @@ impl Lookup for Recorded {
             .cloned()
             .unwrap_or_else(not_asked)
     }
+
+    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32> {
+        let key = (kind, namespace.to_owned(), at);
+        self.failed_after
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(not_asked)
+    }
 }
 
 struct Recorder<'a, L> {
@@ -252,6 +269,13 @@ impl<L: Lookup> Lookup for Recorder<'_, L> {
     fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
         let found = self.lookup.jobs_naming(claim);
         (self.seen.borrow_mut().jobs_naming).insert(claim.clone(), found.clone());
+        found
+    }
+
+    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32> {
+        let found = self.lookup.failed_after(kind, namespace, at);
+        let key = (kind, namespace.to_owned(), at);
+        (self.seen.borrow_mut().failed_after).insert(key, found.clone());
         found
     }
 }

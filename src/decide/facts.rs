@@ -280,12 +280,42 @@ pub struct PodEntry {
     pub claims: Vec<String>,
 }
 
+/// The most builds a namespace may keep by count (`keep_failed`), and so the most newer failed
+/// builds a rank counts: counting stops there.
+pub const MAX_KEEP_FAILED: u32 = 1000;
+
+/// Where the claim's build ranks among its namespace's failed builds, for count-based
+/// retention. Builds are ranked per owner kind (NotebookValidationJobs, PipelineRuns,
+/// TaskRuns), as Tekton's pruner counts runs: a build failed at `T` ranks by how many owners of
+/// the same kind in the namespace finished failed strictly after `T`. The rank counts owner
+/// objects, never claims, so deleting a claim changes no rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "rank", rename_all = "kebab-case")]
+pub enum FailedRank {
+    /// No present linked owner finished failed.
+    NotFailed,
+    /// The fewest newer failed owners of one kind, over its failed owners (at most
+    /// [`MAX_KEEP_FAILED`]).
+    Ranked { newer: u32 },
+    /// A failed owner records no completion time, or its kind's owners in the namespace could
+    /// not be read.
+    Unknown { why: String },
+}
+
 /// All facts about one claim at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Facts {
     pub claim: ClaimFacts,
     pub owners: Vec<Owner>,
     pub users: Users,
+    #[serde(skip_serializing_if = "FailedRank::is_not_failed")]
+    pub failed_rank: FailedRank,
+}
+
+impl FailedRank {
+    fn is_not_failed(&self) -> bool {
+        *self == FailedRank::NotFailed
+    }
 }
 
 impl Facts {

@@ -15,10 +15,12 @@
 //! Users are not owners: the pods that mount the claim, and every unfinished job whose own
 //! `spec.podConfig.volumes[]` names it (its validation pod will mount it).
 
+use chrono::{DateTime, Utc};
+
 use crate::contract::{OwnerKind, naming};
 use crate::decide::facts::{
-    ClaimFacts, Facts, JobEntry, LinkRule, ObjectKey, Owner, OwnerState, PodUse, Progress,
-    RunEntry, Users, VolumeClaims,
+    ClaimFacts, Facts, FailedRank, JobEntry, LinkRule, MAX_KEEP_FAILED, ObjectKey, Owner,
+    OwnerState, PodUse, Progress, RunEntry, Users, VolumeClaims,
 };
 
 /// The answer to a look-up that may not be possible yet.
@@ -52,15 +54,70 @@ pub trait Lookup {
     /// The jobs of the claim's namespace whose own volumes name the claim, or could not be
     /// read, whatever their progress.
     fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>>;
+    /// How many owners of `kind` in `namespace` finished failed with a completion time after
+    /// `at`, counted up to [`MAX_KEEP_FAILED`] (see [`failed_after`]).
+    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32>;
 }
 
 /// Gathers the facts about one claim.
 pub fn facts(claim: &ClaimFacts, lookup: &impl Lookup) -> Facts {
+    let owners = owners(claim, lookup);
     Facts {
+        failed_rank: failed_rank(claim, &owners, lookup),
         claim: claim.clone(),
-        owners: owners(claim, lookup),
+        owners,
         users: users(claim, lookup),
     }
+}
+
+/// How many of `progresses` (one kind's, in one namespace) finished failed with a completion
+/// time after `at`, up to [`MAX_KEEP_FAILED`]. A failure without a completion time is not
+/// counted: where it ranks is unknown, and leaving it out only ranks others higher.
+pub fn failed_after<'a>(
+    progresses: impl IntoIterator<Item = &'a Progress>,
+    at: DateTime<Utc>,
+) -> u32 {
+    let newer = progresses.into_iter().filter(|progress| {
+        matches!(progress, Progress::Finished { at: Some(done), failed: true } if *done > at)
+    });
+    let newer = newer.take(MAX_KEEP_FAILED as usize).count();
+    u32::try_from(newer).unwrap_or(MAX_KEEP_FAILED)
+}
+
+/// Where the claim's build ranks among its namespace's failed builds: the best rank of its
+/// failed owners, each among the owners of its kind; unknown as soon as one cannot be ranked.
+fn failed_rank(claim: &ClaimFacts, owners: &[Owner], lookup: &impl Lookup) -> FailedRank {
+    let mut rank = FailedRank::NotFailed;
+    for owner in owners {
+        let OwnerState::Present {
+            progress: Progress::Finished { at, failed: true },
+            ..
+        } = &owner.state
+        else {
+            continue;
+        };
+        let Some(at) = at else {
+            let why = format!(
+                "{} {} failed but records no completion time",
+                owner.kind.as_str(),
+                owner.name
+            );
+            return FailedRank::Unknown { why };
+        };
+        match lookup.failed_after(owner.kind, &claim.key.namespace, *at) {
+            Found::Yes(newer) => {
+                rank = match rank {
+                    FailedRank::Ranked { newer: best } => FailedRank::Ranked {
+                        newer: best.min(newer),
+                    },
+                    _ => FailedRank::Ranked { newer },
+                };
+            }
+            Found::No => rank = FailedRank::Ranked { newer: 0 },
+            Found::Unknown(why) => return FailedRank::Unknown { why },
+        }
+    }
+    rank
 }
 
 /// The pods that mount the claim and the unfinished jobs whose volumes name it. An unfinished
@@ -239,6 +296,13 @@ mod tests {
         fn jobs_naming(&self, _: &ObjectKey) -> Found<Vec<JobEntry>> {
             Found::Yes(self.0.clone())
         }
+
+        fn failed_after(&self, kind: OwnerKind, _: &str, at: DateTime<Utc>) -> Found<u32> {
+            match kind {
+                OwnerKind::Job => Found::Yes(failed_after(self.0.iter().map(|j| &j.progress), at)),
+                OwnerKind::Run | OwnerKind::TaskRun => Found::Yes(0),
+            }
+        }
     }
 
     fn job(name: &str, progress: Progress, volumes: VolumeClaims) -> JobEntry {
@@ -279,6 +343,61 @@ mod tests {
             jobs: vec!["b".into()],
         };
         assert_eq!(found, expected, "a finished job's volumes hold nothing");
+    }
+
+    #[test]
+    fn a_failed_build_ranks_by_the_failures_of_its_kind_after_it() {
+        let at = |minute: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::minutes(minute);
+        let failed = |minute| Progress::Finished {
+            at: Some(at(minute)),
+            failed: true,
+        };
+        let succeeded = Progress::Finished {
+            at: Some(at(9)),
+            failed: false,
+        };
+        let unnamed = || naming(&[]);
+        let rank = |jobs: Vec<JobEntry>| {
+            facts(&ClaimFacts::example("a-build-workspace"), &Jobs(jobs)).failed_rank
+        };
+        let others = || {
+            vec![
+                job("b", failed(5), unnamed()),
+                job("c", failed(3), unnamed()),
+                job("d", succeeded.clone(), unnamed()),
+                job(
+                    "e",
+                    Progress::Finished {
+                        at: None,
+                        failed: true,
+                    },
+                    unnamed(),
+                ),
+            ]
+        };
+        let mut jobs = others();
+        jobs.push(job("a", failed(2), unnamed()));
+        assert_eq!(rank(jobs), FailedRank::Ranked { newer: 2 });
+        let mut jobs = others();
+        jobs.push(job("a", failed(5), unnamed()));
+        assert_eq!(
+            rank(jobs),
+            FailedRank::Ranked { newer: 0 },
+            "a tie ranks both"
+        );
+        let mut jobs = others();
+        jobs.push(job("a", succeeded.clone(), unnamed()));
+        assert_eq!(rank(jobs), FailedRank::NotFailed);
+        let mut jobs = others();
+        jobs.push(job(
+            "a",
+            Progress::Finished {
+                at: None,
+                failed: true,
+            },
+            unnamed(),
+        ));
+        assert!(matches!(rank(jobs), FailedRank::Unknown { .. }));
     }
 
     #[test]

@@ -15,9 +15,11 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::contract::annotations::{
-    NS_COLLECT, NS_MAX_AGE, NS_ORPHAN_GRACE, NS_TTL_AFTER_FAILED, NS_TTL_AFTER_FINISHED, PREFIX,
+    NS_COLLECT, NS_KEEP_FAILED, NS_MAX_AGE, NS_ORPHAN_GRACE, NS_TTL_AFTER_FAILED,
+    NS_TTL_AFTER_FINISHED, PREFIX,
 };
 use crate::decide::annotations::{EXPECTED_BOOLEAN, boolean, quote};
+use crate::decide::facts::MAX_KEEP_FAILED;
 use crate::decide::policy::{Collection, Decision, Policy, Reason};
 
 /// Durations beyond this are typos (the configuration's own limit).
@@ -169,10 +171,21 @@ pub fn effective(
             continue;
         }
         let value = raw.trim();
+        if key == NS_KEEP_FAILED {
+            match at_least(value, cluster.keep_failed) {
+                Ok(keep) => {
+                    policy.keep_failed = keep;
+                    source.namespace.insert(key.clone(), value.to_owned());
+                }
+                Err(why) => problems.push(Invalid::new(key, raw, why)),
+            }
+            continue;
+        }
         let Some((_, field)) = DURATIONS.iter().find(|(k, _)| k == key) else {
             let why = format!(
                 "an unknown workspace-gc namespace annotation; expected {NS_TTL_AFTER_FINISHED}, \
-                 {NS_TTL_AFTER_FAILED}, {NS_ORPHAN_GRACE}, {NS_MAX_AGE} or {NS_COLLECT}"
+                 {NS_TTL_AFTER_FAILED}, {NS_ORPHAN_GRACE}, {NS_MAX_AGE}, {NS_KEEP_FAILED} or \
+                 {NS_COLLECT}"
             );
             problems.push(Invalid::new(key, raw, why));
             continue;
@@ -208,6 +221,23 @@ pub fn effective(
         source,
         problems,
     }
+}
+
+/// A namespace's `keep-failed`, if it parses: a namespace may keep more failed builds than the
+/// cluster, never fewer, whatever the bounds say of durations.
+fn at_least(value: &str, cluster: u32) -> Result<u32, String> {
+    let keep: u32 = value.parse().map_err(|_| {
+        format!("expected a whole number of failed builds to keep, like \"3\", at most {MAX_KEEP_FAILED}")
+    })?;
+    if keep > MAX_KEEP_FAILED {
+        return Err(format!("more than {MAX_KEEP_FAILED} failed builds"));
+    }
+    if keep < cluster {
+        return Err(format!(
+            "fewer than the cluster's {cluster}; a namespace may keep more failed builds, never fewer"
+        ));
+    }
+    Ok(keep)
 }
 
 /// A namespace's duration, if it parses and keeps within the bounds: longer than the
@@ -350,6 +380,43 @@ mod tests {
         assert_eq!(shorter.problems, []);
         assert_eq!(shorter.policy.ttl_after_finished, Duration::minutes(10));
         assert_eq!(shorter.policy.collection, Collection::On);
+    }
+
+    #[test]
+    fn a_namespace_may_keep_more_failed_builds_never_fewer() {
+        let cluster = Policy {
+            keep_failed: 2,
+            ..Policy::default()
+        };
+        for may_shorten in [false, true] {
+            let more = effective(
+                &cluster,
+                &bounds(may_shorten),
+                &with(&[(NS_KEEP_FAILED, " 5 ")]),
+            );
+            assert_eq!(more.problems, []);
+            assert_eq!(more.policy.keep_failed, 5);
+            assert_eq!(more.source.to_string(), "namespace keep-failed=5");
+            for (value, why) in [
+                ("1", "never fewer"),
+                ("0", "never fewer"),
+                ("-1", "whole number"),
+                ("three", "whole number"),
+                ("1001", "more than 1000"),
+            ] {
+                let got = effective(
+                    &cluster,
+                    &bounds(may_shorten),
+                    &with(&[(NS_KEEP_FAILED, value)]),
+                );
+                assert_eq!(got.policy.collection, Collection::Invalid, "{value}");
+                assert!(
+                    got.problems[0].to_string().contains(why),
+                    "{:?}",
+                    got.problems
+                );
+            }
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::decide::annotations::{self, ClaimAnnotations};
-use crate::decide::facts::{Facts, OwnerState, Progress, Users};
+use crate::decide::facts::{Facts, FailedRank, OwnerState, Progress, Users};
 
 /// Cluster-wide policy; per-claim annotations refine it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +22,10 @@ pub struct Policy {
     pub orphan_grace: Duration,
     /// Absolute age after which a claim is deleted whatever its owners say, unless in use.
     pub max_age: Duration,
+    /// Count-based retention, as Tekton's pruner's `keep: N`: the workspaces of the namespace's
+    /// this many newest failed builds are kept whatever their TTL (see [`FailedRank`]); 0: off.
+    /// It only narrows deletion: `max_age` and `expires` still apply.
+    pub keep_failed: u32,
     /// Whether claims may be deleted at all (a namespace can switch collection off).
     pub collection: Collection,
 }
@@ -58,6 +62,7 @@ impl Default for Policy {
             ttl_after_failed: Duration::hours(1),
             orphan_grace: Duration::minutes(10),
             max_age: Duration::days(7),
+            keep_failed: 0,
             collection: Collection::On,
         }
     }
@@ -114,6 +119,11 @@ pub enum Reason {
     CompletionTimeMissing,
     /// The recorded completion time lies in the future (clock skew): not treated as expired.
     CompletionInFuture,
+    /// Its build is one of its namespace's `keep_failed` newest failed builds.
+    NewestFailed,
+    /// Its build failed, and where it ranks among its namespace's failed builds could not be
+    /// read, with count-based retention on.
+    FailedRankUnknown,
     /// Every linked owner finished, the latest less than its TTL ago.
     WithinTtl,
     /// No owner was found yet, but the claim is younger than the orphan grace.
@@ -121,7 +131,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 24] = [
         Reason::Expired,
         Reason::OwnerGone,
         Reason::TtlExpired,
@@ -142,6 +152,8 @@ impl Reason {
         Reason::OwnerRunning,
         Reason::CompletionTimeMissing,
         Reason::CompletionInFuture,
+        Reason::NewestFailed,
+        Reason::FailedRankUnknown,
         Reason::WithinTtl,
         Reason::WithinOrphanGrace,
     ];
@@ -169,6 +181,8 @@ impl Reason {
             Reason::OwnerRunning => "owner-running",
             Reason::CompletionTimeMissing => "completion-time-missing",
             Reason::CompletionInFuture => "completion-in-future",
+            Reason::NewestFailed => "newest-failed",
+            Reason::FailedRankUnknown => "failed-rank-unknown",
             Reason::WithinTtl => "within-ttl",
             Reason::WithinOrphanGrace => "within-orphan-grace",
         }
@@ -204,6 +218,10 @@ impl Reason {
             Reason::CompletionTimeMissing => "its build finished but records no completion time",
             Reason::CompletionInFuture => {
                 "its build's completion time lies in the future (clock skew)"
+            }
+            Reason::NewestFailed => "its build is one of its namespace's newest failed builds",
+            Reason::FailedRankUnknown => {
+                "its build failed, and its rank among its namespace's failed builds is unknown"
             }
             Reason::WithinTtl => "its build finished less than its TTL ago",
             Reason::WithinOrphanGrace => "no owner yet, but it is within the orphan grace",
@@ -411,7 +429,20 @@ pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
         Collection::Unknown => return Decision::keep(Reason::NamespaceUnknown, None),
         Collection::Invalid => return Decision::keep(Reason::InvalidNamespacePolicy, None),
     }
-    Decision::plain(decide_by_time(facts, &annotations, policy, now))
+    let verdict = decide_by_time(facts, &annotations, policy, now);
+    match (verdict.reason(), &facts.failed_rank) {
+        (Reason::NewestFailed, FailedRank::Ranked { newer }) => {
+            let detail = format!(
+                "{newer} failed later in its namespace (of its kind); the newest {} are kept",
+                policy.keep_failed
+            );
+            Decision::with_detail(verdict, detail)
+        }
+        (Reason::FailedRankUnknown, FailedRank::Unknown { why }) => {
+            Decision::with_detail(verdict, why.clone())
+        }
+        _ => Decision::plain(verdict),
+    }
 }
 
 /// When a kept claim becomes due if no fact changes, and why: its verdict at the instant the
@@ -473,6 +504,9 @@ fn owners_relative(facts: &Facts, ttl: Duration, policy: &Policy, now: DateTime<
         if finished_at > now {
             return Relative::Keep(Reason::CompletionInFuture, Some(finished_at));
         }
+        if let Some(reason) = retained(facts, policy) {
+            return Relative::Keep(reason, None);
+        }
         return match add(finished_at, ttl) {
             Some(due) if due <= now => Relative::Due(Reason::TtlExpired, Some(due)),
             due => Relative::Keep(Reason::WithinTtl, due),
@@ -484,6 +518,23 @@ fn owners_relative(facts: &Facts, ttl: Duration, policy: &Policy, now: DateTime<
     match add(facts.claim.created, policy.orphan_grace) {
         Some(due) if due <= now => Relative::Due(Reason::Orphaned, Some(due)),
         due => Relative::Keep(Reason::WithinOrphanGrace, due),
+    }
+}
+
+/// Count-based retention: a failed build among its namespace's `keep_failed` newest keeps its
+/// workspace, and so does one whose rank cannot be read. Before the TTL, so quota pressure,
+/// which takes only `within-ttl` claims, never takes it either; only new failures (or someone
+/// deleting a newer failed owner) change a rank, never workspace-gc's own deletes of claims.
+fn retained(facts: &Facts, policy: &Policy) -> Option<Reason> {
+    if policy.keep_failed == 0 {
+        return None;
+    }
+    match &facts.failed_rank {
+        FailedRank::NotFailed => None,
+        FailedRank::Ranked { newer } => {
+            (*newer < policy.keep_failed).then_some(Reason::NewestFailed)
+        }
+        FailedRank::Unknown { .. } => Some(Reason::FailedRankUnknown),
     }
 }
 

@@ -87,6 +87,18 @@ pub struct Graph {
     /// Namespace annotations count only in memory graphs: the server's namespaces are the
     /// tests' own.
     pub namespace_bounds: Option<NamespaceBounds>,
+    /// The cluster's `keep_failed` the graph is checked under (memory graphs only).
+    pub keep_failed: u32,
+}
+
+impl Graph {
+    /// [`memory_policy`], keeping as many failed builds by count as the graph says.
+    pub fn memory_policy(&self) -> Policy {
+        Policy {
+            keep_failed: self.keep_failed,
+            ..memory_policy()
+        }
+    }
 }
 
 /// What a memory graph's namespaces may set: shorter than the cluster's down to 30 minutes, a
@@ -189,10 +201,17 @@ pub fn graph(profile: Profile) -> impl Strategy<Value = Graph> {
         Profile::Memory => Some(MEMORY_BOUNDS),
         Profile::Server => None,
     };
-    prop::collection::vec(space(profile), 1..=2).prop_map(move |namespaces| Graph {
-        namespaces,
-        namespace_bounds,
-    })
+    let keep_failed = match profile {
+        Profile::Memory => prop_oneof![1 => Just(0u32), 3 => 1..=2u32].boxed(),
+        Profile::Server => Just(0u32).boxed(),
+    };
+    (prop::collection::vec(space(profile), 1..=2), keep_failed).prop_map(
+        move |(namespaces, keep_failed)| Graph {
+            namespaces,
+            namespace_bounds,
+            keep_failed,
+        },
+    )
 }
 
 /// A namespace's annotations, valid, invalid and out of bounds, on the boundaries of [`TTLS`].
@@ -215,6 +234,9 @@ fn namespace_annotations(profile: Profile) -> BoxedStrategy<Option<Vec<(String, 
     let unparsed = (keys, select(vec!["soon", "P7D", "300000000y"]))
         .prop_map(move |(k, v)| (key(k), v.to_owned()));
     let collect = select(vec!["false", "true"]).prop_map(move |v| (key("collect"), v.to_owned()));
+    // Fewer than a graph's cluster keeps (up to 2) is not understood there.
+    let keep_failed = select(vec!["0", "1", " 3 ", "1001", "x"])
+        .prop_map(move |v| (key("keep-failed"), v.to_owned()));
     let not_understood = select(vec![
         (key("collect"), "nope"),
         (key("collect"), "False"),
@@ -227,6 +249,7 @@ fn namespace_annotations(profile: Profile) -> BoxedStrategy<Option<Vec<(String, 
         8 => duration,
         1 => unparsed,
         2 => collect,
+        2 => keep_failed,
         1 => not_understood,
     ];
     prop_oneof![
@@ -735,6 +758,7 @@ pub fn policy_of((ttl, failed, grace, max_age): (&str, &str, &str, &str)) -> Pol
         ttl_after_failed: parse(failed),
         orphan_grace: parse(grace),
         max_age: parse(max_age),
+        keep_failed: 0,
         collection: policy::Collection::On,
     }
 }
@@ -937,6 +961,8 @@ pub struct Seen {
     pub deleted: usize,
     pub must: usize,
     pub may_but_kept: usize,
+    /// Keep verdicts by count-based retention (`newest-failed`).
+    pub kept_by_count: usize,
     /// Keep verdicts whose recheck comes before the claim is due, by reason.
     pub early_recheck: std::collections::BTreeMap<Reason, usize>,
 }
@@ -1008,6 +1034,7 @@ pub fn verdict_problem(
         }
         Verdict::Keep { reason, recheck_at } => {
             seen.may_but_kept += usize::from(judged.may_delete);
+            seen.kept_by_count += usize::from(reason == Reason::NewestFailed);
             if let Some(due) = oracle::due_at(world, claim, policy, now) {
                 match recheck_at {
                     None => return Some("TIMELINESS: no recheck, but the claim becomes due"),

@@ -27,12 +27,18 @@
 //! when any present linked owner finished and failed — a job in phase "Failed", a run whose
 //! `Succeeded` condition is "False" — else its `ttl_after_finished`).
 //!
+//! Keeping by count (`Policy::keep_failed`, N > 0): the owners do not allow it in (c) while
+//! one of its present linked owners that finished and failed either records no completion time
+//! T, or has fewer than N objects of its own kind in its namespace that finished, failed and
+//! record a completion time after T.
+//!
 //! With per-namespace settings on ([`World::namespace_bounds`]), the durations above are the
 //! claim's Namespace's where it sets them: `workspace-gc.mlops.dev/ttl-after-finished`,
 //! `ttl-after-failed`, `orphan-grace` and `max-age`. Nothing may be deleted in a namespace
 //! whose Namespace is not among the objects, whose `collect` annotation is "false", or that has
 //! any `workspace-gc.mlops.dev/*` annotation but these: `collect` exactly "true" or "false",
-//! and the four durations, each parsing (humantime, trimmed, at most 100 years) to at least the
+//! `keep-failed`, a whole number (trimmed) from the cluster's `keep_failed` to 1000, and the
+//! four durations, each parsing (humantime, trimmed, at most 100 years) to at least the
 //! cluster's or, when namespaces may shorten, to at least `min_ttl` and more than zero, with
 //! max-age, the namespace's or the cluster's, at least orphan-grace. With them off, Namespaces
 //! count for nothing.
@@ -103,7 +109,10 @@ pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) 
     };
     let owners = linked(world, claim);
     let ttl = notes.ttl.unwrap_or_else(|| policy_ttl(&owners, policy));
-    let owners_allow = if owners.is_empty() {
+    let counted = newest_failed(world, namespace, &owners, policy.keep_failed);
+    let owners_allow = if counted {
+        false
+    } else if owners.is_empty() {
         passed(created, policy.orphan_grace)
     } else {
         owners.into_iter().all(|owner| match owner {
@@ -166,6 +175,13 @@ fn namespace_policy(world: &World, namespace: &str, cluster: &Policy) -> Option<
             continue;
         };
         let value = value.as_str()?;
+        if setting == "keep-failed" {
+            let keep: u32 = value.trim().parse().ok()?;
+            policy.keep_failed = (cluster.keep_failed..=1000)
+                .contains(&keep)
+                .then_some(keep)?;
+            continue;
+        }
         let (field, theirs) = match setting {
             "collect" if value == "true" => continue,
             "ttl-after-finished" => (&mut policy.ttl_after_finished, cluster.ttl_after_finished),
@@ -181,6 +197,31 @@ fn namespace_policy(world: &World, namespace: &str, cluster: &Policy) -> Option<
         *field = allowed.then_some(d)?;
     }
     (policy.max_age >= policy.orphan_grace).then_some(policy)
+}
+
+/// Whether one of `owners` failed and is among the `keep` newest failed objects of its kind in
+/// `namespace`, or failed without a completion time to rank it by.
+fn newest_failed(
+    world: &World,
+    namespace: &str,
+    owners: &[Option<(Kind, &Value)>],
+    keep: u32,
+) -> bool {
+    if keep == 0 {
+        return false;
+    }
+    let failed_owners = owners.iter().flatten().filter(|(kind, o)| failed(*kind, o));
+    failed_owners.into_iter().any(|(kind, owner)| {
+        let Some(at) = completion(owner) else {
+            return true;
+        };
+        let later = objects(world, *kind).filter(|other| {
+            text(&other["metadata"]["namespace"]) == namespace
+                && failed(*kind, other)
+                && completion(other).is_some_and(|t| t > at)
+        });
+        later.count() < keep as usize
+    })
 }
 
 /// The policy's TTL for these owners: the failed one when any of them finished and failed.
