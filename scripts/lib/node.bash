@@ -118,6 +118,15 @@ node_import() {
     rm -f "$archive"
 }
 
+cmd_load_image() {
+    local file=${1:-}
+    [[ -f "$file" ]] || usage
+    shift
+    parse_dir_arg "$@"
+    [[ -S "$DIR/node/containerd/containerd.sock" ]] || die "no node runs in $DIR (up --node)"
+    node_ctr images import "$file" >&2
+}
+
 node_ctr() { ctr --address "$DIR/node/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
 # --- containerd and the network ------------------------------------------------------------------
@@ -262,18 +271,24 @@ serializeImagePulls: false
 EOF
 }
 
-# Starts containerd, the images, the kubelet and the scheduler. The control plane is up.
-node_up() {
-    local node_bin=$1 api_url=$2 api_port=${2##*:} start=$SECONDS
-    local kubelet_port healthz_port scheduler_port
-    read -r kubelet_port healthz_port scheduler_port <<<"$(free_ports 3)"
-    # One node per host: the first `up --node` owns the lock until its down.
+# One node per host: the first `up --node` owns the lock until its down. Checked before anything
+# starts, and again by node_up.
+node_host_free() {
     if [[ -e "$NODE_LOCK" ]]; then
         local other
         other=$(cat "$NODE_LOCK")
         if [[ -d "$other" ]]; then die "a node already runs for $other; run: $SELF down --dir $other"; fi
     fi
-    [[ ! -e "/sys/class/net/$NODE_BRIDGE" ]] || die "interface $NODE_BRIDGE exists: another node, or a leftover (ip link delete $NODE_BRIDGE)"
+    [[ ! -e "/sys/class/net/$NODE_BRIDGE" ]] ||
+        die "interface $NODE_BRIDGE exists: another node, or a leftover (ip link delete $NODE_BRIDGE)"
+}
+
+# Starts containerd, the images, the kubelet and the scheduler. The control plane is up.
+node_up() {
+    local node_bin=$1 api_url=$2 api_port=${2##*:} start=$SECONDS
+    local kubelet_port healthz_port scheduler_port
+    read -r kubelet_port healthz_port scheduler_port <<<"$(free_ports 3)"
+    node_host_free
     mkdir -p "$DIR/node"
     echo "$DIR" >"$NODE_LOCK"
     echo "$DIR" >"$DIR/node/bridge"

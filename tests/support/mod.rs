@@ -18,6 +18,7 @@ pub mod graph;
 mod http_proxy;
 mod kubelet;
 mod manifests;
+mod node;
 mod objects;
 pub mod oracle;
 mod prometheus;
@@ -55,6 +56,11 @@ pub use kubelet::{PodState, kubelet};
 pub use manifests::{
     ARBITRARY_UID, DeployedDaemon, Key, Launch, Overlay, RESTRICTED_V2_VOLUMES, Rendered, confined,
     key_of, manifests, readable_copy, restricted_v2_violations, sample, strings,
+};
+#[allow(unused_imports)]
+pub use node::{
+    IMAGE_REPOSITORY, IMAGE_TAG, METADATA_AUDIT_POLICY, PodRequest, container_pid, credentials,
+    image_archive, kubectl, load_image, node_lane, pod_requests, root_mount_options,
 };
 #[allow(unused_imports)]
 pub use objects::{
