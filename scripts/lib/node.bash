@@ -127,6 +127,22 @@ cmd_load_image() {
     node_ctr images import "$file" >&2
 }
 
+# Lets the node pull from HOST:PORT over plain HTTP (a local test registry, tests/release.rs):
+# containerd reads the registry's hosts.toml from its config_path at each pull.
+cmd_trust_registry() {
+    local host=${1:-}
+    [[ "$host" =~ ^[A-Za-z0-9.-]+(:[0-9]+)?$ ]] || usage
+    shift
+    parse_dir_arg "$@"
+    [[ -S "$DIR/node/containerd/containerd.sock" ]] || die "no node runs in $DIR (up --node)"
+    mkdir -p "$DIR/node/containerd/certs.d/$host"
+    cat >"$DIR/node/containerd/certs.d/$host/hosts.toml" <<EOF
+server = "http://$host"
+[host."http://$host"]
+  capabilities = ["pull", "resolve"]
+EOF
+}
+
 node_ctr() { ctr --address "$DIR/node/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
 # --- containerd and the network ------------------------------------------------------------------
@@ -149,6 +165,9 @@ state = "$DIR/node/containerd/state"
   # The pods' network namespaces under DIR, so that down finds and removes them.
   netns_mounts_under_state_dir = true
   disable_apparmor = true
+  # One hosts.toml per registry the node may pull from (trust-registry: a plain-HTTP one).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$DIR/node/containerd/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$DIR/node/cni/net.d"

@@ -68,7 +68,7 @@ pub use objects::{
     finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
 };
 #[allow(unused_imports)]
-pub use prometheus::{helm_binary, prometheus_binary};
+pub use prometheus::{helm_binary, prometheus_binary, release_tool};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]
