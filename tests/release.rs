@@ -364,50 +364,32 @@ async fn release_is_signed_verified_and_installed_from_the_registry() {
     );
     let helm_home = dir.join("helm");
     let chart_url = format!("oci://{registry_address}/charts/workspace-gc");
-    let chart = succeeded(
-        "helm show chart",
-        &helm(
-            &[
-                "show",
-                "chart",
-                &chart_url,
-                "--version",
-                VERSION,
-                "--plain-http",
-            ],
-            &helm_home,
-        ),
-    );
-    assert!(
-        chart.contains(&format!("\nversion: {VERSION}\n")),
-        "{chart}"
-    );
-    assert!(
-        chart.contains(&format!("\nappVersion: {VERSION}\n")),
-        "{chart}"
-    );
-    let values = succeeded(
-        "helm show values",
-        &helm(
-            &[
-                "show",
-                "values",
-                &chart_url,
-                "--version",
-                VERSION,
-                "--plain-http",
-            ],
-            &helm_home,
-        ),
-    );
-    assert!(
-        values.contains(&format!("\n  repository: {image}\n")),
-        "{values}"
-    );
-    assert!(
-        values.contains(&format!("\n  digest: \"{digest}\"\n")),
-        "{values}"
-    );
+    // `helm show chart|values` of the pushed chart.
+    let show = |what: &str| {
+        let args = [
+            "show",
+            what,
+            &chart_url,
+            "--version",
+            VERSION,
+            "--plain-http",
+        ];
+        succeeded(&format!("helm show {what}"), &helm(&args, &helm_home))
+    };
+    let chart = show("chart");
+    for field in ["version", "appVersion"] {
+        assert!(
+            chart.contains(&format!("\n{field}: {VERSION}\n")),
+            "{chart}"
+        );
+    }
+    let values = show("values");
+    for pin in [
+        format!("repository: {image}"),
+        format!("digest: \"{digest}\""),
+    ] {
+        assert!(values.contains(&format!("\n  {pin}\n")), "{values}");
+    }
 
     // --- a tampered tag: another image under the release's tag, signed with another key ---
     let tampered = succeeded(
