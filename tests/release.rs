@@ -300,6 +300,18 @@ async fn release_is_signed_verified_and_installed_from_the_registry() {
     for platform in platforms {
         assert_eq!(platform["platform"]["os"], "linux", "{index}");
     }
+    // This host's platform, as OCI names it, is one of them (the only one built here).
+    let host = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    assert!(
+        platforms
+            .iter()
+            .any(|p| p["platform"]["architecture"] == host),
+        "{index}"
+    );
 
     // --- verification: the image by digest and by its tag, each platform's image ---
     let tag = format!("{image}:{VERSION}");
