@@ -195,15 +195,38 @@ fn listed(sbom: &Value, purl_type: &str) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-/// The SPDX statement cosign verified, from `verify-attestation`'s output (one DSSE envelope
-/// per line, its payload the in-toto statement).
-fn attested_statement(output: &str) -> Value {
+/// The in-toto statement of `reference`'s attestation of `predicate_type`, once
+/// `cosign verify-attestation` has verified it with `public_key` (its output: one DSSE envelope
+/// per line, the payload the statement).
+fn attested(public_key: &str, reference: &str, predicate_type: &str) -> Value {
+    let output = succeeded(
+        &format!("cosign verify-attestation --type {predicate_type}"),
+        &cosign(&[
+            "verify-attestation",
+            "--key",
+            public_key,
+            "--insecure-ignore-tlog=true",
+            "--type",
+            predicate_type,
+            reference,
+        ]),
+    );
     let envelope: Value = serde_json::from_str(output.lines().next().expect("an attestation"))
         .expect("a DSSE envelope");
     let payload = base64::engine::general_purpose::STANDARD
         .decode(envelope["payload"].as_str().expect("a payload"))
         .expect("base64");
     serde_json::from_slice(&payload).expect("an in-toto statement")
+}
+
+/// The output of `program args` run in the repository.
+fn in_repository(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(ROOT)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    succeeded(program, &output).trim().to_owned()
 }
 
 fn helm(args: &[&str], home: &Path) -> Output {
@@ -331,19 +354,7 @@ async fn release_is_signed_verified_and_installed_from_the_registry() {
     }
 
     // --- the SBOM: attested and signed, naming this image, listing every crate and package ---
-    let attested = succeeded(
-        "cosign verify-attestation",
-        &cosign(&[
-            "verify-attestation",
-            "--key",
-            &public_key,
-            "--insecure-ignore-tlog=true",
-            "--type",
-            "spdxjson",
-            &image_ref,
-        ]),
-    );
-    let statement = attested_statement(&attested);
+    let statement = attested(&public_key, &image_ref, "spdxjson");
     assert_eq!(statement["predicateType"], "https://spdx.dev/Document");
     assert_eq!(
         statement["subject"][0]["digest"]["sha256"],
@@ -368,6 +379,30 @@ async fn release_is_signed_verified_and_installed_from_the_registry() {
         serde_json::from_str(&std::fs::read_to_string(out.join("sbom.spdx.json")).unwrap())
             .unwrap();
     assert_eq!(&written, sbom, "the attested SBOM is the one written");
+
+    // --- the provenance: attested and signed, naming this commit and Cargo.lock ---
+    let statement = attested(&public_key, &image_ref, "slsaprovenance1");
+    assert_eq!(statement["predicateType"], "https://slsa.dev/provenance/v1");
+    assert_eq!(
+        statement["subject"][0]["digest"]["sha256"],
+        digest.trim_start_matches("sha256:")
+    );
+    let dependencies = &statement["predicate"]["buildDefinition"]["resolvedDependencies"];
+    assert_eq!(
+        dependencies[0]["digest"]["gitCommit"],
+        in_repository("git", &["rev-parse", "HEAD"]),
+        "{statement}"
+    );
+    let lock = in_repository("sha256sum", &["Cargo.lock"]);
+    assert_eq!(
+        Some(
+            dependencies[1]["digest"]["sha256"]
+                .as_str()
+                .unwrap_or_default()
+        ),
+        lock.split_whitespace().next(),
+        "{statement}"
+    );
 
     // --- the chart: signed, its version Cargo.toml's, the image pinned by digest ---
     succeeded(
