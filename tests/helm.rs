@@ -435,6 +435,30 @@ fn values_reach_the_deployment_and_every_object() {
     }
 }
 
+/// `image.digest`, as scripts/release pins it, names the image by digest whatever the tag; the
+/// schema takes only a sha256 digest.
+#[test]
+fn a_digest_pins_the_image() {
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let rendered = template(&[
+        "--set",
+        &format!(
+            "image.repository=registry.example/workspace-gc,image.tag=1.2.3,image.digest={digest}"
+        ),
+    ]);
+    assert_eq!(
+        rendered.container()["image"],
+        format!("registry.example/workspace-gc@{digest}")
+    );
+    for bad in ["latest", "sha256:0123", "sha512:0123456789abcdef"] {
+        let error = helm_fails(&["--set", &format!("image.digest={bad}")]);
+        assert!(
+            error.contains("values don't meet the specifications of the schema"),
+            "{bad}: {error}"
+        );
+    }
+}
+
 /// The mounted file's text.
 fn config_text(rendered: &Rendered) -> String {
     let config_map = rendered.mounted_config_map();

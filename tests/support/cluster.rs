@@ -134,6 +134,21 @@ impl ControlPlane {
         )
     }
 
+    /// A dedicated control plane with a node (`up --node`): containerd, a kubelet and
+    /// kube-scheduler, so pods really run; `apiserver_args` go to kube-apiserver (an audit log).
+    /// Stopped on drop, which also removes the node's mounts, network and processes.
+    pub fn start_with_node(apiserver_args: &[String]) -> ControlPlane {
+        ensure_binaries("build-node");
+        Self::launch_with(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                apiserver_args: apiserver_args.to_vec(),
+            },
+            false,
+            &["--node"],
+        )
+    }
+
     fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {
         Self::launch_with(options, tekton, &[])
     }

@@ -18,6 +18,7 @@ pub mod graph;
 mod http_proxy;
 mod kubelet;
 mod manifests;
+mod node;
 mod objects;
 pub mod oracle;
 mod prometheus;
@@ -57,12 +58,17 @@ pub use manifests::{
     key_of, manifests, readable_copy, restricted_v2_violations, sample, strings,
 };
 #[allow(unused_imports)]
+pub use node::{
+    IMAGE_REPOSITORY, IMAGE_TAG, METADATA_AUDIT_POLICY, PodRequest, container_pid, credentials,
+    image_archive, kubectl, load_image, node_lane, pod_requests, root_mount_options,
+};
+#[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
     finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
 };
 #[allow(unused_imports)]
-pub use prometheus::{helm_binary, prometheus_binary};
+pub use prometheus::{helm_binary, prometheus_binary, release_tool};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]

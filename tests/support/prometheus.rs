@@ -1,6 +1,7 @@
 //! Tools built from a wrapper module under hack/ on first use and cached like the control plane:
 //! promtool and the Prometheus server (hack/promtool, `scripts/control-plane build-prometheus`)
-//! and helm (hack/helm, `scripts/control-plane build-helm`).
+//! helm (hack/helm, `scripts/control-plane build-helm`), and cosign and crane (hack/release,
+//! `scripts/control-plane build-release-tools`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -32,4 +33,9 @@ pub fn prometheus_binary(name: &str) -> PathBuf {
 /// The path of `helm`, built if missing.
 pub fn helm_binary() -> PathBuf {
     built("build-helm").join("helm")
+}
+
+/// The path of `cosign` or `crane`, built if missing.
+pub fn release_tool(name: &str) -> PathBuf {
+    built("build-release-tools").join(name)
 }
