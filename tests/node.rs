@@ -652,3 +652,184 @@ async fn probe(address: &str, path: &str) -> u16 {
         .flatten()
         .unwrap_or(0)
 }
+
+/// The Dockerfile's runtime stage, its instructions with continuation lines joined: (keyword,
+/// arguments).
+fn runtime_stage() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).unwrap();
+    let stage = text
+        .split_once("FROM scratch AS runtime\n")
+        .expect("the Dockerfile has a runtime stage")
+        .1;
+    let joined = stage.replace("\\\n", " ");
+    joined
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (keyword, args) = line.split_once(' ').unwrap_or((line, ""));
+            (keyword.to_owned(), args.trim().to_owned())
+        })
+        .collect()
+}
+
+/// `KEY="VALUE" KEY2="VALUE 2"` as a LABEL instruction writes them.
+fn labels(args: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut rest = args.trim();
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let (value, tail) = after.split_once('"').expect("a closing quote");
+        labels.push((key.trim().to_owned(), value.to_owned()));
+        rest = tail.trim();
+    }
+    labels
+}
+
+/// `tar -xOf ARCHIVE MEMBER`: one file of the image archive.
+fn archive_member(archive: &Path, member: &str) -> Vec<u8> {
+    let output = std::process::Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg(member)
+        .output()
+        .expect("run tar");
+    assert!(
+        output.status.success(),
+        "no {member} in {}",
+        archive.display()
+    );
+    output.stdout
+}
+
+/// The image the node tests run is the Dockerfile's runtime stage: the same user, entrypoint,
+/// command, port and labels, the CA bundle and the binary where the stage puts them, the
+/// base's `nonroot` user; and the Deployment runs it as the stage means (its port, its command).
+#[test]
+fn the_image_tested_is_the_dockerfiles_runtime_stage() {
+    if !node_lane("the_image_tested_is_the_dockerfiles_runtime_stage") {
+        return;
+    }
+    let archive = image_archive(BINARY);
+    let manifest: Value =
+        serde_json::from_slice(&archive_member(archive, "manifest.json")).unwrap();
+    let config: Value = serde_json::from_slice(&archive_member(
+        archive,
+        manifest[0]["Config"].as_str().unwrap(),
+    ))
+    .unwrap();
+    let config = &config["config"];
+    let stage = runtime_stage();
+    let one = |keyword: &str| -> String {
+        let found: Vec<&String> = (stage.iter())
+            .filter(|(k, _)| k == keyword)
+            .map(|(_, args)| args)
+            .collect();
+        assert_eq!(found.len(), 1, "one {keyword} in the runtime stage");
+        found[0].clone()
+    };
+    assert_eq!(config["User"].as_str(), Some(one("USER").as_str()));
+    let json = |args: String| serde_json::from_str::<Value>(&args).unwrap();
+    assert_eq!(config["Entrypoint"], json(one("ENTRYPOINT")));
+    assert_eq!(config["Cmd"], json(one("CMD")));
+    let port = one("EXPOSE");
+    let ports: Vec<&String> = config["ExposedPorts"].as_object().unwrap().keys().collect();
+    assert_eq!(ports, vec![&format!("{port}/tcp")]);
+    let expected = labels(&one("LABEL"));
+    assert_eq!(expected.len(), 3, "{expected:?}");
+    for (key, value) in &expected {
+        assert_eq!(
+            config["Labels"][key].as_str(),
+            Some(value.as_str()),
+            "label {key}"
+        );
+    }
+
+    // Where the stage's COPYs put the CA bundle and the binary.
+    let mut files = Vec::new();
+    for layer in manifest[0]["Layers"].as_array().unwrap() {
+        let layer = archive_member(archive, layer.as_str().unwrap());
+        let mut list = std::process::Command::new("tar")
+            .arg("-t")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        list.stdin.take().unwrap().write_all(&layer).unwrap();
+        let listed = list.wait_with_output().unwrap();
+        files.extend(
+            String::from_utf8_lossy(&listed.stdout)
+                .lines()
+                .map(|l| l.trim_start_matches("./").to_owned()),
+        );
+    }
+    let entrypoint = json(one("ENTRYPOINT"))[0].as_str().unwrap().to_owned();
+    for file in [
+        "etc/ssl/certs/ca-certificates.crt",
+        "etc/passwd",
+        &entrypoint[1..],
+    ] {
+        assert!(files.iter().any(|f| f == file), "no {file} in the image");
+    }
+    let rootfs = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(Path::new(ROOT).join("hack/image/rootfs"))
+        .arg(rootfs.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let passwd = std::fs::read_to_string(rootfs.path().join("etc/passwd")).unwrap();
+    let user = one("USER");
+    let uid = user.split(':').next().unwrap();
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with(&format!("nonroot:x:{uid}:"))),
+        "{passwd}"
+    );
+
+    // The Deployment's port and command are the image's.
+    let rendered = support::Rendered::of(&support::manifests("base"));
+    let container = rendered.container();
+    assert_eq!(
+        container["ports"][0]["containerPort"]
+            .as_u64()
+            .map(|p| p.to_string()),
+        Some(port)
+    );
+    assert_eq!(container["args"][0], config["Cmd"][0]);
+}
+
+/// The kubelet and kube-scheduler (hack/kubelet) are the release the plane runs (the newest in
+/// hack/k8s), so the node's version skew is none.
+#[test]
+fn the_node_runs_the_planes_release() {
+    let version = |go_mod: &str| {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(go_mod)).unwrap();
+        text.lines()
+            .map(str::split_whitespace)
+            .find_map(|mut fields| {
+                let first = fields.next()?;
+                let module = if first == "require" {
+                    fields.next()?
+                } else {
+                    first
+                };
+                (module == "k8s.io/kubernetes").then(|| fields.next().map(str::to_owned))?
+            })
+            .unwrap_or_else(|| panic!("no k8s.io/kubernetes in {go_mod}"))
+    };
+    let newest = std::fs::read_dir(Path::new(ROOT).join("hack/k8s"))
+        .unwrap()
+        .flatten()
+        .filter(|d| d.path().join("go.mod").exists())
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .max_by_key(|minor| {
+            let (major, minor) = minor.split_once('.').unwrap();
+            (major.parse::<u32>().unwrap(), minor.parse::<u32>().unwrap())
+        })
+        .unwrap();
+    assert_eq!(
+        version("hack/kubelet/go.mod"),
+        version(&format!("hack/k8s/{newest}/go.mod"))
+    );
+}

@@ -75,9 +75,10 @@ go_build_node() {
 
 cmd_build_node() {
     [[ $# -eq 0 ]] || usage
-    [[ "$(node_k8s_version)" == "$(CONTROL_PLANE_K8S='' k8s_version_of_newest)" ]] ||
+    [[ "$(node_k8s_version)" == "$(k8s_version_of_newest)" ]] ||
         die "hack/kubelet pins $(node_k8s_version), the newest plane is $(k8s_version_of_newest); regenerate hack/kubelet"
     command -v gcc >/dev/null || die "gcc is needed to build the pause image"
+    node_packages
     cached_build "$(node_bin_dir)" "$NODE_MODULE_DIR" "${NODE_BINARIES[*]}" go_build_node
 }
 

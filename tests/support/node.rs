@@ -128,7 +128,7 @@ pub fn root_mount_options(pid: u32) -> String {
             let fields: Vec<&str> = line.split_whitespace().collect();
             (fields.get(4) == Some(&"/")).then(|| fields.get(5).map(|o| (*o).to_owned()))?
         })
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("no root mount for pid {pid}:\n{mounts}"))
 }
 
