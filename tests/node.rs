@@ -43,6 +43,13 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// The manifests with the test's image.
+const IMAGE_OVERLAY: &str = "images:
+  - name: workspace-gc
+    newName: localhost/workspace-gc
+    newTag: node-test
+";
+
 /// The manifests with the test's image and a one-second orphan grace (10 minutes as shipped),
 /// and nothing else changed.
 const BASE_OVERLAY: &str = "images:
@@ -527,6 +534,56 @@ async fn helm_default_install_runs_as_real_pods() {
     assert_enforced(&installed.control_plane, &pods);
     assert_orphan_deleted_and_mounted_kept(&installed).await;
     assert_hand_over(&installed).await;
+}
+
+/// The audit overlay as installed: the daemon's pods decide, record WouldDelete, and send each
+/// delete with `dryRun: [All]`, which the API server answers through its admission (the guard
+/// included) while the claim stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_overlay_dry_runs_from_its_pods() {
+    if !node_lane("audit_overlay_dry_runs_from_its_pods") {
+        return;
+    }
+    let _turn = NODE.lock().await;
+    let installed = Installed::node();
+    let overlay = Overlay::new(&["overlays/audit"], &[], IMAGE_OVERLAY);
+    kubectl(
+        &installed.control_plane,
+        &[
+            "apply",
+            "--server-side",
+            "-k",
+            overlay.path().to_str().unwrap(),
+        ],
+    );
+    installed.ready_pods(2, secs(90)).await;
+    let ns = TestNamespace::new(&installed.control_plane, "audit").await;
+    let claim = "due-build-workspace";
+    support::expiring(claim, support::in_secs(-60))
+        .storage_class("local")
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(60), || async {
+            !support::events(&ns, claim, "WouldDelete").await.is_empty()
+        })
+        .await,
+        "no WouldDelete event:\n{}",
+        installed.describe()
+    );
+    let leader = installed.lease_holder().await.expect("a leader");
+    let event = support::events(&ns, claim, "WouldDelete").await.remove(0);
+    assert_eq!(event.reporting_instance.as_deref(), Some(leader.as_str()));
+    let deletes: Vec<_> = (pod_requests(&installed.audit_log).into_iter())
+        .filter(|r| r.verb == "delete" && r.resource == "persistentvolumeclaims" && r.name == claim)
+        .collect();
+    assert!(!deletes.is_empty(), "no DELETE of {claim} from a pod");
+    for delete in &deletes {
+        assert!(delete.dry_run, "a DELETE without dryRun: {delete:?}");
+        assert_eq!(delete.code, 200, "{delete:?}");
+        assert_eq!(delete.pod, leader);
+    }
+    assert!(claim_exists(&ns, claim).await);
 }
 
 /// An API-server outage longer than both probes' failure thresholds (readiness 3 × 5 s,

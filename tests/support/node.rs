@@ -139,7 +139,10 @@ pub struct PodRequest {
     pub verb: String,
     pub resource: String,
     pub name: String,
+    /// Sent with `dryRun: [All]` (kube sends it in the DeleteOptions body, which the audit
+    /// policy logs for claim deletes).
     pub dry_run: bool,
+    pub code: i64,
     pub at: DateTime<Utc>,
 }
 
@@ -164,15 +167,27 @@ pub fn pod_requests(audit_log: &Path) -> Vec<PodRequest> {
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
-                dry_run: e["requestURI"]
-                    .as_str()
-                    .is_some_and(|uri| uri.contains("dryRun=All")),
+                dry_run: e["requestObject"]["dryRun"]
+                    .as_array()
+                    .is_some_and(|modes| modes.iter().any(|m| m == "All"))
+                    || e["requestURI"]
+                        .as_str()
+                        .is_some_and(|uri| uri.contains("dryRun=All")),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
                 at: at.with_timezone(&Utc),
             })
         })
         .collect()
 }
 
-/// An audit policy that logs every request's metadata (who, what, when), for
-/// `--audit-policy-file`.
-pub const METADATA_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n";
+/// An audit policy that logs every request's metadata (who, what, when), and a claim delete's
+/// body too (its dry-run), for `--audit-policy-file`.
+pub const METADATA_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    verbs: [delete]
+    resources: [{group: \"\", resources: [persistentvolumeclaims]}]
+  - level: Metadata
+";
