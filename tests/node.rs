@@ -64,6 +64,16 @@ patches:
         value: {name: WORKSPACE_GC_POLICY_ORPHAN_GRACE, value: 1s}
 ";
 
+/// When the lane runs, the test's turn on the host and a node of its own; the node goes first
+/// when both are dropped.
+async fn node_for(test: &str) -> Option<(tokio::sync::MutexGuard<'static, ()>, Installed)> {
+    if !node_lane(test) {
+        return None;
+    }
+    let turn = NODE.lock().await;
+    Some((turn, Installed::node()))
+}
+
 /// A control plane with a node, an audit log of every request's metadata, and the image loaded.
 struct Installed {
     control_plane: ControlPlane,
@@ -265,7 +275,7 @@ fn pod_log(dir: &Path, pod: &str) -> String {
 fn assert_enforced(control_plane: &ControlPlane, pods: &[Pod]) {
     for pod in pods {
         let pid = container_pid(control_plane, &container_id(pod));
-        let (uid, gid) = credentials(pid);
+        let (uid, gid, _) = credentials(pid);
         assert_eq!(
             (uid.as_str(), gid.as_str()),
             (NONROOT, NONROOT),
@@ -504,11 +514,9 @@ fn assert_nothing_left(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn base_install_runs_as_real_pods() {
-    if !node_lane("base_install_runs_as_real_pods") {
+    let Some((_turn, installed)) = node_for("base_install_runs_as_real_pods").await else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     let start = Instant::now();
     installed.install_base();
     let pods = installed.ready_pods(2, secs(90)).await;
@@ -524,11 +532,9 @@ async fn base_install_runs_as_real_pods() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_default_install_runs_as_real_pods() {
-    if !node_lane("helm_default_install_runs_as_real_pods") {
+    let Some((_turn, installed)) = node_for("helm_default_install_runs_as_real_pods").await else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     installed.install_chart();
     let pods = installed.ready_pods(2, secs(90)).await;
     assert_enforced(&installed.control_plane, &pods);
@@ -541,11 +547,9 @@ async fn helm_default_install_runs_as_real_pods() {
 /// included) while the claim stays.
 #[tokio::test(flavor = "multi_thread")]
 async fn audit_overlay_dry_runs_from_its_pods() {
-    if !node_lane("audit_overlay_dry_runs_from_its_pods") {
+    let Some((_turn, installed)) = node_for("audit_overlay_dry_runs_from_its_pods").await else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     let overlay = Overlay::new(&["overlays/audit"], &[], IMAGE_OVERLAY);
     kubectl(
         &installed.control_plane,
@@ -591,11 +595,11 @@ async fn audit_overlay_dry_runs_from_its_pods() {
 /// are not restarted (liveness is about the daemon, not its API server).
 #[tokio::test(flavor = "multi_thread")]
 async fn pods_stay_ready_and_running_through_an_api_server_outage() {
-    if !node_lane("pods_stay_ready_and_running_through_an_api_server_outage") {
+    let Some((_turn, installed)) =
+        node_for("pods_stay_ready_and_running_through_an_api_server_outage").await
+    else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     installed.install_base();
     let before = installed.ready_pods(2, secs(90)).await;
     let addresses: Vec<String> = (before.iter())

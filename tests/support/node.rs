@@ -105,8 +105,9 @@ pub fn container_pid(control_plane: &ControlPlane, container_id: &str) -> u32 {
         .unwrap_or_else(|| panic!("no task {id} in containerd:\n{tasks}"))
 }
 
-/// The `Uid:` and `Gid:` lines of /proc/PID/status (real, effective, saved, filesystem IDs).
-pub fn credentials(pid: u32) -> (String, String) {
+/// The `Uid:`, `Gid:` and `Groups:` lines of /proc/PID/status: the real, effective, saved and
+/// filesystem IDs, and the supplementary groups.
+pub fn credentials(pid: u32) -> (String, String, String) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
     let field = |name: &str| {
         status
@@ -115,7 +116,7 @@ pub fn credentials(pid: u32) -> (String, String) {
             .map(|ids| ids.split_whitespace().collect::<Vec<_>>().join(" "))
             .unwrap_or_default()
     };
-    (field("Uid:"), field("Gid:"))
+    (field("Uid:"), field("Gid:"), field("Groups:"))
 }
 
 /// The mount options of the process's root, as its own mount namespace has it.
