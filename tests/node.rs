@@ -10,6 +10,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -612,6 +613,7 @@ async fn pods_stay_ready_and_running_through_an_api_server_outage() {
         .collect();
     let client = installed.client();
 
+    let counts_before = probe_counts(&installed.control_plane);
     installed
         .control_plane
         .stop_component("kube-apiserver", false)
@@ -680,6 +682,27 @@ async fn pods_stay_ready_and_running_through_an_api_server_outage() {
             name(pod)
         );
     }
+    // The kubelet's own count of its probes' results over the outage: none failed, and it did
+    // probe (each pod's first readiness probe, before its watches synced, failed before it).
+    let after = probe_counts(&installed.control_plane);
+    for probe in ["Readiness", "Liveness"] {
+        let delta = |result: &str| {
+            after.get(&(probe, result)).copied().unwrap_or_default()
+                - counts_before
+                    .get(&(probe, result))
+                    .copied()
+                    .unwrap_or_default()
+        };
+        assert!(
+            delta("successful") > 0.0,
+            "no {probe} probe counted: {after:?}"
+        );
+        assert_eq!(
+            delta("failed") + delta("unknown"),
+            0.0,
+            "{probe} probes failed, as the kubelet counts them: {counts_before:?} then {after:?}"
+        );
+    }
     let failed: Vec<_> = answers
         .iter()
         .filter(|(_, r, h)| *r != 200 || *h != 200)
@@ -690,6 +713,42 @@ async fn pods_stay_ready_and_running_through_an_api_server_outage() {
         failed.len(),
         answers.len()
     );
+}
+
+/// The kubelet's count of the daemon's pods' probes (`prober_probe_total`, through the API
+/// server's node proxy), by probe type and result, summed over the pods.
+fn probe_counts(control_plane: &ControlPlane) -> BTreeMap<(&'static str, &'static str), f64> {
+    let text = kubectl(
+        control_plane,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/workspace-gc-node/proxy/metrics/probes",
+        ],
+    );
+    let mut counts = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|line| line.starts_with("prober_probe_total{"))
+    {
+        if !line.contains(&format!("namespace=\"{NAMESPACE}\"")) {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or_default();
+        for probe in ["Readiness", "Liveness"] {
+            for result in ["successful", "failed", "unknown"] {
+                if series.contains(&format!("probe_type=\"{probe}\""))
+                    && series.contains(&format!("result=\"{result}\""))
+                {
+                    *counts.entry((probe, result)).or_default() += value;
+                }
+            }
+        }
+    }
+    counts
 }
 
 /// GET http://ADDRESS:8080PATH from the host, as the kubelet probes: the status, or 0 without
