@@ -10,6 +10,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,13 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// The manifests with the test's image.
+const IMAGE_OVERLAY: &str = "images:
+  - name: workspace-gc
+    newName: localhost/workspace-gc
+    newTag: node-test
+";
+
 /// The manifests with the test's image and a one-second orphan grace (10 minutes as shipped),
 /// and nothing else changed.
 const BASE_OVERLAY: &str = "images:
@@ -56,6 +64,16 @@ patches:
         path: /spec/template/spec/containers/0/env/-
         value: {name: WORKSPACE_GC_POLICY_ORPHAN_GRACE, value: 1s}
 ";
+
+/// When the lane runs, the test's turn on the host and a node of its own; the node goes first
+/// when both are dropped.
+async fn node_for(test: &str) -> Option<(tokio::sync::MutexGuard<'static, ()>, Installed)> {
+    if !node_lane(test) {
+        return None;
+    }
+    let turn = NODE.lock().await;
+    Some((turn, Installed::node()))
+}
 
 /// A control plane with a node, an audit log of every request's metadata, and the image loaded.
 struct Installed {
@@ -258,7 +276,7 @@ fn pod_log(dir: &Path, pod: &str) -> String {
 fn assert_enforced(control_plane: &ControlPlane, pods: &[Pod]) {
     for pod in pods {
         let pid = container_pid(control_plane, &container_id(pod));
-        let (uid, gid) = credentials(pid);
+        let (uid, gid, _) = credentials(pid);
         assert_eq!(
             (uid.as_str(), gid.as_str()),
             (NONROOT, NONROOT),
@@ -497,11 +515,9 @@ fn assert_nothing_left(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn base_install_runs_as_real_pods() {
-    if !node_lane("base_install_runs_as_real_pods") {
+    let Some((_turn, installed)) = node_for("base_install_runs_as_real_pods").await else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     let start = Instant::now();
     installed.install_base();
     let pods = installed.ready_pods(2, secs(90)).await;
@@ -517,11 +533,9 @@ async fn base_install_runs_as_real_pods() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_default_install_runs_as_real_pods() {
-    if !node_lane("helm_default_install_runs_as_real_pods") {
+    let Some((_turn, installed)) = node_for("helm_default_install_runs_as_real_pods").await else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     installed.install_chart();
     let pods = installed.ready_pods(2, secs(90)).await;
     assert_enforced(&installed.control_plane, &pods);
@@ -529,16 +543,64 @@ async fn helm_default_install_runs_as_real_pods() {
     assert_hand_over(&installed).await;
 }
 
+/// The audit overlay as installed: the daemon's pods decide, record WouldDelete, and send each
+/// delete with `dryRun: [All]`, which the API server answers through its admission (the guard
+/// included) while the claim stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_overlay_dry_runs_from_its_pods() {
+    let Some((_turn, installed)) = node_for("audit_overlay_dry_runs_from_its_pods").await else {
+        return;
+    };
+    let overlay = Overlay::new(&["overlays/audit"], &[], IMAGE_OVERLAY);
+    kubectl(
+        &installed.control_plane,
+        &[
+            "apply",
+            "--server-side",
+            "-k",
+            overlay.path().to_str().unwrap(),
+        ],
+    );
+    installed.ready_pods(2, secs(90)).await;
+    let ns = TestNamespace::new(&installed.control_plane, "audit").await;
+    let claim = "due-build-workspace";
+    support::expiring(claim, support::in_secs(-60))
+        .storage_class("local")
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(60), || async {
+            !support::events(&ns, claim, "WouldDelete").await.is_empty()
+        })
+        .await,
+        "no WouldDelete event:\n{}",
+        installed.describe()
+    );
+    let leader = installed.lease_holder().await.expect("a leader");
+    let event = support::events(&ns, claim, "WouldDelete").await.remove(0);
+    assert_eq!(event.reporting_instance.as_deref(), Some(leader.as_str()));
+    let deletes: Vec<_> = (pod_requests(&installed.audit_log).into_iter())
+        .filter(|r| r.verb == "delete" && r.resource == "persistentvolumeclaims" && r.name == claim)
+        .collect();
+    assert!(!deletes.is_empty(), "no DELETE of {claim} from a pod");
+    for delete in &deletes {
+        assert!(delete.dry_run, "a DELETE without dryRun: {delete:?}");
+        assert_eq!(delete.code, 200, "{delete:?}");
+        assert_eq!(delete.pod, leader);
+    }
+    assert!(claim_exists(&ns, claim).await);
+}
+
 /// An API-server outage longer than both probes' failure thresholds (readiness 3 × 5 s,
 /// liveness 3 × 10 s): the pods stay ready (kubert's rule: ready once started and synced) and
 /// are not restarted (liveness is about the daemon, not its API server).
 #[tokio::test(flavor = "multi_thread")]
 async fn pods_stay_ready_and_running_through_an_api_server_outage() {
-    if !node_lane("pods_stay_ready_and_running_through_an_api_server_outage") {
+    let Some((_turn, installed)) =
+        node_for("pods_stay_ready_and_running_through_an_api_server_outage").await
+    else {
         return;
-    }
-    let _turn = NODE.lock().await;
-    let installed = Installed::node();
+    };
     installed.install_base();
     let before = installed.ready_pods(2, secs(90)).await;
     let addresses: Vec<String> = (before.iter())
@@ -551,6 +613,7 @@ async fn pods_stay_ready_and_running_through_an_api_server_outage() {
         .collect();
     let client = installed.client();
 
+    let counts_before = probe_counts(&installed.control_plane);
     installed
         .control_plane
         .stop_component("kube-apiserver", false)
@@ -619,6 +682,27 @@ async fn pods_stay_ready_and_running_through_an_api_server_outage() {
             name(pod)
         );
     }
+    // The kubelet's own count of its probes' results over the outage: none failed, and it did
+    // probe (each pod's first readiness probe, before its watches synced, failed before it).
+    let after = probe_counts(&installed.control_plane);
+    for probe in ["Readiness", "Liveness"] {
+        let delta = |result: &str| {
+            after.get(&(probe, result)).copied().unwrap_or_default()
+                - counts_before
+                    .get(&(probe, result))
+                    .copied()
+                    .unwrap_or_default()
+        };
+        assert!(
+            delta("successful") > 0.0,
+            "no {probe} probe counted: {after:?}"
+        );
+        assert_eq!(
+            delta("failed") + delta("unknown"),
+            0.0,
+            "{probe} probes failed, as the kubelet counts them: {counts_before:?} then {after:?}"
+        );
+    }
     let failed: Vec<_> = answers
         .iter()
         .filter(|(_, r, h)| *r != 200 || *h != 200)
@@ -629,6 +713,42 @@ async fn pods_stay_ready_and_running_through_an_api_server_outage() {
         failed.len(),
         answers.len()
     );
+}
+
+/// The kubelet's count of the daemon's pods' probes (`prober_probe_total`, through the API
+/// server's node proxy), by probe type and result, summed over the pods.
+fn probe_counts(control_plane: &ControlPlane) -> BTreeMap<(&'static str, &'static str), f64> {
+    let text = kubectl(
+        control_plane,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/workspace-gc-node/proxy/metrics/probes",
+        ],
+    );
+    let mut counts = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|line| line.starts_with("prober_probe_total{"))
+    {
+        if !line.contains(&format!("namespace=\"{NAMESPACE}\"")) {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or_default();
+        for probe in ["Readiness", "Liveness"] {
+            for result in ["successful", "failed", "unknown"] {
+                if series.contains(&format!("probe_type=\"{probe}\""))
+                    && series.contains(&format!("result=\"{result}\""))
+                {
+                    *counts.entry((probe, result)).or_default() += value;
+                }
+            }
+        }
+    }
+    counts
 }
 
 /// GET http://ADDRESS:8080PATH from the host, as the kubelet probes: the status, or 0 without
@@ -651,4 +771,185 @@ async fn probe(address: &str, path: &str) -> u16 {
         .ok()
         .flatten()
         .unwrap_or(0)
+}
+
+/// The Dockerfile's runtime stage, its instructions with continuation lines joined: (keyword,
+/// arguments).
+fn runtime_stage() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).unwrap();
+    let stage = text
+        .split_once("FROM scratch AS runtime\n")
+        .expect("the Dockerfile has a runtime stage")
+        .1;
+    let joined = stage.replace("\\\n", " ");
+    joined
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (keyword, args) = line.split_once(' ').unwrap_or((line, ""));
+            (keyword.to_owned(), args.trim().to_owned())
+        })
+        .collect()
+}
+
+/// `KEY="VALUE" KEY2="VALUE 2"` as a LABEL instruction writes them.
+fn labels(args: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut rest = args.trim();
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let (value, tail) = after.split_once('"').expect("a closing quote");
+        labels.push((key.trim().to_owned(), value.to_owned()));
+        rest = tail.trim();
+    }
+    labels
+}
+
+/// `tar -xOf ARCHIVE MEMBER`: one file of the image archive.
+fn archive_member(archive: &Path, member: &str) -> Vec<u8> {
+    let output = std::process::Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg(member)
+        .output()
+        .expect("run tar");
+    assert!(
+        output.status.success(),
+        "no {member} in {}",
+        archive.display()
+    );
+    output.stdout
+}
+
+/// The image the node tests run is the Dockerfile's runtime stage: the same user, entrypoint,
+/// command, port and labels, the CA bundle and the binary where the stage puts them, the
+/// base's `nonroot` user; and the Deployment runs it as the stage means (its port, its command).
+#[test]
+fn the_image_tested_is_the_dockerfiles_runtime_stage() {
+    if !node_lane("the_image_tested_is_the_dockerfiles_runtime_stage") {
+        return;
+    }
+    let archive = image_archive(BINARY);
+    let manifest: Value =
+        serde_json::from_slice(&archive_member(archive, "manifest.json")).unwrap();
+    let config: Value = serde_json::from_slice(&archive_member(
+        archive,
+        manifest[0]["Config"].as_str().unwrap(),
+    ))
+    .unwrap();
+    let config = &config["config"];
+    let stage = runtime_stage();
+    let one = |keyword: &str| -> String {
+        let found: Vec<&String> = (stage.iter())
+            .filter(|(k, _)| k == keyword)
+            .map(|(_, args)| args)
+            .collect();
+        assert_eq!(found.len(), 1, "one {keyword} in the runtime stage");
+        found[0].clone()
+    };
+    assert_eq!(config["User"].as_str(), Some(one("USER").as_str()));
+    let json = |args: String| serde_json::from_str::<Value>(&args).unwrap();
+    assert_eq!(config["Entrypoint"], json(one("ENTRYPOINT")));
+    assert_eq!(config["Cmd"], json(one("CMD")));
+    let port = one("EXPOSE");
+    let ports: Vec<&String> = config["ExposedPorts"].as_object().unwrap().keys().collect();
+    assert_eq!(ports, vec![&format!("{port}/tcp")]);
+    let expected = labels(&one("LABEL"));
+    assert_eq!(expected.len(), 3, "{expected:?}");
+    for (key, value) in &expected {
+        assert_eq!(
+            config["Labels"][key].as_str(),
+            Some(value.as_str()),
+            "label {key}"
+        );
+    }
+
+    // Where the stage's COPYs put the CA bundle and the binary.
+    let mut files = Vec::new();
+    for layer in manifest[0]["Layers"].as_array().unwrap() {
+        let layer = archive_member(archive, layer.as_str().unwrap());
+        let mut list = std::process::Command::new("tar")
+            .arg("-t")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        list.stdin.take().unwrap().write_all(&layer).unwrap();
+        let listed = list.wait_with_output().unwrap();
+        files.extend(
+            String::from_utf8_lossy(&listed.stdout)
+                .lines()
+                .map(|l| l.trim_start_matches("./").to_owned()),
+        );
+    }
+    let entrypoint = json(one("ENTRYPOINT"))[0].as_str().unwrap().to_owned();
+    for file in [
+        "etc/ssl/certs/ca-certificates.crt",
+        "etc/passwd",
+        &entrypoint[1..],
+    ] {
+        assert!(files.iter().any(|f| f == file), "no {file} in the image");
+    }
+    let rootfs = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(Path::new(ROOT).join("hack/image/rootfs"))
+        .arg(rootfs.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let passwd = std::fs::read_to_string(rootfs.path().join("etc/passwd")).unwrap();
+    let user = one("USER");
+    let uid = user.split(':').next().unwrap();
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with(&format!("nonroot:x:{uid}:"))),
+        "{passwd}"
+    );
+
+    // The Deployment's port and command are the image's.
+    let rendered = support::Rendered::of(&support::manifests("base"));
+    let container = rendered.container();
+    assert_eq!(
+        container["ports"][0]["containerPort"]
+            .as_u64()
+            .map(|p| p.to_string()),
+        Some(port)
+    );
+    assert_eq!(container["args"][0], config["Cmd"][0]);
+}
+
+/// The kubelet and kube-scheduler (hack/kubelet) are the release the plane runs (the newest in
+/// hack/k8s), so the node's version skew is none.
+#[test]
+fn the_node_runs_the_planes_release() {
+    let version = |go_mod: &str| {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(go_mod)).unwrap();
+        text.lines()
+            .map(str::split_whitespace)
+            .find_map(|mut fields| {
+                let first = fields.next()?;
+                let module = if first == "require" {
+                    fields.next()?
+                } else {
+                    first
+                };
+                (module == "k8s.io/kubernetes").then(|| fields.next().map(str::to_owned))?
+            })
+            .unwrap_or_else(|| panic!("no k8s.io/kubernetes in {go_mod}"))
+    };
+    let newest = std::fs::read_dir(Path::new(ROOT).join("hack/k8s"))
+        .unwrap()
+        .flatten()
+        .filter(|d| d.path().join("go.mod").exists())
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .max_by_key(|minor| {
+            let (major, minor) = minor.split_once('.').unwrap();
+            (major.parse::<u32>().unwrap(), minor.parse::<u32>().unwrap())
+        })
+        .unwrap();
+    assert_eq!(
+        version("hack/kubelet/go.mod"),
+        version(&format!("hack/k8s/{newest}/go.mod"))
+    );
 }

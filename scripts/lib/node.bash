@@ -42,7 +42,8 @@ node_packages() {
     command -v buildah >/dev/null || missing+=(buildah)
     command -v containerd >/dev/null || missing+=(containerd)
     [[ -x "$CNI_BIN_DIR/bridge" ]] || missing+=(containernetworking-plugins)
-    [[ -x /bin/busybox ]] || missing+=(busybox-static)
+    # The static one: the image has no libc for Debian's other busybox.
+    dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
     command -v iptables >/dev/null || missing+=(iptables)
     command -v runc >/dev/null || missing+=(runc)
     ((${#missing[@]})) || return 0
@@ -55,14 +56,9 @@ node_packages() {
 }
 
 go_build_node() {
-    local out=$1 version major minor ldflags pkg=k8s.io/component-base/version source
+    local out=$1 version ldflags source
     version=$(node_k8s_version)
-    major=${version#v}
-    minor=${major#*.}
-    minor=${minor%%.*}
-    major=${major%%.*}
-    ldflags="-X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    ldflags=$(k8s_ldflags "$version")
     log "(one-time; see hack/kubelet/BUILD-TIME.md)"
     go build -ldflags "$ldflags" -o "$out/" k8s.io/kubernetes/cmd/kubelet \
         k8s.io/kubernetes/cmd/kube-scheduler || return
@@ -75,9 +71,10 @@ go_build_node() {
 
 cmd_build_node() {
     [[ $# -eq 0 ]] || usage
-    [[ "$(node_k8s_version)" == "$(CONTROL_PLANE_K8S='' k8s_version_of_newest)" ]] ||
+    [[ "$(node_k8s_version)" == "$(k8s_version_of_newest)" ]] ||
         die "hack/kubelet pins $(node_k8s_version), the newest plane is $(k8s_version_of_newest); regenerate hack/kubelet"
     command -v gcc >/dev/null || die "gcc is needed to build the pause image"
+    node_packages
     cached_build "$(node_bin_dir)" "$NODE_MODULE_DIR" "${NODE_BINARIES[*]}" go_build_node
 }
 

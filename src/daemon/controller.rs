@@ -38,7 +38,7 @@ use crate::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
 use crate::decide::volumes::{self, Kept, VolumeFacts, VolumeVerdict};
 use crate::observe::access::Gate;
-use crate::observe::http::{self, Health};
+use crate::observe::http::{self, BEAT_EVERY, Health};
 use crate::observe::metrics::{DeleteResult, ErrorCategory, Kind, Mark, Metrics, Revoked};
 
 /// How many claims are reconciled at once. A reconcile mostly waits: on the limiter, on a
@@ -345,6 +345,7 @@ async fn feed<C: Cluster, K: Clock>(
     health: Arc<Health>,
 ) {
     loop {
+        health.beat();
         let item = if health.is_unreachable() {
             // A watch that resumes where it left off delivers nothing until something changes,
             // so probe for the way back instead of waiting for an event.
@@ -352,18 +353,22 @@ async fn feed<C: Cluster, K: Clock>(
                 item = updates.next() => item,
                 () = tokio::time::sleep(PROBE_EVERY) => {
                     if controller.cluster.answers().await {
-                        reachable(&controller, &health, true);
+                        reachable(&health, true);
                     }
                     continue;
                 }
             }
         } else {
-            updates.next().await
+            // Turns with no event too, so that /healthz tells a quiet cluster from a stuck loop.
+            tokio::select! {
+                item = updates.next() => item,
+                () = tokio::time::sleep(BEAT_EVERY) => continue,
+            }
         };
         let Some(item) = item else { break };
         match item {
             Ok(update) => {
-                reachable(&controller, &health, true);
+                reachable(&health, true);
                 // Namespaces whose annotations may have changed: one, or all after a (re-)list.
                 let changed = match &update {
                     Update::Namespace(Change::Apply(entry)) => Some(vec![entry.key.name.clone()]),
@@ -417,7 +422,7 @@ async fn feed<C: Cluster, K: Clock>(
                 controller.metrics.watch_restart(kind);
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
                 if cannot_connect(&error) {
-                    reachable(&controller, &health, false);
+                    reachable(&health, false);
                 }
             }
         }
@@ -438,22 +443,18 @@ fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
     }
 }
 
-/// Records whether the API server can be reached: `/readyz` and the `ready` gauge follow it.
-fn reachable<C: Cluster, K: Clock>(
-    controller: &Controller<C, K>,
-    health: &Health,
-    reachable: bool,
-) {
+/// Records whether the API server can be reached, for the probe loop, the log and `/readyz`'s
+/// body (not its status: see [`Health::is_ready`]).
+fn reachable(health: &Health, reachable: bool) {
     let unreachable = !reachable;
     if health.is_unreachable() == unreachable {
         return;
     }
     health.set_unreachable(unreachable);
-    controller.metrics.set_ready(health.is_ready());
     if reachable {
         info!("the API server answers again");
     } else {
-        warn!("the API server cannot be reached; not ready until it answers");
+        warn!("the API server cannot be reached; the watches are retrying");
     }
 }
 

@@ -1,6 +1,8 @@
 //! The HTTP endpoint: `/metrics` (OpenMetrics text when asked for, as Prometheus does, else the
-//! Prometheus text format), `/healthz` (the process is alive) and
-//! `/readyz` (every watch has synced once, and the API server can be reached). Optionally
+//! Prometheus text format), `/healthz` (the daemon is not stuck: its watch loop turns) and
+//! `/readyz` (started, and every watch has synced once: kubert's rule, so an API-server outage
+//! takes no replica out of its Service nor restarts it; the daemon waits it out with its caches
+//! and its body says so). Optionally
 //! `/metrics` over HTTPS on an address of its own, for callers the API server authenticates
 //! and authorises ([`access`](super::access)), as kubebuilder's controllers serve it.
 
@@ -27,13 +29,25 @@ use tracing::{debug, info, warn};
 use crate::contract::OwnerKind;
 use crate::observe::access::{Access, Gate};
 
+/// How long the watch loop may go without turning before `/healthz` calls the daemon stuck. It
+/// turns on every watch event and at least every [`BEAT_EVERY`]; each of its steps is bounded
+/// (the reachability probe waits 5 s at most), so a minute without a turn is a wedged daemon,
+/// which a restart cures, and never an unreachable API server, which it would not.
+pub const STUCK_AFTER: Duration = Duration::from_secs(60);
+
+/// How often the watch loop turns when no event comes.
+pub const BEAT_EVERY: Duration = Duration::from_secs(10);
+
 /// What the probes report, set by the controller.
 #[derive(Debug, Default)]
 pub struct Health {
     synced: AtomicBool,
     leader: AtomicBool,
-    /// The watches cannot connect to the API server: the caches are going stale.
+    /// The watches cannot connect to the API server: the caches are going stale. Told in
+    /// `/readyz`'s body, without making it fail.
     unreachable: AtomicBool,
+    /// When the watch loop last turned; `None` before its first turn.
+    beat: Mutex<Option<Instant>>,
     /// What `/readyz` tells of each owner kind not read where workspace-gc expects it
     /// (`cluster::served`).
     kinds: Mutex<BTreeMap<OwnerKind, String>>,
@@ -52,9 +66,23 @@ impl Health {
         self.unreachable.load(Ordering::Relaxed)
     }
 
-    /// What `/readyz` answers 200 to.
+    /// What `/readyz` answers 200 to: every watch has synced once. It stays true for the
+    /// process's life (kubert's rule): a replica that lost its API server still has its caches,
+    /// and dropping every replica out of its Service at once would only block node drains.
     pub fn is_ready(&self) -> bool {
-        self.synced.load(Ordering::Relaxed) && !self.is_unreachable()
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// The watch loop turned.
+    pub fn beat(&self) {
+        *self.beat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// How long the watch loop has not turned, when longer than [`STUCK_AFTER`] at `now`.
+    fn stuck_for(&self, now: Instant) -> Option<Duration> {
+        let beat = *self.beat.lock().unwrap_or_else(|e| e.into_inner());
+        beat.map(|beat| now.saturating_duration_since(beat))
+            .filter(|since| *since > STUCK_AFTER)
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -230,7 +258,7 @@ pub async fn serve(
     let shared = Arc::new(Shared { registry, health });
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(alive))
         .route("/readyz", get(ready))
         .with_state(shared.clone());
     let secure_task = secure.zip(secure_listener).map(|(secure, listener)| {
@@ -352,6 +380,24 @@ fn render_metrics(headers: &HeaderMap, shared: &Shared) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
+/// 200 unless the watch loop has not turned for [`STUCK_AFTER`].
+async fn alive(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    liveness(&shared.health, Instant::now())
+}
+
+fn liveness(health: &Health, now: Instant) -> (StatusCode, String) {
+    match health.stuck_for(now) {
+        Some(since) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "stuck: the watch loop has not turned for {} s\n",
+                since.as_secs()
+            ),
+        ),
+        None => (StatusCode::OK, "ok\n".to_owned()),
+    }
+}
+
 /// 200 or 503 by [`Health::is_ready`]; the body also names each owner kind not read where
 /// expected. A kind whose facts are unknown leaves the daemon ready: it keeps what that kind
 /// could protect and decides every other claim.
@@ -367,17 +413,58 @@ fn readiness(health: &Health) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: the watches have not all synced yet\n".to_owned(),
         )
-    } else if health.is_unreachable() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the API server cannot be reached; the watches are retrying\n".to_owned(),
-        )
     } else {
         let role = if health.leader.load(Ordering::Relaxed) {
             "leader"
         } else {
             "standby"
         };
-        (StatusCode::OK, format!("ready ({role})\n"))
+        let outage = if health.is_unreachable() {
+            "; the API server cannot be reached, the watches are retrying"
+        } else {
+            ""
+        };
+        (StatusCode::OK, format!("ready ({role}){outage}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_once_synced_whatever_the_api_server_does() {
+        let health = Health::default();
+        assert_eq!(readiness(&health).0, StatusCode::SERVICE_UNAVAILABLE);
+        health.set_synced();
+        assert_eq!(
+            readiness(&health),
+            (StatusCode::OK, "ready (standby)\n".to_owned())
+        );
+        health.set_unreachable(true);
+        let (status, body) = readiness(&health);
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("cannot be reached"), "{body}");
+        health.set_unreachable(false);
+        assert_eq!(readiness(&health).1, "ready (standby)\n");
+    }
+
+    #[test]
+    fn alive_until_the_watch_loop_stops_turning() {
+        let health = Health::default();
+        let now = Instant::now();
+        // Before its first turn the loop is starting, not stuck.
+        assert_eq!(liveness(&health, now + STUCK_AFTER * 2).0, StatusCode::OK);
+        // Taken just before the beat, so the beat is no earlier.
+        let beat = Instant::now();
+        health.beat();
+        assert_eq!(liveness(&health, beat + STUCK_AFTER).0, StatusCode::OK);
+        let (status, body) = liveness(&health, beat + STUCK_AFTER + Duration::from_secs(5));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with("stuck"), "{body}");
+        // An unreachable API server is not a stuck daemon: the loop keeps turning.
+        health.set_unreachable(true);
+        health.beat();
+        assert_eq!(liveness(&health, Instant::now()).0, StatusCode::OK);
     }
 }

@@ -507,7 +507,7 @@ impl Metrics {
         );
         r.register(
             "ready",
-            "1 while /readyz answers 200: synced once, and the API server reachable",
+            "1 while /readyz answers 200: every watch synced once",
             metrics.ready.clone(),
         );
         r.register(

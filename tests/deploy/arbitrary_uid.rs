@@ -9,22 +9,9 @@ use crate::server::{
 };
 use crate::support::{
     ARBITRARY_UID, ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Rendered,
-    TestNamespace, confined, manifests, readable_copy, sample, wait_until,
+    TestNamespace, confined, credentials, manifests, readable_copy, sample, wait_until,
 };
 use crate::{LEASE, NAMESPACE, scratch, secs};
-
-/// The real and effective UID and GID of process `pid`, and its supplementary groups.
-fn credentials(pid: u32) -> (String, String, String) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read its status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .map(|rest| rest.split_whitespace().collect::<Vec<_>>().join(" "))
-            .unwrap_or_default()
-    };
-    (field("Uid:"), field("Gid:"), field("Groups:"))
-}
 
 /// The daemon as the Deployment runs it, and as OpenShift's restricted-v2 runs that: the
 /// ServiceAccount's token, the deployed configuration, an arbitrary UID and GID that exist

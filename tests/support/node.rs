@@ -105,8 +105,9 @@ pub fn container_pid(control_plane: &ControlPlane, container_id: &str) -> u32 {
         .unwrap_or_else(|| panic!("no task {id} in containerd:\n{tasks}"))
 }
 
-/// The `Uid:` and `Gid:` lines of /proc/PID/status (real, effective, saved, filesystem IDs).
-pub fn credentials(pid: u32) -> (String, String) {
+/// The `Uid:`, `Gid:` and `Groups:` lines of /proc/PID/status: the real, effective, saved and
+/// filesystem IDs, and the supplementary groups.
+pub fn credentials(pid: u32) -> (String, String, String) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
     let field = |name: &str| {
         status
@@ -115,7 +116,7 @@ pub fn credentials(pid: u32) -> (String, String) {
             .map(|ids| ids.split_whitespace().collect::<Vec<_>>().join(" "))
             .unwrap_or_default()
     };
-    (field("Uid:"), field("Gid:"))
+    (field("Uid:"), field("Gid:"), field("Groups:"))
 }
 
 /// The mount options of the process's root, as its own mount namespace has it.
@@ -128,7 +129,7 @@ pub fn root_mount_options(pid: u32) -> String {
             let fields: Vec<&str> = line.split_whitespace().collect();
             (fields.get(4) == Some(&"/")).then(|| fields.get(5).map(|o| (*o).to_owned()))?
         })
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("no root mount for pid {pid}:\n{mounts}"))
 }
 
@@ -139,7 +140,10 @@ pub struct PodRequest {
     pub verb: String,
     pub resource: String,
     pub name: String,
+    /// Sent with `dryRun: [All]` (kube sends it in the DeleteOptions body, which the audit
+    /// policy logs for claim deletes).
     pub dry_run: bool,
+    pub code: i64,
     pub at: DateTime<Utc>,
 }
 
@@ -164,15 +168,27 @@ pub fn pod_requests(audit_log: &Path) -> Vec<PodRequest> {
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
-                dry_run: e["requestURI"]
-                    .as_str()
-                    .is_some_and(|uri| uri.contains("dryRun=All")),
+                dry_run: e["requestObject"]["dryRun"]
+                    .as_array()
+                    .is_some_and(|modes| modes.iter().any(|m| m == "All"))
+                    || e["requestURI"]
+                        .as_str()
+                        .is_some_and(|uri| uri.contains("dryRun=All")),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
                 at: at.with_timezone(&Utc),
             })
         })
         .collect()
 }
 
-/// An audit policy that logs every request's metadata (who, what, when), for
-/// `--audit-policy-file`.
-pub const METADATA_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n";
+/// An audit policy that logs every request's metadata (who, what, when), and a claim delete's
+/// body too (its dry-run), for `--audit-policy-file`.
+pub const METADATA_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    verbs: [delete]
+    resources: [{group: \"\", resources: [persistentvolumeclaims]}]
+  - level: Metadata
+";
