@@ -125,6 +125,10 @@ struct Controller<C, K> {
     /// gone, the claim is read live before anything is sent again, since a cache the watch
     /// has not caught up on still shows it as it was decided.
     already_sent: Mutex<HashMap<ObjectKey, String>>,
+    /// Whether the claims' watch has failed and delivered nothing since: its cache may still
+    /// show a claim that is gone (deleted by the replica that led before, while this one's
+    /// watch was down), so every claim is read live before its DELETE until it delivers again.
+    claims_watch_broken: std::sync::atomic::AtomicBool,
     /// Claims whose DELETE got no definite answer: it may still reach the API server, so the
     /// claim is revoked (changed) before anything else is decided for it.
     outstanding: Mutex<HashMap<ObjectKey, Outstanding>>,
@@ -369,6 +373,9 @@ async fn feed<C: Cluster, K: Clock>(
         match item {
             Ok(update) => {
                 reachable(&health, true);
+                if matches!(update, Update::Claim(_)) {
+                    controller.claims_watch_broken(false);
+                }
                 // Namespaces whose annotations may have changed: one, or all after a (re-)list.
                 let changed = match &update {
                     Update::Namespace(Change::Apply(entry)) => Some(vec![entry.key.name.clone()]),
@@ -420,6 +427,9 @@ async fn feed<C: Cluster, K: Clock>(
             }
             Err((kind, error)) => {
                 controller.metrics.watch_restart(kind);
+                if kind == Kind::Claims {
+                    controller.claims_watch_broken(true);
+                }
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
                 if cannot_connect(&error) {
                     reachable(&health, false);
@@ -581,6 +591,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             mark_volumes: config.deletion.released_volume_ttl.is_some(),
             unjudged: Mutex::default(),
             already_sent: Mutex::default(),
+            claims_watch_broken: std::sync::atomic::AtomicBool::new(false),
             outstanding: Mutex::default(),
             proofs: Proofs::default(),
             per_namespace: !config.selector.namespaces.is_empty(),
@@ -771,19 +782,26 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// the claim is there unchanged and not being deleted.
     async fn after_earlier_delete(&self, claim: &ClaimFacts) -> Option<Outcome> {
         let pending = self.lock_already_sent().get(&claim.key) == Some(&claim.uid);
-        if !pending {
+        let broken = (self.claims_watch_broken).load(std::sync::atomic::Ordering::Relaxed);
+        if !pending && !broken {
             return None;
         }
         let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
             Found::Yes((uid, false)) if uid == claim.uid => None,
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
-                info!(claim = %claim.key, "an earlier delete of this claim was carried out; none is sent again");
+                info!(claim = %claim.key, "the claim is gone or being deleted (an earlier delete was carried out); none is sent again");
                 Some(Outcome::Done)
             }
         };
-        self.lock_already_sent().remove(&claim.key);
+        if pending {
+            self.lock_already_sent().remove(&claim.key);
+        }
         outcome
+    }
+
+    fn claims_watch_broken(&self, broken: bool) {
+        (self.claims_watch_broken).store(broken, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn lock_already_sent(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
@@ -2006,6 +2024,24 @@ mod tests {
         // reads it live instead of sending the same DELETE a second time.
         assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
         assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
+    }
+
+    #[tokio::test]
+    async fn while_the_claims_watch_is_broken_a_claim_is_read_live_before_its_delete() {
+        let cluster = FakeCluster::default();
+        // The replica that led before deleted it; this one's watch is down and still shows it.
+        *lock(&cluster.claim_state) = None;
+        let c = controller(cluster, 10, &[due("a"), due("b")], true);
+        c.claims_watch_broken(true);
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert!(
+            lock(&c.cluster.sent).is_empty(),
+            "nothing sent for a gone claim"
+        );
+        // Once the watch delivers again, the cache is trusted as before.
+        c.claims_watch_broken(false);
+        assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
     }
 
     /// An orphan created `seconds` after the epoch: the later, the later it is due.
