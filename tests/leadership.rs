@@ -42,12 +42,7 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
     let vars = elected_vars(&ns, "4s");
     let logs = log_dir("leadership");
     let kubeconfig = cp.kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(
-        wait_until(secs(30), || a.leading()).await,
-        "replica-a leads:\n{}",
-        a.logs()
-    );
+    let a = spawn_leader(kubeconfig, &vars, &logs).await;
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
     assert!(!b.leading().await, "one leader at a time");
@@ -210,8 +205,7 @@ async fn only_the_leader_writes_events() {
     let vars = elected_vars(&ns, "4s");
     let logs = log_dir("leadership");
     let kubeconfig = cp.kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
+    let a = spawn_leader(kubeconfig, &vars, &logs).await;
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
     assert!(!b.leading().await);
@@ -311,8 +305,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
     std::fs::write(&via_proxy, text.replace(&server, &proxy.url())).expect("write it");
 
     let logs = log_dir("leadership");
-    let a = Process::spawn(&via_proxy, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(wait_until(secs(30), || a.leading()).await, "{}", a.logs());
+    let a = spawn_leader(&via_proxy, &vars, &logs).await;
     let b = Process::spawn(
         &kubeconfigs[1],
         &vars,
@@ -455,12 +448,7 @@ async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
     );
     let vars = elected_vars(&ns, "4s");
     let logs = log_dir("leadership");
-    let a = Process::spawn(&config_a, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(
-        wait_until(secs(30), || a.leading()).await,
-        "replica-a leads:\n{}",
-        a.logs()
-    );
+    let a = spawn_leader(&config_a, &vars, &logs).await;
     let b = Process::spawn(&config_b, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
 
@@ -506,12 +494,7 @@ async fn a_delete_not_sent_because_its_lease_write_failed_is_not_named_in_flight
     let config = replica_through(cp, &ns, "replica-a", &proxy).await;
     let vars = elected_vars(&ns, "30s");
     let logs = log_dir("leadership");
-    let a = Process::spawn(&config, &vars, "replica-a", &logs.path().join("a.log"));
-    assert!(
-        wait_until(secs(30), || a.leading()).await,
-        "replica-a leads:\n{}",
-        a.logs()
-    );
+    let a = spawn_leader(&config, &vars, &logs).await;
     let refused = proxy.add(
         Rule::new("patch", "leases", Fault::unavailable())
             .user(service_account(ns.name(), "replica-a")),
@@ -575,4 +558,19 @@ async fn a_delete_not_sent_because_its_lease_write_failed_is_not_named_in_flight
     assert_eq!(fate(&ns, claim).await, Fate::Live);
     let status = a.terminate().await;
     assert!(status.success(), "{status}");
+}
+
+/// Spawns replica-a with `vars`, logging into `logs`, and waits until it leads.
+async fn spawn_leader(
+    kubeconfig: &std::path::Path,
+    vars: &[(&'static str, String)],
+    logs: &tempfile::TempDir,
+) -> Process {
+    let a = Process::spawn(kubeconfig, vars, "replica-a", &logs.path().join("a.log"));
+    assert!(
+        wait_until(secs(30), || a.leading()).await,
+        "replica-a leads:\n{}",
+        a.logs()
+    );
+    a
 }
