@@ -304,6 +304,13 @@ async fn release_is_signed_verified_and_installed_from_the_registry() {
             .trim(),
         image_ref
     );
+    // The OLM bundle of the release runs the image it pushed, by digest.
+    let csv = std::fs::read_to_string(
+        out.join("bundle/manifests/workspace-gc.clusterserviceversion.yaml"),
+    )
+    .expect("the release writes the OLM bundle");
+    assert!(csv.contains(&image_ref), "the bundle names {image_ref}");
+    assert!(!csv.contains("registry.example.com"), "no placeholder left");
     let chart_ref = std::fs::read_to_string(out.join("chart-ref"))
         .unwrap()
         .trim()
