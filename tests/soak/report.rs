@@ -26,10 +26,11 @@ pub struct Run {
 /// Prints the report of a run.
 pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
     let restarts = |fault: &str| faults.windows.iter().filter(|w| w.fault == fault).count();
-    let watch_restarts: f64 = faults
+    // A count: summed as one, since a float sum of nothing prints as -0.
+    let watch_restarts: u64 = faults
         .replicas
         .iter()
-        .map(|r| metric_sum(&r.metrics, "workspace_gc_watch_restarts_total"))
+        .map(|r| metric_sum(&r.metrics, "workspace_gc_watch_restarts_total").round() as u64)
         .sum();
     let created = world.incarnations.len();
     let Verdict {
