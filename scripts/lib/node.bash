@@ -14,7 +14,6 @@
 
 NODE_MODULE_DIR="$ROOT/hack/kubelet"
 NODE_BINARIES=(kubelet kube-scheduler pause)
-NODE_PACKAGES=(buildah containerd containernetworking-plugins busybox-static iptables runc)
 NODE_NAME=workspace-gc-node
 # The bridge, its pods' subnet and the `kubernetes` Service's IP (the first of
 # --service-cluster-ip-range, which the API server gives that Service).
@@ -46,13 +45,7 @@ node_packages() {
     dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
     command -v iptables >/dev/null || missing+=(iptables)
     command -v runc >/dev/null || missing+=(runc)
-    ((${#missing[@]})) || return 0
-    [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null ||
-        die "the node needs Debian's ${missing[*]} (${NODE_PACKAGES[*]}); install them and rerun"
-    log "installing ${missing[*]} with apt"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
-        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends "${missing[@]}" >&2; }
+    apt_install "${missing[@]}" || die "the node needs Debian's ${missing[*]}; install them and rerun"
 }
 
 go_build_node() {
