@@ -349,7 +349,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     let writer = Writer::new(ns.client().clone(), Mode::Delete, None, Fence::unfenced());
     let ledger = Ledger::new(secs(60)).to_annotation();
     let result = writer
-        .delete(&decided_about, &ledger, deadline(), &metrics)
+        .delete(&decided_about, (&ledger, 1), deadline(), &metrics)
         .await;
     assert_eq!(
         result.ok(),
@@ -368,7 +368,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     .await
     .expect("annotate");
     let result = writer
-        .delete(&decided_about, &ledger, deadline(), &metrics)
+        .delete(&decided_about, (&ledger, 1), deadline(), &metrics)
         .await;
     assert_eq!(
         result.ok(),

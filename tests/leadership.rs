@@ -275,30 +275,13 @@ fn fencing_audit_policy() -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
     let work = tempfile::tempdir().expect("a directory for the audit log");
-    let audit_log = work.path().join("audit.log");
-    let audit_policy = work.path().join("audit-policy.yaml");
-    std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
-    let cp = ControlPlane::start_with(&ControlPlaneOptions {
-        controller_manager: true,
-        apiserver_args: vec![
-            format!("--audit-log-path={}", audit_log.display()),
-            format!("--audit-policy-file={}", audit_policy.display()),
-        ],
-    });
+    let (cp, audit_log) = audited_plane(&work);
     let ns = TestNamespace::new(&cp, "fencing").await;
     let lease = secs(4);
     let vars = elected_vars(&ns, "4s");
     let server = cp.config().cluster_url.to_string();
     let server = server.trim_end_matches('/').to_owned();
-    let mut kubeconfigs = Vec::new();
-    for name in ["replica-a", "replica-b"] {
-        ns.api::<Role>()
-            .create(&PostParams::default(), &elected_role(name))
-            .await
-            .expect("role");
-        ns.bind_role(name, name).await;
-        kubeconfigs.push(cp.service_account_kubeconfig(ns.name(), name).await);
-    }
+    let kubeconfigs = replica_kubeconfigs(&cp, &ns, &["replica-a", "replica-b"]).await;
     let proxy = Proxy::start(cp.api_address()).await;
     let via_proxy = work.path().join("a.kubeconfig");
     let text = std::fs::read_to_string(&kubeconfigs[0]).expect("read the kubeconfig");
@@ -418,6 +401,112 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
     for name in &names {
         assert!(deleted(&ns, name).await, "{name} is deleted");
     }
+}
+
+/// A control plane of its own whose audit log records what [`DeleteInvariant`] reads, and
+/// that log's path (in `work`).
+fn audited_plane(work: &tempfile::TempDir) -> (ControlPlane, std::path::PathBuf) {
+    let audit_log = work.path().join("audit.log");
+    let audit_policy = work.path().join("audit-policy.yaml");
+    std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
+    let cp = ControlPlane::start_with(&ControlPlaneOptions {
+        controller_manager: true,
+        apiserver_args: vec![
+            format!("--audit-log-path={}", audit_log.display()),
+            format!("--audit-policy-file={}", audit_policy.display()),
+        ],
+    });
+    (cp, audit_log)
+}
+
+/// A kubeconfig for each replica in `names`, as its own service account with the elected role.
+async fn replica_kubeconfigs(
+    cp: &ControlPlane,
+    ns: &TestNamespace,
+    names: &[&str],
+) -> Vec<std::path::PathBuf> {
+    let mut kubeconfigs = Vec::new();
+    for name in names {
+        ns.api::<Role>()
+            .create(&PostParams::default(), &elected_role(name))
+            .await
+            .expect("role");
+        ns.bind_role(name, name).await;
+        kubeconfigs.push(cp.service_account_kubeconfig(ns.name(), name).await);
+    }
+    kubeconfigs
+}
+
+/// DELETEs decided together share their Lease writes (a group commit, `Fence::record`): a
+/// burst of due claims costs fewer Lease writes than DELETEs, and the audit log still shows
+/// every DELETE named in flight on the Lease, fenced and re-checked when it arrived. (Before,
+/// each DELETE had a Lease write of its own.)
+#[tokio::test(flavor = "multi_thread")]
+async fn deletes_decided_together_share_their_lease_writes() {
+    let work = tempfile::tempdir().expect("a directory for the audit log");
+    let (cp, audit_log) = audited_plane(&work);
+    let ns = TestNamespace::new(&cp, "batched").await;
+    let lease = secs(15);
+    let vars = elected_vars(&ns, "15s");
+    let kubeconfigs = replica_kubeconfigs(&cp, &ns, &["replica-a"]).await;
+    let logs = log_dir("leadership");
+    let a = spawn_leader(&kubeconfigs[0], &vars, &logs).await;
+    let names: Vec<String> = (0..24)
+        .map(|i| format!("burst{i}-build-workspace"))
+        .collect();
+    for name in &names {
+        expiring(name, in_secs(-60)).create(&ns).await;
+    }
+    assert!(
+        wait_until(secs(60), || async {
+            deleted_count(&ns, &names).await == names.len()
+        })
+        .await,
+        "every due claim is deleted:\n{}",
+        a.logs()
+    );
+    let status = a.terminate().await;
+    assert!(status.success(), "{status}");
+
+    let audited = read_audit(&audit_log);
+    let user = service_account(ns.name(), "replica-a");
+    let by_a = |resource: &str, verb: &str| -> Vec<&AuditEvent> {
+        (audited.iter())
+            .filter(|e| e.user == user && e.resource == resource && e.verb == verb)
+            .filter(|e| e.succeeded())
+            .collect()
+    };
+    let deletes = by_a("persistentvolumeclaims", "delete");
+    assert_eq!(deletes.len(), names.len(), "one DELETE a claim");
+    let first = deletes.iter().map(|d| d.at).min().expect("deletes");
+    let last = deletes.iter().map(|d| d.at).max().expect("deletes");
+    let writes = by_a("leases", "patch");
+    // From the write the first DELETE rested on to the last DELETE.
+    let since = (writes.iter().map(|w| w.at))
+        .filter(|at| *at <= first)
+        .max()
+        .expect("a Lease write before the first DELETE");
+    let shared = writes
+        .iter()
+        .filter(|w| w.at >= since && w.at <= last)
+        .count();
+    assert!(
+        shared < deletes.len(),
+        "{shared} Lease writes for {} DELETEs",
+        deletes.len()
+    );
+    eprintln!(
+        "group commit: {shared} Lease writes for {} DELETEs",
+        deletes.len()
+    );
+    let mut invariant = DeleteInvariant::new(
+        std::slice::from_ref(&user),
+        Some((ns.name(), "workspace-gc")),
+        lease,
+    );
+    invariant.bound = LIVE_BOUND;
+    let violations = invariant.check(&audited, &[]);
+    assert!(violations.is_empty(), "{violations:#?}");
 }
 
 /// Sends `signal` (`STOP`, `CONT`) to a replica.

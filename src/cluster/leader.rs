@@ -158,7 +158,27 @@ struct Elector {
     in_flight: Mutex<BTreeMap<String, InFlight>>,
     /// What the Lease named when this replica last won it, for the controller to revoke.
     found_in_flight: Mutex<Vec<InFlight>>,
+    /// The DELETEs named for [`Fence::record`]'s shared writes.
+    batch: Mutex<Batch>,
     leading: watch::Sender<bool>,
+}
+
+/// What [`Fence::record`]'s shared writes are asked for, and what the last one carried.
+#[derive(Default)]
+struct Batch {
+    /// The newest ledger asked for, with its generation.
+    newest: Option<(u64, String)>,
+    /// The last successful write's ledger generation and the DELETEs it named, in this
+    /// holding of the lease: taking or losing it clears it.
+    carried: Option<(u64, BTreeMap<String, InFlight>)>,
+}
+
+impl Batch {
+    fn carried(&self, generation: u64, delete: &InFlight) -> bool {
+        self.carried.as_ref().is_some_and(|(written, named)| {
+            *written >= generation && named.get(&delete.uid) == Some(delete)
+        })
+    }
 }
 
 /// The holder and renew time a standby last saw, and when it first saw them.
@@ -203,6 +223,7 @@ impl Leadership {
             rounds: Mutex::default(),
             in_flight: Mutex::default(),
             found_in_flight: Mutex::default(),
+            batch: Mutex::default(),
             leading: sender,
         });
         let stop = CancellationToken::new();
@@ -272,26 +293,23 @@ impl Fence {
             .map_or(Duration::ZERO, |elector| elector.timing.renew_deadline)
     }
 
-    /// Writes `ledger` (the cap's count as its annotation, `Ledger::to_annotation`) to the
-    /// Lease, renewing it: before a delete, with that delete counted and named in flight.
-    /// Fails unless this replica holds the lease at that moment, as the API server sees it.
-    pub async fn record(&self, ledger: &str, delete: &InFlight) -> Result<(), FenceError> {
+    /// Has `ledger` (the cap's count as its annotation, `Ledger::to_annotation`, and its
+    /// generation, `Limiter::ledger_for`) written to the Lease, renewing it: before a delete,
+    /// with that delete counted and named in flight. Fails unless this replica holds the lease
+    /// at that moment, as the API server sees it.
+    ///
+    /// DELETEs recorded at the same time share one write (a group commit): a DELETE is named
+    /// as soon as it asks, so a write that another caller sends meanwhile may carry it. One
+    /// needs no write of its own when a successful write in this holding of the lease named it
+    /// and carried a ledger of its generation or a later one.
+    pub async fn record(&self, ledger: (&str, u64), delete: &InFlight) -> Result<(), FenceError> {
         let Some(elector) = &self.elector else {
             return Ok(());
         };
+        let before = elector.name(ledger, delete);
         let mut held = elector.lease.lock().await;
-        self.check()?;
-        let read = held.as_ref().ok_or(FenceError::NotLeading)?;
-        // Named before the write: any write from now on carries it until it is settled.
-        let before = elector
-            .in_flight()
-            .insert(delete.uid.clone(), delete.clone());
-        let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
-        let sent = Instant::now();
-        // Bounded: the lock it holds also holds up the renewals.
-        let write = elector.write(read, spec, Some(ledger));
-        let written = tokio::time::timeout(elector.timing.renew_deadline, write).await;
-        if !matches!(written, Ok(Ok(_))) {
+        let written = self.carry(elector, &mut held, ledger.1, delete).await;
+        if written.is_err() {
             // Nothing is sent: this DELETE cannot land, and no later write may name it (the
             // next leader would revoke a claim nobody deleted). What was named before, a
             // DELETE the Lease handed over and not yet revoked, stays named.
@@ -301,13 +319,44 @@ impl Fence {
                 None => in_flight.remove(&delete.uid),
             };
         }
-        match written {
+        written
+    }
+
+    /// Makes sure a successful Lease write in this holding carried `delete` and a ledger of
+    /// `generation` or later: one already sent, or one written now.
+    async fn carry(
+        &self,
+        elector: &Elector,
+        held: &mut Option<Lease>,
+        generation: u64,
+        delete: &InFlight,
+    ) -> Result<(), FenceError> {
+        self.check()?;
+        if elector.batch().carried(generation, delete) {
+            return Ok(());
+        }
+        let read = held.as_ref().ok_or(FenceError::NotLeading)?;
+        let (named, (written_generation, ledger)) = {
+            let batch = elector.batch();
+            let mut in_flight = elector.in_flight();
+            // Taking the lease since it was named replaced what is named with what the Lease
+            // had: named again (no take can come now, the lease's lock is held).
+            in_flight.insert(delete.uid.clone(), delete.clone());
+            let newest = batch.newest.clone().ok_or(FenceError::NotLeading)?;
+            (in_flight.clone(), newest)
+        };
+        let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
+        let sent = Instant::now();
+        // Bounded: the lock it holds also holds up the renewals.
+        let write = elector.write(read, spec, Some(&ledger), &named);
+        match tokio::time::timeout(elector.timing.renew_deadline, write).await {
             Ok(Ok(written)) => {
                 *held = Some(written);
                 elector.renewed(sent);
                 // Only once written: a write that failed carried a delete that is not sent.
                 // (One that timed out but landed then reads as changed, and is written back.)
-                *elector.known() = Some(ledger.to_owned());
+                *elector.known() = Some(ledger);
+                elector.batch().carried = Some((written_generation, named));
                 Ok(())
             }
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
@@ -393,12 +442,22 @@ impl Elector {
             if !self.fresh() {
                 self.step_down("the lease was not renewed within the renew deadline");
             }
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = tokio::time::sleep(self.timing.retry) => {}
+            let mut next = Instant::now() + self.timing.retry;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return self.release().await,
+                    () = tokio::time::sleep_until(next) => {}
+                }
+                // A write that recorded a DELETE renewed the lease too: the renewal counts
+                // from it, so a busy leader writes the Lease once per DELETE, not more.
+                match self.renewed_at() {
+                    Some(renewed) if renewed + self.timing.retry > next => {
+                        next = renewed + self.timing.retry;
+                    }
+                    _ => break,
+                }
             }
         }
-        self.release().await;
     }
 
     /// One round: read the Lease, then renew it, take it, or stand by.
@@ -534,10 +593,12 @@ impl Elector {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = found.values().cloned().collect();
             *self.in_flight() = found;
+            self.batch().carried = None;
         }
         let sent = Instant::now();
         let written = if lease.metadata.resource_version.is_some() {
-            self.write(&lease, spec, ledger.as_deref()).await
+            let named = self.in_flight().clone();
+            self.write(&lease, spec, ledger.as_deref(), &named).await
         } else {
             let created = Lease {
                 metadata: lease.metadata,
@@ -570,6 +631,7 @@ impl Elector {
         read: &Lease,
         spec: Value,
         ledger: Option<&str>,
+        named: &BTreeMap<String, InFlight>,
     ) -> Result<Lease, kube::Error> {
         let mut patch = json!({
             "metadata": { "resourceVersion": read.metadata.resource_version },
@@ -581,7 +643,7 @@ impl Elector {
                 patch["metadata"]["annotations"][QUOTA_ROUNDS] = json!(rounds);
             }
         }
-        let named = in_flight_text(&self.in_flight());
+        let named = in_flight_text(named);
         let on_lease = (read.metadata.annotations.as_ref())
             .and_then(|annotations| annotations.get(DELETES_IN_FLIGHT));
         if named.as_ref() != on_lease {
@@ -595,6 +657,24 @@ impl Elector {
 
     fn in_flight(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, InFlight>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Names `delete` in flight, to be carried by the next write with `ledger` or a newer
+    /// one; returns what was named for its claim before.
+    fn name(&self, (ledger, generation): (&str, u64), delete: &InFlight) -> Option<InFlight> {
+        let mut batch = self.batch();
+        if batch
+            .newest
+            .as_ref()
+            .is_none_or(|(newest, _)| generation >= *newest)
+        {
+            batch.newest = Some((generation, ledger.to_owned()));
+        }
+        self.in_flight().insert(delete.uid.clone(), delete.clone())
     }
 
     /// The DELETEs in flight `lease` names. One it cannot read names nothing this replica can
@@ -616,6 +696,10 @@ impl Elector {
         self.rounds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn renewed_at(&self) -> Option<Instant> {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn renewed(&self, sent: Instant) {
         *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
     }
@@ -629,6 +713,7 @@ impl Elector {
 
     fn step_down(&self, why: &str) {
         *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.batch().carried = None;
         // Wakes the followers only on a change: a standby steps down every round.
         let was_leading = self
             .leading
@@ -650,7 +735,8 @@ impl Elector {
             return;
         };
         let spec = json!({ "holderIdentity": null, "renewTime": null, "acquireTime": null });
-        match self.write(&lease, spec, None).await {
+        let named = self.in_flight().clone();
+        match self.write(&lease, spec, None, &named).await {
             Ok(_) => info!("released the lease"),
             Err(error) => {
                 self.metrics.api_error(Operation::Lease, &error);

@@ -116,10 +116,11 @@ impl Writer {
     /// the Lease and this replica still leads, and only before `deadline` (the bound on the age
     /// of the live re-check); `Err` when it may not, and nothing was sent. In client-side
     /// dry-run no delete is sent and the result is `Deleted` as if it had been.
+    /// `ledger`: the cap's ledger as its annotation, and its generation (`Fence::record`).
     pub async fn delete(
         &self,
         claim: &ClaimFacts,
-        ledger: &str,
+        ledger: (&str, u64),
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
@@ -588,7 +589,7 @@ mod tests {
         });
         // Bounded both ways: a writer that sends nothing would leave the server waiting, one
         // that waits for a second answer would wait forever.
-        let result = bounded_wait(writer.delete(&claim(), &ledger(), soon(), &metrics))
+        let result = bounded_wait(writer.delete(&claim(), (&ledger(), 1), soon(), &metrics))
             .await
             .expect("unfenced");
         let (query, body) = bounded_wait(server).await.ok()??;
@@ -656,7 +657,7 @@ mod tests {
         );
         let metrics = Metrics::register(&mut Registry::default());
         // A delete sent by mistake would wait for an answer that never comes: fail on it.
-        let result = bounded_wait(writer.delete(&claim(), &ledger(), soon(), &metrics)).await;
+        let result = bounded_wait(writer.delete(&claim(), (&ledger(), 1), soon(), &metrics)).await;
         assert_eq!(result.ok(), Some(DeleteResult::Deleted));
         handle.allow(0);
         assert!(
@@ -698,7 +699,7 @@ mod tests {
         let (writer, mut handle) = unanswering();
         let metrics = Metrics::register(&mut Registry::default());
         let result = writer
-            .delete(&claim(), &ledger(), Instant::now(), &metrics)
+            .delete(&claim(), (&ledger(), 1), Instant::now(), &metrics)
             .await;
         assert!(matches!(result, Err(NotSent::TooLate)), "{result:?}");
         handle.allow(1);
@@ -720,7 +721,9 @@ mod tests {
             drop(reply);
             Some(())
         });
-        let result = writer.delete(&claim(), &ledger(), deadline, &metrics).await;
+        let result = writer
+            .delete(&claim(), (&ledger(), 1), deadline, &metrics)
+            .await;
         assert_eq!(result.ok(), Some(DeleteResult::Unanswered));
         assert_eq!(started.elapsed(), std::time::Duration::from_secs(3));
         server.abort();

@@ -1081,20 +1081,35 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return true;
         }
         let span = (from, revision);
-        let Some(changes) = (self.cluster.changes(kind, scope, span, &self.metrics)).await else {
-            return false;
-        };
-        // The watch delivers the same changes, moments later; the caller's bound ends the wait.
-        loop {
-            let reflected = {
-                let index = self.read_index();
-                let delivered = index.delivered(kind, scope);
-                proof::reflects(delivered, &changes, |key| index.holds(kind, key))
-            };
-            if reflected {
-                return true;
+        let replayed = async {
+            let changes = self
+                .cluster
+                .changes(kind, scope, span, &self.metrics)
+                .await?;
+            // The watch delivers the same changes, moments later; the caller's bound ends the
+            // wait.
+            loop {
+                let reflected = {
+                    let index = self.read_index();
+                    let delivered = index.delivered(kind, scope);
+                    proof::reflects(delivered, &changes, |key| index.holds(kind, key))
+                };
+                if reflected {
+                    return Some(());
+                }
+                tokio::time::sleep(CATCH_UP_POLL).await;
             }
-            tokio::time::sleep(CATCH_UP_POLL).await;
+        };
+        // The replay's bookmark comes a second or two later; a kind whose own watch delivers
+        // past the revision meanwhile (it changes, or its watch gets a bookmark) needs none.
+        let delivered_past = async {
+            while self.read_index().delivered(kind, scope) < Some(revision) {
+                tokio::time::sleep(CATCH_UP_POLL).await;
+            }
+        };
+        tokio::select! {
+            replayed = replayed => replayed.is_some(),
+            () = delivered_past => true,
         }
     }
 
@@ -1526,7 +1541,7 @@ mod tests {
 
     use super::*;
     use crate::contract::annotations::NS_COLLECT;
-    use crate::daemon::cap_ledger::Ledger;
+    use crate::daemon::limiter::Counted;
     use crate::decide::facts::{NamespaceEntry, PodEntry};
     use crate::decide::namespace::Invalid;
     use crate::decide::quota::{Pressure, QuotaEntry};
@@ -1585,6 +1600,9 @@ mod tests {
         found: Mutex<Vec<InFlight>>,
         /// The claims' Namespace's annotations as a live read finds them; `None`: unreadable.
         live_namespace: Mutex<Option<BTreeMap<String, String>>>,
+        /// Every kind's resourceVersion as a consistent read finds it; `None`: unknown. Its
+        /// replays never get their bookmark.
+        revision: Mutex<Option<u64>>,
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1603,9 +1621,11 @@ mod tests {
             (synced(std::slice::from_ref(claim), &pods), read_at)
         }
 
-        /// No revision: every re-check here lists (the proof's rounds have tests of their own).
         async fn revision(&self, _: Kind, _: &Scope, _: &Metrics) -> Found<u64> {
-            Found::Unknown("the fake cluster proves nothing".into())
+            match *lock(&self.revision) {
+                Some(revision) => Found::Yes(revision),
+                None => Found::Unknown("the fake cluster proves nothing".into()),
+            }
         }
 
         async fn changes(
@@ -1615,6 +1635,9 @@ mod tests {
             _: (u64, u64),
             _: &Metrics,
         ) -> Option<Vec<crate::cluster::progress::Delivery>> {
+            if lock(&self.revision).is_some() {
+                std::future::pending::<()>().await;
+            }
             None
         }
 
@@ -1631,7 +1654,7 @@ mod tests {
         async fn delete(
             &self,
             claim: &ClaimFacts,
-            _: &Ledger,
+            _: &Counted,
             deadline: Instant,
             _: &Metrics,
         ) -> SendResult {
@@ -1817,6 +1840,38 @@ mod tests {
             lock(&c.cluster.notices).clone(),
             vec![Notice::Deleted(Reason::Orphaned, None)]
         );
+    }
+
+    /// A kind whose own watch delivers past the revision read for the proof is proven then,
+    /// without waiting for the replay's bookmark (here one that never comes): the re-check
+    /// rests on the proven cache and lists nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_delivering_past_the_revision_proves_its_kind_without_the_bookmark() {
+        let cluster = FakeCluster::default();
+        *lock(&cluster.revision) = Some(100);
+        let c = controller(cluster, 10, &[due("a")], true);
+        {
+            let mut index = c.write_index();
+            for n in 0..PROVE_FROM {
+                let mut pod = pod_mounting("other");
+                pod.key.name = format!("pod-{n}");
+                index.update(Update::Pod(Change::Apply(pod)));
+            }
+            for kind in PROVEN {
+                index.update(Update::Delivered(kind, None, 90));
+            }
+        }
+        let watches = c.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut index = watches.write_index();
+            for kind in PROVEN {
+                index.update(Update::Delivered(kind, None, 101));
+            }
+        });
+        assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+        assert!(lock(&c.cluster.reads).is_empty(), "nothing listed");
+        assert_eq!(lock(&c.cluster.sent).len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

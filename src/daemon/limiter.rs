@@ -48,6 +48,16 @@ pub struct Limiter {
     /// `None` while the count of the current window is unknown.
     ledger: Option<Ledger>,
     term: u64,
+    /// How many times the count has changed: orders the ledgers handed out to be written.
+    changes: u64,
+}
+
+/// The ledger to write before a delete, and when it was taken among the count's changes: a
+/// Lease write carrying a ledger of the same or a later generation counts that delete too.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    pub ledger: Ledger,
+    pub generation: u64,
 }
 
 impl Limiter {
@@ -61,6 +71,7 @@ impl Limiter {
             next_slot: None,
             ledger: None,
             term: 0,
+            changes: 0,
         }
     }
 
@@ -91,6 +102,7 @@ impl Limiter {
             };
         }
         ledger.record(at);
+        self.changes += 1;
         self.next_slot = Some(
             slot.checked_add(self.interval)
                 .unwrap_or(slot + self.window),
@@ -117,6 +129,7 @@ impl Limiter {
             && let Some(ledger) = &mut self.ledger
         {
             ledger.unrecord(reservation.at);
+            self.changes += 1;
         }
     }
 
@@ -131,6 +144,7 @@ impl Limiter {
         {
             ledger.unrecord(reservation.at);
             ledger.record(at);
+            self.changes += 1;
         }
         Reservation { at, ..reservation }
     }
@@ -138,10 +152,15 @@ impl Limiter {
     /// The ledger to persist before `reservation`'s delete: every reservation granted so far
     /// and not released, this one included. `None` if it was granted before the count was
     /// last forgotten or recovered: the ledger since then does not count it.
-    pub fn ledger_for(&self, reservation: Reservation) -> Option<Ledger> {
-        self.ledger
+    pub fn ledger_for(&self, reservation: Reservation) -> Option<Counted> {
+        let ledger = self
+            .ledger
             .clone()
-            .filter(|_| reservation.term == self.term)
+            .filter(|_| reservation.term == self.term)?;
+        Some(Counted {
+            ledger,
+            generation: self.changes,
+        })
     }
 
     /// Counts from the ledger found on the Lease when it was won (`None`: it had none), judged
@@ -169,12 +188,14 @@ impl Limiter {
     fn restore(&mut self, ledger: Ledger) {
         self.ledger = Some(ledger);
         self.term += 1;
+        self.changes += 1;
     }
 
     /// Forgets the count (leadership lost): nothing is admitted until the next recovery.
     pub fn forget(&mut self) {
         self.ledger = None;
         self.term += 1;
+        self.changes += 1;
     }
 }
 
@@ -331,6 +352,35 @@ mod tests {
     }
 
     #[test]
+    fn a_ledger_handed_out_later_is_of_a_later_generation_and_counts_the_moved_slot() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let mut leader = limiter(Duration::ZERO, 10, Duration::from_secs(30));
+        let Admission::At(first) = leader.reserve(now, wall, 0) else {
+            panic!("admitted")
+        };
+        let before = leader.ledger_for(first).expect("current");
+        let moved = leader.count_from(first, wall + Duration::from_secs(5));
+        let after = leader.ledger_for(moved).expect("current");
+        // A Lease write of `before` does not count the slot where it now stands: a DELETE
+        // whose ledger is `after` cannot rest on it.
+        assert!(after.generation > before.generation);
+        assert_ne!(after.ledger.to_annotation(), before.ledger.to_annotation());
+        let Admission::At(second) = leader.reserve(now, wall, 0) else {
+            panic!("admitted")
+        };
+        let newest = leader.ledger_for(second).expect("current");
+        assert!(newest.generation > after.generation);
+        leader.forget();
+        leader
+            .recover(None, wall, Duration::ZERO)
+            .expect("recovered");
+        assert!(
+            leader.ledger_for(second).is_none(),
+            "granted before the recovery"
+        );
+    }
+
+    #[test]
     fn a_recovered_ledger_counts_a_delete_from_when_it_could_go_out() {
         let (now, wall) = (Instant::now(), Utc::now());
         let window = Duration::from_secs(30);
@@ -344,6 +394,7 @@ mod tests {
         let persisted = leader
             .ledger_for(reservation)
             .expect("current")
+            .ledger
             .to_annotation();
 
         // The leader dies; another recovers the ledger a window after the slot.

@@ -19,7 +19,7 @@ use crate::cluster::progress::{self, Delivery};
 use crate::cluster::served::Served;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
-use crate::daemon::cap_ledger::Ledger;
+use crate::daemon::limiter::Counted;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::namespace::Invalid;
@@ -76,7 +76,7 @@ pub trait Cluster: Send + Sync + 'static {
     fn delete(
         &self,
         claim: &ClaimFacts,
-        ledger: &Ledger,
+        ledger: &Counted,
         deadline: Instant,
         metrics: &Metrics,
     ) -> impl Future<Output = Result<DeleteResult, NotSent>> + Send;
@@ -244,12 +244,13 @@ impl Cluster for KubeCluster {
     async fn delete(
         &self,
         claim: &ClaimFacts,
-        ledger: &Ledger,
+        ledger: &Counted,
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<DeleteResult, NotSent> {
-        let ledger = ledger.to_annotation();
-        self.writer.delete(claim, &ledger, deadline, metrics).await
+        let text = ledger.ledger.to_annotation();
+        let ledger = (text.as_str(), ledger.generation);
+        self.writer.delete(claim, ledger, deadline, metrics).await
     }
 
     async fn revoke(&self, delete: &InFlight, metrics: &Metrics) -> Revocation {

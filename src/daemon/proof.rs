@@ -8,7 +8,8 @@
 //! 2. if the kind's watch has delivered up to `R` or beyond, it is proven;
 //! 3. otherwise a short watch replays the kind's changes since the cache's resourceVersion, up
 //!    to a bookmark at `R` or later, and the kind is proven once the cache reflects each of
-//!    them: delivered by its watch, or a deletion of an object the cache does not hold.
+//!    them: delivered by its watch, or a deletion of an object the cache does not hold; or
+//!    sooner, once its watch has delivered up to `R` after all (step 2, checked again).
 //!
 //! Anything else (a read fails, the replay is refused or gets no bookmark, the watch does not
 //! catch up within [`PROOF_BOUND`]) leaves the round unproven, and the re-check lists the

@@ -7,7 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::audit_log::AuditEvent;
-use workspace_gc::contract::annotations::REVOKED;
+use serde_json::Value;
+use workspace_gc::contract::annotations::{self, REVOKED};
 
 /// A Lease write that empties the holder (a release on shutdown). Known only where the body is
 /// logged; otherwise taken for a renewal.
@@ -63,6 +64,8 @@ pub const DEFAULT_RECHECK_BOUND: Duration = Duration::from_secs(10);
 ///   - fenced: it was received from the Lease holder (the writer of the last successful Lease
 ///     write before it, unless that write released the Lease), within `renew_deadline` of
 ///     that write;
+///   - named: the Lease named it in flight then (its UID in the in-flight annotation), so
+///     that a next leader could revoke it;
 ///   - re-checked: a LIST of pods in its namespace, or of the whole cluster, by the same user
 ///     finished less than `bound` before it (the live re-check: the namespace listed, or the
 ///     first read of a round that proved the cache fresh, `daemon::proof`);
@@ -216,6 +219,12 @@ impl DeleteInvariant {
                     )),
                     Some(_) => {}
                 }
+                if !named_in_flight(&writes, delete) {
+                    late.push((
+                        ViolationKind::NotNamed,
+                        "the Lease did not name it in flight when it arrived".into(),
+                    ));
+                }
             }
             match recheck(&delete.user, &delete.namespace, delete.at, None) {
                 Some(r) if age(r.completed, delete.at) < self.bound => {}
@@ -309,6 +318,29 @@ pub enum ViolationKind {
     Twice,
     /// It took effect after the daemon's revocation of it was answered.
     AfterRevocation,
+    /// The Lease did not name it in flight when it arrived: a next leader could not revoke it.
+    NotNamed,
+}
+
+/// Whether the Lease named `delete`'s UID in flight when it arrived: the in-flight
+/// annotation as the last successful write before it that set it (a create or an update
+/// sets it, to nothing when absent; a patch when it carries the key) left it.
+fn named_in_flight(writes: &[&AuditEvent], delete: &AuditEvent) -> bool {
+    let mut named = None;
+    for write in writes.iter().filter(|w| w.completed <= delete.at) {
+        let annotations = &write.request["metadata"]["annotations"];
+        match annotations.get(annotations::DELETES_IN_FLIGHT) {
+            Some(value) => named = value.as_str(),
+            None if write.verb != "patch" => named = None,
+            None => {}
+        }
+    }
+    let Some(uid) = delete.uid.as_deref() else {
+        return false;
+    };
+    named
+        .and_then(|text| serde_json::from_str::<Vec<Value>>(text).ok())
+        .is_some_and(|deletes| deletes.iter().any(|d| d["uid"].as_str() == Some(uid)))
 }
 
 /// One DELETE that breaks the [`DeleteInvariant`], and why.
