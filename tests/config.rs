@@ -891,6 +891,7 @@ const KEYS: &[&str] = &[
     "deletion.notice_before",
     "deletion.read_volumes",
     "deletion.released_volume_ttl",
+    "deletion.proof_round_interval",
     "leader_election.enabled",
     "leader_election.lease_name",
     "leader_election.lease_namespace",

@@ -95,6 +95,7 @@ pub(super) struct DeletionLayer {
     pub(super) notice_before: Slot<String>,
     pub(super) read_volumes: Slot<bool>,
     pub(super) released_volume_ttl: Slot<String>,
+    pub(super) proof_round_interval: Slot<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -324,6 +325,7 @@ impl Layer {
             "deletion.deletes_per_second" => put(&mut d.deletes_per_second, raw, at),
             "deletion.max_deletions_per_window" => put(&mut d.max_deletions_per_window, raw, at),
             "deletion.window" => put(&mut d.window, raw, at),
+            "deletion.proof_round_interval" => put(&mut d.proof_round_interval, raw, at),
             "deletion.notice_before" => put(&mut d.notice_before, raw, at),
             "deletion.read_volumes" => put(&mut d.read_volumes, raw, at),
             "deletion.released_volume_ttl" => put(&mut d.released_volume_ttl, raw, at),

@@ -136,6 +136,11 @@ pub struct DeletionConfig {
     /// PersistentVolumes); `None`: never.
     #[serde(serialize_with = "serialize_duration_or_empty")]
     pub released_volume_ttl: Option<Duration>,
+    /// The least time between two rounds that prove the cache fresh for the live re-check, in
+    /// one watch scope (`daemon::proof`): longer shares a round's reads among more re-checks,
+    /// shorter lets each wait less for its round.
+    #[serde(serialize_with = "serialize_duration")]
+    pub proof_round_interval: Duration,
 }
 
 /// Lease-based leader election; only the leader deletes.
@@ -253,6 +258,7 @@ impl Default for Config {
                 notice_before: None,
                 read_volumes: false,
                 released_volume_ttl: None,
+                proof_round_interval: Duration::from_millis(1500),
             },
             leader_election: LeaderElectionConfig {
                 enabled: true,

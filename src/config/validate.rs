@@ -280,6 +280,13 @@ impl Layer {
                 .value,
                 read_volumes: read_volumes.value,
                 released_volume_ttl: released_volume_ttl.value,
+                proof_round_interval: take(
+                    del.proof_round_interval,
+                    "deletion.proof_round_interval",
+                    d.deletion.proof_round_interval,
+                    round_interval,
+                )?
+                .value,
             },
             leader_election: LeaderElectionConfig {
                 enabled: enabled.value,
@@ -436,6 +443,16 @@ fn positive_duration(raw: String) -> Result<Duration, String> {
     let d = duration(raw.clone())?;
     if d.is_zero() {
         return Err(format!("{raw:?} must be greater than zero"));
+    }
+    Ok(d)
+}
+
+/// Zero allowed (a round for every re-check that finds none waiting); at most a minute, which
+/// would already hold each due claim that long.
+fn round_interval(raw: String) -> Result<Duration, String> {
+    let d = duration(raw.clone())?;
+    if d > Duration::from_secs(60) {
+        return Err(format!("{raw:?} is too long; expected at most 1m"));
     }
     Ok(d)
 }

@@ -593,7 +593,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             already_sent: Mutex::default(),
             claims_watch_broken: std::sync::atomic::AtomicBool::new(false),
             outstanding: Mutex::default(),
-            proofs: Proofs::default(),
+            proofs: Proofs::new(config.deletion.proof_round_interval),
             per_namespace: !config.selector.namespaces.is_empty(),
         }
     }

@@ -14,7 +14,9 @@
 //! Anything else (a read fails, the replay is refused or gets no bookmark, the watch does not
 //! catch up within [`PROOF_BOUND`]) leaves the round unproven, and the re-check lists the
 //! namespace live, as without this. A round starts only after every re-check it serves asked
-//! for it, and one proven round dates the re-check from its first read.
+//! for it, and one proven round dates the re-check from its first read. Rounds of a scope
+//! start at least `deletion.proof_round_interval` apart: the reads a round costs are shared by
+//! more re-checks the longer it is, and each waits longer for its round.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
@@ -51,43 +54,31 @@ pub fn reflects(
         .all(|change| change.revision <= delivered || (change.deleted && !holds(&change.key)))
 }
 
-/// The rounds of every scope: at most one in flight per scope, and re-checks that asked
-/// while one was in flight share the next.
-#[derive(Default)]
+/// The rounds of every scope. Rounds of one scope start at least `interval` apart, and may
+/// overlap; a re-check that asks while one waits to start shares it.
 pub struct Proofs {
-    scopes: Mutex<HashMap<Scope, Arc<ScopeRounds>>>,
+    interval: Duration,
+    scopes: Mutex<HashMap<Scope, Arc<Mutex<Schedule>>>>,
 }
+
+/// A round's outcome once it finished: when its first read was sent (`None`: unproven).
+type Outcome = watch::Sender<Option<Option<Instant>>>;
 
 #[derive(Default)]
-struct ScopeRounds {
-    /// Held by the re-check running a round.
-    turn: tokio::sync::Mutex<()>,
-    tally: Mutex<Tally>,
-}
-
-#[derive(Default)]
-struct Tally {
-    started: u64,
-    /// The latest round finished: its number and when its first read was sent (`None`:
-    /// unproven).
-    finished: Option<(u64, Option<Instant>)>,
-}
-
-impl ScopeRounds {
-    fn tally(&self) -> MutexGuard<'_, Tally> {
-        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The outcome of the latest round, if it is round `ticket` or later.
-    fn done(&self, ticket: u64) -> Option<Option<Instant>> {
-        let finished = self.tally().finished;
-        finished
-            .filter(|(number, _)| *number >= ticket)
-            .map(|(_, at)| at)
-    }
+struct Schedule {
+    /// The round waiting to start, which re-checks asking now share.
+    next: Option<Arc<Outcome>>,
+    last_start: Option<Instant>,
 }
 
 impl Proofs {
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            scopes: Mutex::default(),
+        }
+    }
+
     /// The instant a round proven for `scope` sent its first read, a round that started after
     /// this call (run by this caller with `round`, or shared with another's); `None` when it
     /// was not proven.
@@ -95,23 +86,79 @@ impl Proofs {
     where
         F: Future<Output = Option<Instant>>,
     {
-        let rounds = {
+        let schedule = {
             let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
             scopes.entry(scope.clone()).or_default().clone()
         };
-        let ticket = rounds.tally().started + 1;
-        let _turn = rounds.turn.lock().await;
-        if let Some(outcome) = rounds.done(ticket) {
-            return outcome;
-        }
-        let number = {
-            let mut tally = rounds.tally();
-            tally.started += 1;
-            tally.started
+        let role = {
+            let mut planned = lock(&schedule);
+            match &planned.next {
+                Some(next) => Err(next.subscribe()),
+                None => {
+                    let outcome = Arc::new(watch::channel(None).0);
+                    planned.next = Some(outcome.clone());
+                    let now = Instant::now();
+                    let start_at =
+                        (planned.last_start).map_or(now, |last| (last + self.interval).max(now));
+                    Ok((outcome, start_at))
+                }
+            }
         };
-        let outcome = round().await;
-        rounds.tally().finished = Some((number, outcome));
-        outcome
+        let (outcome, start_at) = match role {
+            Ok(running) => running,
+            Err(mut shared) => {
+                let finished = shared.wait_for(Option::is_some).await;
+                return finished.ok().and_then(|outcome| *outcome).flatten();
+            }
+        };
+        let mut running = Running {
+            schedule,
+            outcome,
+            finished: false,
+        };
+        tokio::time::sleep_until(start_at).await;
+        {
+            let mut planned = lock(&running.schedule);
+            if (planned.next.as_ref()).is_some_and(|next| Arc::ptr_eq(next, &running.outcome)) {
+                planned.next = None;
+            }
+            planned.last_start = Some(Instant::now());
+        }
+        let proven = round().await;
+        running.finish(proven);
+        proven
+    }
+}
+
+fn lock(schedule: &Mutex<Schedule>) -> MutexGuard<'_, Schedule> {
+    schedule.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The round this re-check runs: its outcome reaches the re-checks sharing it, and if the
+/// re-check is dropped before it finishes, they read it unproven and list.
+struct Running {
+    schedule: Arc<Mutex<Schedule>>,
+    outcome: Arc<Outcome>,
+    finished: bool,
+}
+
+impl Running {
+    fn finish(&mut self, proven: Option<Instant>) {
+        self.finished = true;
+        self.outcome.send_replace(Some(proven));
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut planned = lock(&self.schedule);
+        if (planned.next.as_ref()).is_some_and(|next| Arc::ptr_eq(next, &self.outcome)) {
+            planned.next = None;
+        }
+        self.outcome.send_replace(Some(None));
     }
 }
 
@@ -284,7 +331,6 @@ impl<L: Lookup> Lookup for Recorder<'_, L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
 
     fn change(name: &str, revision: u64, deleted: bool) -> Delivery {
         Delivery {
@@ -311,45 +357,70 @@ mod tests {
         assert!(reflects(Some(1), &[], held), "nothing changed");
     }
 
-    #[tokio::test]
-    async fn re_checks_that_ask_during_a_round_share_the_next() {
-        let rounds = Arc::new(Proofs::default());
-        let runs = Arc::new(AtomicU32::new(0));
-        let (release, held) = tokio::sync::watch::channel(false);
-        let round = |runs: Arc<AtomicU32>, mut held: tokio::sync::watch::Receiver<bool>| {
-            move || async move {
-                let number = runs.fetch_add(1, Ordering::SeqCst);
-                // The first round waits until the others have asked.
-                if number == 0 {
-                    let _ = held.wait_for(|go| *go).await;
-                }
-                Some(Instant::now())
-            }
-        };
-        let first = {
-            let (rounds, runs, held) = (rounds.clone(), runs.clone(), held.clone());
-            tokio::spawn(async move { rounds.prove(&None, round(runs, held)).await })
-        };
-        tokio::task::yield_now().await;
-        while runs.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
-        let later: Vec<_> = (0..3)
-            .map(|_| {
-                let (rounds, runs, held) = (rounds.clone(), runs.clone(), held.clone());
-                tokio::spawn(async move { rounds.prove(&None, round(runs, held)).await })
-            })
-            .collect();
-        tokio::task::yield_now().await;
-        release.send(true).expect("receivers");
-        let first = first.await.expect("joined");
-        let mut later_at = Vec::new();
-        for task in later {
-            later_at.push(task.await.expect("joined"));
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 2, "one round, then one shared");
-        assert!(later_at.iter().all(|at| at.is_some() && *at > first));
-        assert!(later_at.windows(2).all(|w| w[0] == w[1]), "the same round");
+    /// Proofs of one scope, each round taking `takes` and recording when it started.
+    fn ask(
+        proofs: &Arc<Proofs>,
+        starts: &Arc<Mutex<Vec<Instant>>>,
+        takes: Duration,
+    ) -> tokio::task::JoinHandle<Option<Instant>> {
+        let (proofs, starts) = (proofs.clone(), starts.clone());
+        tokio::spawn(async move {
+            let round = || async move {
+                let start = Instant::now();
+                starts.lock().unwrap().push(start);
+                tokio::time::sleep(takes).await;
+                Some(start)
+            };
+            proofs.prove(&None, round).await
+        })
+    }
+
+    async fn after(millis: u64) {
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn re_checks_that_ask_while_a_round_waits_share_it_and_rounds_start_an_interval_apart() {
+        let proofs = Arc::new(Proofs::new(Duration::from_secs(1)));
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let t0 = Instant::now();
+        let first = ask(&proofs, &starts, Duration::from_secs(2));
+        after(100).await;
+        let second = ask(&proofs, &starts, Duration::from_secs(2));
+        after(100).await;
+        let third = ask(&proofs, &starts, Duration::from_secs(2));
+        let (first, second, third) = (first.await.unwrap(), second.await.unwrap(), third.await);
+        let starts = starts.lock().unwrap().clone();
+        assert_eq!(starts.len(), 2, "one round, then one shared: {starts:?}");
+        assert_eq!(first, Some(t0));
+        assert_eq!(
+            second,
+            Some(t0 + Duration::from_secs(1)),
+            "an interval after the first"
+        );
+        assert_eq!(third.unwrap(), second, "the same round");
+        assert!(
+            starts[1] < starts[0] + Duration::from_secs(2),
+            "it did not wait for the first"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_dropped_before_it_starts_reads_unproven_and_the_next_asks_anew() {
+        let proofs = Arc::new(Proofs::new(Duration::from_secs(1)));
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let first = ask(&proofs, &starts, Duration::from_millis(10));
+        after(100).await;
+        let dropped = ask(&proofs, &starts, Duration::from_millis(10));
+        after(100).await;
+        let sharing = ask(&proofs, &starts, Duration::from_millis(10));
+        after(100).await;
+        dropped.abort();
+        assert_eq!(sharing.await.unwrap(), None, "unproven: it lists");
+        let next = ask(&proofs, &starts, Duration::from_millis(10));
+        assert!(next.await.unwrap().is_some());
+        assert!(first.await.unwrap().is_some());
+        assert_eq!(starts.lock().unwrap().len(), 2);
     }
 
     #[test]
