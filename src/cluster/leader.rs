@@ -102,6 +102,9 @@ pub enum FenceError {
     TimedOut,
 }
 
+/// How long a Lease write that records a DELETE waits for others decided with it.
+const GATHER: Duration = Duration::from_millis(5);
+
 /// The election's periods, all derived from the lease duration in client-go's proportions
 /// (15 s, 10 s, 2 s there).
 #[derive(Debug, Clone, Copy)]
@@ -335,6 +338,10 @@ impl Fence {
         if elector.batch().carried(generation, delete) {
             return Ok(());
         }
+        // The DELETEs of one proof round are confirmed within microseconds of each other: a
+        // moment's wait lets them all be named before the write that carries them.
+        tokio::time::sleep(GATHER).await;
+        self.check()?;
         let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let (named, (written_generation, ledger)) = {
             let batch = elector.batch();
