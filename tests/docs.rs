@@ -370,3 +370,159 @@ fn broken_links_are_reported() {
         ]
     );
 }
+
+/// The Rust files under `src/`, relative to the crate root.
+fn rust_sources() -> Vec<PathBuf> {
+    fn visit(dir: &Path, found: &mut Vec<PathBuf>) {
+        let entries = std::fs::read_dir(Path::new(ROOT).join(dir))
+            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+        for entry in entries {
+            let entry = entry.unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+            let path = dir.join(entry.file_name());
+            if entry.path().is_dir() {
+                visit(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    visit(Path::new("src"), &mut found);
+    found.sort();
+    found
+}
+
+/// The files of `src/` that may send a request that changes the cluster; the README's code map
+/// says what each changes.
+const MUTATORS: [&str; 4] = [
+    "src/cluster/writer.rs",
+    "src/cluster/leader.rs",
+    "src/observe/access.rs",
+    "src/creator.rs",
+];
+
+/// The calls in `code` (outside its test module) that send a request changing the cluster:
+/// kube's `Api` writes, whose first argument is a reference, and raw HTTP writes. Whitespace
+/// is ignored, so that a call rustfmt breaks over lines is found too.
+fn mutating_calls(code: &str) -> Vec<&'static str> {
+    const CALLS: [&str; 15] = [
+        ".create(&",
+        ".patch(&",
+        ".patch_status(&",
+        ".patch_metadata(&",
+        ".patch_subresource(&",
+        ".create_subresource(&",
+        ".replace(&",
+        ".replace_status(&",
+        ".delete(&",
+        ".delete_collection(&",
+        ".evict(&",
+        "Method::POST",
+        "Method::PUT",
+        "Method::PATCH",
+        "Method::DELETE",
+    ];
+    let code = code
+        .split("#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap_or_default();
+    let squeezed: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    CALLS
+        .into_iter()
+        .filter(|call| squeezed.contains(call))
+        .collect()
+}
+
+#[test]
+fn a_mutating_call_is_found_wherever_rustfmt_puts_it() {
+    let broken = "let x = api\n    .patch(\n        &name,\n        &params,\n    )\n    .await;";
+    assert_eq!(mutating_calls(broken), vec![".patch(&"]);
+    let in_tests = "fn f() {}\n#[cfg(test)]\nmod tests {\n    api.delete(&n, &p);\n}\n";
+    assert!(mutating_calls(in_tests).is_empty());
+    assert!(mutating_calls("let s = text.replace('a', \"b\");").is_empty());
+}
+
+/// Only the files the README names change the cluster, and each of them does (so the scan
+/// still finds their calls).
+#[test]
+fn the_cluster_is_changed_only_by_the_files_the_readme_names() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README");
+    let mut elsewhere = Vec::new();
+    for path in rust_sources() {
+        let code = std::fs::read_to_string(Path::new(ROOT).join(&path)).expect("read a source");
+        let calls = mutating_calls(&code);
+        let name = path.to_string_lossy().into_owned();
+        if MUTATORS.contains(&name.as_str()) {
+            assert!(
+                !calls.is_empty(),
+                "{name} changes the cluster, but none of its calls was found"
+            );
+            let named = format!("`{}`", name.trim_start_matches("src/"));
+            assert!(readme.contains(&named), "the README does not name {named}");
+        } else if !calls.is_empty() {
+            elsewhere.push(format!("{name}: {calls:?}"));
+        }
+    }
+    assert!(
+        elsewhere.is_empty(),
+        "requests that change the cluster outside {MUTATORS:?}:\n{}",
+        elsewhere.join("\n")
+    );
+}
+
+/// The files the README's code map names, as paths under `src/`: each row's folder (its first
+/// cell, or the row's above) joined to each file in backticks in its second cell.
+fn code_map(readme: &str) -> BTreeSet<PathBuf> {
+    let section = readme
+        .split("## Code map")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a Code map section");
+    let mut folder = String::new();
+    let mut named = BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with('|')).skip(2) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (Some(layer), Some(modules)) = (cells.get(1), cells.get(2)) else {
+            continue;
+        };
+        if cells.get(3).is_none_or(|c| c.is_empty()) && !modules.contains(".rs") {
+            break;
+        }
+        if !layer.is_empty() {
+            folder = layer
+                .split('`')
+                .nth(1)
+                .filter(|f| f.ends_with('/'))
+                .unwrap_or_default()
+                .to_owned();
+        }
+        for file in modules.split('`').skip(1).step_by(2) {
+            named.insert(PathBuf::from("src").join(format!("{folder}{file}")));
+        }
+    }
+    named
+}
+
+/// Every source file is in the README's code map, and every file the map names exists.
+#[test]
+fn the_code_map_names_every_source_file() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README");
+    let named = code_map(&readme);
+    let sources: BTreeSet<PathBuf> = rust_sources()
+        .into_iter()
+        .filter(|p| !p.ends_with("lib.rs") && !p.ends_with("mod.rs"))
+        .collect();
+    let missing: Vec<_> = sources.difference(&named).collect();
+    assert!(
+        missing.is_empty(),
+        "not in the README's code map: {missing:?}"
+    );
+    let gone: Vec<_> = named
+        .iter()
+        .filter(|p| !Path::new(ROOT).join(p).exists())
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "the code map names files that do not exist: {gone:?}"
+    );
+}
