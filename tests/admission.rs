@@ -634,7 +634,7 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     // Both claims, the probe too, refused and counted (each is retried; the counts only grow).
     let denied = r#"operation="delete",category="admission-denied""#;
     let failed = format!(
-        r#"claim_namespace="{}",reason="orphaned",result="failed""#,
+        r#"claim_namespace="{}",reason="orphaned",result="denied""#,
         ns.name()
     );
     assert!(
@@ -648,7 +648,7 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
         daemon.metrics().await
     );
     let metrics = daemon.metrics().await;
-    let deleted = failed.replace("failed", "deleted");
+    let deleted = failed.replace("denied", "deleted");
     assert_eq!(
         metric(&metrics, "workspace_gc_deletions_total", &deleted),
         0.0,

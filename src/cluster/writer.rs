@@ -469,6 +469,12 @@ fn answered<T>(
             warn!(%object, %error, "delete answered with a server error; it may have been carried out");
             DeleteResult::Unanswered
         }
+        Ok(Err(kube::Error::Api(status))) if status.code == 429 => {
+            let error = kube::Error::Api(status);
+            metrics.api_error(Operation::Delete, &error);
+            warn!(%object, %error, "delete throttled; tried again soon");
+            DeleteResult::Throttled
+        }
         Ok(Err(error @ kube::Error::Api(_))) => {
             metrics.api_error(Operation::Delete, &error);
             if ErrorCategory::of(&error) == ErrorCategory::AdmissionDenied {
@@ -478,7 +484,7 @@ fn answered<T>(
             } else {
                 warn!(%object, %error, "delete refused");
             }
-            DeleteResult::Failed
+            DeleteResult::Denied
         }
         Ok(Err(error)) => {
             metrics.api_error(Operation::Delete, &error);
@@ -669,10 +675,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn throttling_is_a_refusal_and_a_server_error_may_have_been_carried_out() {
+    async fn throttling_and_denial_are_told_apart_and_a_server_error_may_have_been_carried_out() {
         // Each sent once (delete_against's server takes one request).
         let (_, _, result) = delete_against(Mode::Delete, 429).await.unwrap();
-        assert_eq!(result, DeleteResult::Failed);
+        assert_eq!(result, DeleteResult::Throttled);
+        for status in [400, 403, 422] {
+            let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
+            assert_eq!(result, DeleteResult::Denied, "{status}");
+        }
         for status in [500, 503, 504] {
             let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
             assert_eq!(result, DeleteResult::Unanswered, "{status}");

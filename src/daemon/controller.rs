@@ -1153,7 +1153,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // have been carried out), may have: pressure then deletes fewer, never more.
         let not_freed = matches!(
             sent,
-            Err(_) | Ok(DeleteResult::Conflict | DeleteResult::Failed)
+            Err(_) | Ok(DeleteResult::Conflict | DeleteResult::Throttled | DeleteResult::Denied)
         );
         if recorded && not_freed {
             self.rounds().withdraw(&claim.key, &claim.uid);
@@ -1269,7 +1269,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 info!(claim = %key, "the claim changed or was re-created since the decision; re-evaluating");
                 Outcome::Retry(Failure::Conflict)
             }
-            DeleteResult::Failed => Outcome::Retry(Failure::Refused),
+            DeleteResult::Throttled => Outcome::Retry(Failure::Throttled),
+            DeleteResult::Denied => Outcome::Retry(Failure::Denied),
             // Revoked at once, before anything else is decided for the claim (in a dry run
             // nothing that can land was sent).
             DeleteResult::Unanswered => match self.resolve_outstanding(key).await {
@@ -1916,10 +1917,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refused_delete_goes_back_through_the_whole_path() {
         let cluster = FakeCluster::default();
-        lock(&cluster.answers).push_back(Ok(DeleteResult::Failed));
+        lock(&cluster.answers).push_back(Ok(DeleteResult::Denied));
         let c = controller(cluster, 1, &[due("a")], true);
         let outcome = c.clone().reconcile(key("a")).await;
-        assert_eq!(outcome, Outcome::Retry(Failure::Refused));
+        assert_eq!(outcome, Outcome::Retry(Failure::Denied));
         assert_eq!(lock(&c.cluster.sent).len(), 1, "sent once, never re-sent");
         // The retry admits it again within the cap of one (the refusal was not counted) and
         // re-checks it live before the second DELETE.
@@ -2263,7 +2264,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_delete_not_known_to_have_been_carried_out_marks_nothing() {
         for (answer, revocation) in [
-            (DeleteResult::Failed, None),
+            (DeleteResult::Denied, None),
             (DeleteResult::Conflict, None),
             (DeleteResult::NotFound, None),
             (DeleteResult::Unanswered, Some(Revocation::Revoked)),

@@ -37,6 +37,10 @@ const BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// The longest backoff: a claim that keeps failing is still retried this often, so it is
 /// collected within this long once the fault is over.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The longest backoff after refusals ([`Failure::Denied`]): a standing RBAC or admission
+/// denial then costs a re-check, a Lease write and a DELETE every five minutes per claim, not
+/// every ten seconds. A change to the claim still runs it at once.
+pub const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
 /// After stop, how long reconciles in flight may take to finish before they are abandoned:
 /// the process must end within the pod's termination grace period whatever the API server
 /// does (every request is bounded too; this bounds what is left).
@@ -82,8 +86,11 @@ pub enum Failure {
     TooLate,
     /// The claim changed or was re-created since the decision.
     Conflict,
-    /// The API server answered the delete with an error (429 included).
-    Refused,
+    /// The API server throttled the delete (429).
+    Throttled,
+    /// The API server refused the delete (RBAC, admission, another 4xx): retried with a
+    /// backoff of minutes, not seconds, since it will likely be refused again.
+    Denied,
     /// The delete got no answer: it may or may not have been carried out.
     Unanswered,
     /// The reconcile panicked.
@@ -100,17 +107,22 @@ impl Failure {
             Failure::Fenced => "fenced",
             Failure::TooLate => "too-late",
             Failure::Conflict => "conflict",
-            Failure::Refused => "refused",
+            Failure::Throttled => "throttled",
+            Failure::Denied => "denied",
             Failure::Unanswered => "unanswered",
             Failure::Panicked => "panicked",
         }
     }
 }
 
-/// The backoff after `failures` failures in a row (at least one).
-fn backoff(failures: u32) -> Duration {
+/// The backoff after `failures` failures in a row (at least one), the last of them `last`.
+fn backoff(failures: u32, last: Failure) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
-    BACKOFF_BASE.saturating_mul(1 << doublings).min(BACKOFF_MAX)
+    let ceiling = match last {
+        Failure::Denied => DENIED_BACKOFF_MAX,
+        _ => BACKOFF_MAX,
+    };
+    BACKOFF_BASE.saturating_mul(1 << doublings).min(ceiling)
 }
 
 /// Asks for a claim to be reconciled now or at an instant. Cheap to clone.
@@ -234,10 +246,10 @@ impl Scheduler {
                 self.failures.remove(&key);
                 self.request(key.clone(), Some(at));
             }
-            Outcome::Retry(_) => {
+            Outcome::Retry(failure) => {
                 let failures = self.failures.entry(key.clone()).or_default();
                 *failures = failures.saturating_add(1);
-                let at = Instant::now() + backoff(*failures);
+                let at = Instant::now() + backoff(*failures, failure);
                 self.request(key.clone(), Some(at));
             }
         }
@@ -390,6 +402,20 @@ mod tests {
         starts.lock().unwrap().clone()
     }
 
+    #[test]
+    fn a_denial_backs_off_to_minutes_and_throttling_to_seconds() {
+        let ceilings = |failure| (1..=20).map(|n| backoff(n, failure)).max();
+        assert_eq!(ceilings(Failure::Throttled), Some(BACKOFF_MAX));
+        assert_eq!(ceilings(Failure::Denied), Some(DENIED_BACKOFF_MAX));
+        assert_eq!(
+            backoff(1, Failure::Denied),
+            BACKOFF_BASE,
+            "the first retry is as soon"
+        );
+        // The backoff follows the last failure: throttled after denials, seconds again.
+        assert_eq!(backoff(12, Failure::Throttled), BACKOFF_MAX);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn failures_back_off_exponentially_up_to_the_maximum_and_reset_on_success() {
         // Fails five times, succeeds once asking to come back in 3 s, then fails again.
@@ -397,7 +423,7 @@ mod tests {
             |n| async move {
                 match n {
                     6 => Outcome::At(Instant::now() + Duration::from_secs(3)),
-                    _ => Outcome::Retry(Failure::Refused),
+                    _ => Outcome::Retry(Failure::Throttled),
                 }
             },
             Duration::from_secs(40),

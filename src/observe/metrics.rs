@@ -138,8 +138,11 @@ pub enum DeleteResult {
     NotFound,
     /// The claim changed or was re-created since the decision: re-evaluated.
     Conflict,
-    /// The server answered with an error: not carried out.
-    Failed,
+    /// Throttled (429): not carried out, and worth trying again soon.
+    Throttled,
+    /// Refused for good as things stand (RBAC, admission, any other 4xx): not carried out, and
+    /// not worth trying again often.
+    Denied,
     /// No answer that says whether it was carried out (a broken connection, the deadline, a
     /// 5xx): it may have been.
     Unanswered,
@@ -151,7 +154,8 @@ impl DeleteResult {
             DeleteResult::Deleted => "deleted",
             DeleteResult::NotFound => "not-found",
             DeleteResult::Conflict => "conflict",
-            DeleteResult::Failed => "failed",
+            DeleteResult::Throttled => "throttled",
+            DeleteResult::Denied => "denied",
             DeleteResult::Unanswered => "unanswered",
         }
     }
