@@ -243,7 +243,7 @@ fn cdf_panel(
         .x_desc("reclaim lag (log scale)")
         .y_desc("share of claims reclaimed")
         .x_label_formatter(&seconds)
-        .y_label_formatter(&|y| format!("{:.0} %", y * 100.0))
+        .y_label_formatter(&|y: &f64| format!("{:.0} %", *y * 100.0))
         .draw()
         .map_err(drawn)?;
     for (name, lags) in curves {

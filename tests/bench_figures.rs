@@ -3,6 +3,10 @@
 //! kit; the benchmark itself needs a control plane and an hour.
 
 // The whole record of a run is the benchmark's; these tests read its figures and its JSON.
+// Only its pure parts are tested here; sending the lists needs a control plane.
+#[allow(dead_code)]
+#[path = "../bench/plain.rs"]
+mod plain;
 #[path = "../bench/plots.rs"]
 mod plots;
 #[allow(dead_code)]
@@ -659,5 +663,91 @@ mod plot_tests {
         assert_eq!(decades([-0.2, 0.5]), (LAG_FLOOR_S, 1.0));
         assert_eq!(decades([1.0]), (1.0, 10.0));
         assert_eq!(decades([]), (LAG_FLOOR_S, 1.0));
+    }
+}
+
+mod plain_tests {
+    use crate::plain::*;
+
+    fn sent<'a>(verb: &'a str, resource: &'a str, uri: &'a str, code: u16) -> Sent<'a> {
+        Sent {
+            verb,
+            resource,
+            uri,
+            code,
+        }
+    }
+
+    #[test]
+    fn the_initial_lists_are_the_streamed_ones_and_first_pages_once_each_by_resource() {
+        let streamed = "/api/v1/pods?allowWatchBookmarks=true&resourceVersion=0&\
+                        sendInitialEvents=true&resourceVersionMatch=NotOlderThan&watch=true";
+        let floor = "/api/v1/pods?labelSelector=never&limit=1";
+        let page = "/apis/tekton.dev/v1/pipelineruns?limit=500";
+        let refused = streamed.replace("pods", "pipelineruns");
+        let second_page = format!("{page}&continue=abc");
+        let sent = [
+            sent("get", "leases", "/apis/coordination.k8s.io/v1/x", 200),
+            sent("list", "pods", floor, 200),
+            sent("list", "pipelineruns", page, 200),
+            sent("watch", "pods", streamed, 200),
+            sent("watch", "pipelineruns", &refused, 422),
+            sent("list", "pipelineruns", &second_page, 200),
+            sent(
+                "watch",
+                "pipelineruns",
+                "/apis/tekton.dev/v1/pipelineruns?watch=true",
+                200,
+            ),
+            sent("list", "pods", floor, 200),
+        ];
+        assert_eq!(
+            initial_lists(sent),
+            [
+                (
+                    "pods".to_owned(),
+                    vec![
+                        Replay::Paged(floor.into()),
+                        Replay::Streamed(streamed.into())
+                    ]
+                ),
+                ("pipelineruns".to_owned(), vec![Replay::Paged(page.into())]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_page_names_the_next_in_its_head() {
+        let head = br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7","continue":"eyJ2Ijo_x-1"},"items":[{"#;
+        assert_eq!(continue_token(head).as_deref(), Some("eyJ2Ijo_x-1"));
+        let last = br#"{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[]}"#;
+        assert_eq!(continue_token(last), None);
+        assert_eq!(continue_token(br#"{"metadata":{"continue":""}}"#), None);
+        assert_eq!(
+            next_page(
+                "/api/v1/pods?limit=500&continue=old&labelSelector=a%3Db",
+                "new"
+            ),
+            "/api/v1/pods?limit=500&labelSelector=a%3Db&continue=new"
+        );
+        assert_eq!(next_page("/api/v1/pods", "t"), "/api/v1/pods?continue=t");
+    }
+
+    #[test]
+    fn the_end_of_a_streamed_list_is_found_wherever_the_chunks_split_it() {
+        let stream = br#"{"type":"ADDED","object":{}}
+{"type":"BOOKMARK","object":{"metadata":{"annotations":{"k8s.io/initial-events-end":"true"}}}}
+"#;
+        for split in 0..stream.len() {
+            for second in split..stream.len() {
+                let mut search = EndSearch::default();
+                let chunks = [&stream[..split], &stream[split..second], &stream[second..]];
+                let at = chunks.iter().position(|chunk| search.found(chunk));
+                assert!(at.is_some(), "missed when split at {split} and {second}");
+            }
+        }
+        let mut search = EndSearch::default();
+        assert!(!search.found(br#"{"annotations":{"k8s.io/initial-events-end":"false"}}"#));
+        assert!(!search.found(b""));
     }
 }
