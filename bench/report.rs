@@ -146,6 +146,11 @@ fn command_line(options: &Options) -> String {
             options.idle_minutes > 0.0,
             format!(" --idle-minutes {}", options.idle_minutes),
         ),
+        (options.with_baselines, " --with-baselines".into()),
+        (
+            options.out != cluster::root().join("bench/RESULTS.md"),
+            format!(" --out {}", options.out.display()),
+        ),
     ];
     for (changed, arg) in defaults {
         if changed {
