@@ -59,25 +59,33 @@ const FONT: &str = "sans-serif";
 /// Every figure of `run`: the lag distributions of each size with a reclaimed claim, and the
 /// lag against reads of each size whose churn ran.
 pub fn figures(run: &Run) -> Result<Vec<Figure>, String> {
+    type Draw = fn(&SizeResult) -> Result<Option<String>, String>;
+    let kinds: [(FigureKind, Draw, &str, &str); 2] = [
+        (
+            FigureKind::LagCdf,
+            lag_cdf,
+            "lag-cdf",
+            "Reclaim lag distributions",
+        ),
+        (
+            FigureKind::LagReads,
+            lag_reads,
+            "lag-reads",
+            "Churn lag against reads per claim",
+        ),
+    ];
     let mut out = Vec::new();
     for r in &run.sizes {
-        if let Some(svg) = lag_cdf(r)? {
-            out.push(Figure {
-                n: r.n,
-                kind: FigureKind::LagCdf,
-                file: format!("lag-cdf-N{}.svg", r.n),
-                title: format!("Reclaim lag distributions, N = {}", group(r.n)),
-                svg,
-            });
-        }
-        if let Some(svg) = lag_reads(r)? {
-            out.push(Figure {
-                n: r.n,
-                kind: FigureKind::LagReads,
-                file: format!("lag-reads-N{}.svg", r.n),
-                title: format!("Churn lag against reads per claim, N = {}", group(r.n)),
-                svg,
-            });
+        for (kind, draw, stem, title) in kinds {
+            if let Some(svg) = draw(r)? {
+                out.push(Figure {
+                    n: r.n,
+                    kind,
+                    file: format!("{stem}-N{}.svg", r.n),
+                    title: format!("{title}, N = {}", group(r.n)),
+                    svg,
+                });
+            }
         }
     }
     Ok(out)
