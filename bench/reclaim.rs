@@ -13,13 +13,15 @@
 //!    stopped, so that it cannot race the contenders measured after it (PVC protection stops
 //!    with it: claims deleted later stay Terminating, which the benchmark's watch counts as
 //!    deleted, the instant the delete took effect).
-//! 2. workspace-gc, the release binary, as user `bench:workspace-gc`: start to /readyz, then
-//!    owner-deleted events (as in 1) interleaved with TTL events (a validating job finishes at a
-//!    known instant; the claim is due TTL later).
+//! 2. workspace-gc, the release binary, as user `bench:workspace-gc`: start to /readyz, its
+//!    initial lists sent again by a plain client (plain.rs), then owner-deleted events (as in
+//!    1) interleaved with TTL events (a validating job finishes at a known instant; the claim
+//!    is due TTL later).
 //! 3. The sweep janitor (sweep.rs), as user `bench:sweep`, on the same kinds of events.
 //!
 //! Reclaim lag is measured by the benchmark's own watch on claims; requests from the audit log;
-//! memory and CPU from /proc. bench/RESULTS.md is rewritten at the end.
+//! memory and CPU from /proc. bench/RESULTS.md and its SVG plots (plots.rs) are rewritten at
+//! the end.
 
 mod audit;
 mod cluster;
