@@ -281,11 +281,13 @@ fn lag_reads(r: &SizeResult) -> Result<Option<String>, String> {
     if points.is_empty() {
         return Ok(None);
     }
+    // A factor of two to spare either way, so that no point sits on the frame.
     let lags = points
         .iter()
         .flat_map(|t| [t.lag.p50, t.lag.p99])
         .flatten()
-        .chain([LAG_P99_S]);
+        .chain([LAG_P99_S])
+        .flat_map(|lag| [lag / 2.0, lag * 2.0]);
     let (lo, hi) = decades(lags);
     let widest = points
         .iter()
