@@ -15,8 +15,8 @@
 //!    deleted, the instant the delete took effect).
 //! 2. workspace-gc, the release binary, as user `bench:workspace-gc`: start to /readyz, its
 //!    initial lists sent again by a plain client (plain.rs), then owner-deleted events (as in
-//!    1) interleaved with TTL events (a validating job finishes at a known instant; the claim
-//!    is due TTL later).
+//!    the first phase) interleaved with TTL events (a validating job finishes at a known
+//!    instant; the claim is due TTL later).
 //! 3. The sweep janitor (sweep.rs), as user `bench:sweep`, on the same kinds of events.
 //!
 //! Reclaim lag is measured by the benchmark's own watch on claims; requests from the audit log;
