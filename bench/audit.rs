@@ -30,6 +30,8 @@ pub struct Request {
     pub verb: String,
     pub resource: String,
     pub namespaced: bool,
+    /// The path and query asked for.
+    pub uri: String,
     pub at: DateTime<Utc>,
     pub code: u16,
 }
@@ -54,6 +56,7 @@ pub fn read(path: &Path) -> Result<Vec<Request>> {
             verb: event.verb,
             resource,
             namespaced: !event.namespace.is_empty(),
+            uri: event.uri,
             at: event.at,
             code: u16::try_from(event.code).unwrap_or_default(),
         });

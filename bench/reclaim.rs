@@ -13,17 +13,21 @@
 //!    stopped, so that it cannot race the contenders measured after it (PVC protection stops
 //!    with it: claims deleted later stay Terminating, which the benchmark's watch counts as
 //!    deleted, the instant the delete took effect).
-//! 2. workspace-gc, the release binary, as user `bench:workspace-gc`: start to /readyz, then
-//!    owner-deleted events (as in 1) interleaved with TTL events (a validating job finishes at a
-//!    known instant; the claim is due TTL later).
+//! 2. workspace-gc, the release binary, as user `bench:workspace-gc`: start to /readyz, its
+//!    initial lists sent again by a plain client (plain.rs), then owner-deleted events (as in
+//!    the first phase) interleaved with TTL events (a validating job finishes at a known
+//!    instant; the claim is due TTL later).
 //! 3. The sweep janitor (sweep.rs), as user `bench:sweep`, on the same kinds of events.
 //!
 //! Reclaim lag is measured by the benchmark's own watch on claims; requests from the audit log;
-//! memory and CPU from /proc. bench/RESULTS.md is rewritten at the end.
+//! memory and CPU from /proc. bench/RESULTS.md and its SVG plots (plots.rs) are rewritten at
+//! the end.
 
 mod audit;
 mod cluster;
 mod observe;
+mod plain;
+mod plots;
 mod population;
 mod report;
 mod results;
@@ -268,10 +272,22 @@ fn main() -> Result<()> {
     write_report(&options, &run)
 }
 
+/// The report and its figures, next to it.
 fn write_report(options: &Options, run: &Run) -> Result<()> {
-    std::fs::write(&options.out, report::render(run))
+    let figures = plots::figures(run).map_err(|e| anyhow!(e))?;
+    let dir = options.out.parent().unwrap_or(std::path::Path::new("."));
+    for figure in &figures {
+        let path = dir.join(&figure.file);
+        std::fs::write(&path, &figure.svg)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    std::fs::write(&options.out, report::render(run, &figures))
         .with_context(|| format!("writing {}", options.out.display()))?;
-    eprintln!("bench: wrote {}", options.out.display());
+    eprintln!(
+        "bench: wrote {} and {} figures",
+        options.out.display(),
+        figures.len()
+    );
     Ok(())
 }
 
@@ -637,6 +653,27 @@ async fn daemon_phase(
         daemon.ready_s.unwrap_or_default(),
         daemon.tracked.unwrap_or_default()
     );
+    if !churn_only {
+        // Left out of the phase's figures: the plain client's lists are not the daemon's cost.
+        let before = Meter::read(ctx, None).await;
+        let replayed = plain_lists(ctx, &kubeconfig, spawned, ready).await;
+        let after = Meter::read(ctx, None).await;
+        window.exclude(&before, &after);
+        match replayed {
+            Ok(mut lists) => {
+                lists.apiserver_cpu_s = after.apiserver_cpu - before.apiserver_cpu;
+                lists.etcd_cpu_s = after.etcd_cpu - before.etcd_cpu;
+                eprintln!(
+                    "bench:   the same lists by a plain client: {:.2} s",
+                    lists.wall_s
+                );
+                daemon.plain_lists = Some(lists);
+            }
+            Err(error) => daemon
+                .notes
+                .push(format!("the plain client's lists failed: {error:#}")),
+        }
+    }
     // Nothing in the population is due: the first seconds after ready must delete nothing.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut fired = Vec::new();
@@ -672,8 +709,8 @@ async fn daemon_phase(
     .await?
     .unwrap_or(span.1);
     stop(&mut child, pid).await;
-    daemon.sync = count_user(ctx, DAEMON_USER, spawned, ready)?;
-    daemon.steady = count_user(ctx, DAEMON_USER, ready, span.1)?;
+    daemon.sync = count(ctx, DAEMON, spawned, ready)?;
+    daemon.steady = count(ctx, DAEMON, ready, span.1)?;
     Ok((daemon, span, (span.0, end), targets))
 }
 
@@ -760,8 +797,8 @@ async fn sweep_phase(
     .unwrap_or(span.1);
     stop(&mut child, pid).await;
     reader.abort();
-    janitor.sync = count_user(ctx, SWEEP_USER, spawned, ready)?;
-    janitor.steady = count_user(ctx, SWEEP_USER, ready, span.1)?;
+    janitor.sync = count(ctx, SWEEP, spawned, ready)?;
+    janitor.steady = count(ctx, SWEEP, ready, span.1)?;
     let lines = lines.lock().unwrap_or_else(|e| e.into_inner());
     janitor.tracked = lines.iter().filter_map(|v| v["objects"].as_u64()).max();
     janitor.sweeps = lines
@@ -779,7 +816,9 @@ async fn sweep_phase(
 
 /// Which requests in the audit log are a contender's.
 type Who = fn(&audit::Request) -> bool;
-const DAEMON: Who = |r| r.user == DAEMON_USER;
+/// The daemon's; the plain client that lists again with its credentials is told apart by its
+/// user agent.
+const DAEMON: Who = |r| r.user == DAEMON_USER && r.agent != plain::AGENT_NAME;
 const SWEEP: Who = |r| r.user == SWEEP_USER;
 const GC: Who = |r| r.user == KCM_USER && r.agent == "generic-garbage-collector";
 
@@ -899,6 +938,9 @@ struct Window {
     opened: Meter,
     /// LIST bytes when the contender became ready.
     ready_list_bytes: Option<f64>,
+    /// API server CPU, etcd CPU and LIST bytes spent on others' requests within the window
+    /// (the plain client's lists), left out of it.
+    excluded: (f64, f64, f64),
 }
 
 const LISTED: [&str; 5] = [
@@ -930,7 +972,15 @@ impl Window {
         Self {
             opened: Meter::read(ctx, None).await,
             ready_list_bytes: None,
+            excluded: (0.0, 0.0, 0.0),
         }
+    }
+
+    /// Leaves what was spent between `from` and `to` out of the window.
+    fn exclude(&mut self, from: &Meter, to: &Meter) {
+        self.excluded.0 += to.apiserver_cpu - from.apiserver_cpu;
+        self.excluded.1 += to.etcd_cpu - from.etcd_cpu;
+        self.excluded.2 += to.list_bytes - from.list_bytes;
     }
 
     /// Splits the LIST bytes: before this, the initial lists; after it, the steady state.
@@ -942,11 +992,12 @@ impl Window {
         let closed = Meter::read(ctx, None).await;
         let opened = &self.opened;
         into.window_s = secs(closed.at - opened.at);
-        into.apiserver_cpu_s = closed.apiserver_cpu - opened.apiserver_cpu;
-        into.etcd_cpu_s = closed.etcd_cpu - opened.etcd_cpu;
+        let (apiserver, etcd, listed) = self.excluded;
+        into.apiserver_cpu_s = closed.apiserver_cpu - opened.apiserver_cpu - apiserver;
+        into.etcd_cpu_s = closed.etcd_cpu - opened.etcd_cpu - etcd;
         let ready = self.ready_list_bytes.unwrap_or(opened.list_bytes);
         into.sync_list_bytes = ready - opened.list_bytes;
-        into.list_bytes = closed.list_bytes - ready;
+        into.list_bytes = closed.list_bytes - ready - listed;
         (opened.at, closed.at)
     }
 }
@@ -1011,9 +1062,30 @@ fn lags(observer: &Observer, targets: &[Target]) -> Vec<(EventKind, Option<f64>)
         .collect()
 }
 
-fn count_user(ctx: &Ctx, user: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Counts> {
+fn count(ctx: &Ctx, who: Who, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Counts> {
     let requests = audit::read(&ctx.audit_log)?;
-    Ok(audit::count(&requests, from, to, |r| r.user == user))
+    Ok(audit::count(&requests, from, to, who))
+}
+
+/// The daemon's initial lists (its requests from `spawned` to `ready`), sent again by a plain
+/// client through the daemon's kubeconfig.
+async fn plain_lists(
+    ctx: &Ctx,
+    kubeconfig: &std::path::Path,
+    spawned: DateTime<Utc>,
+    ready: DateTime<Utc>,
+) -> Result<results::PlainLists> {
+    let requests = audit::read(&ctx.audit_log)?;
+    let sent = requests
+        .iter()
+        .filter(|r| r.at >= spawned && r.at < ready && DAEMON(r))
+        .map(|r| plain::Sent {
+            verb: &r.verb,
+            resource: &r.resource,
+            uri: &r.uri,
+            code: r.code,
+        });
+    plain::replay(kubeconfig, &plain::initial_lists(sent)).await
 }
 
 /// A child process inherits nothing that could change what it does: no proxy, no stray

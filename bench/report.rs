@@ -5,10 +5,14 @@ use std::process::Command;
 
 use chrono::{DateTime, Utc};
 
+use crate::plots::{Figure, FigureKind};
 use crate::results::{
     Contender, Counts, EventKind, Machine, Measured, Role, Run, Settings, SizeResult, Steady,
 };
-use crate::statistics::{LagStats, group, lag_stats, memory_model, per_claim, reads_per_claim};
+use crate::statistics::{
+    LagStats, group, lag_stats, memory_model, per_claim, ratio, reads_per_claim, tradeoffs,
+    writes_per_claim,
+};
 use crate::targets::{self, Verdict};
 use crate::{Options, cluster};
 
@@ -75,10 +79,21 @@ fn reads(counts: &Counts, reclaimed: usize) -> String {
     reads_per_claim(counts, reclaimed).map_or("–".into(), |reads| format!("{reads:.2}"))
 }
 
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => times(a / b),
-        _ => "–".into(),
+/// Writes per reclaimed claim, to two decimals.
+fn writes(counts: &Counts, reclaimed: usize) -> String {
+    writes_per_claim(counts, reclaimed).map_or("–".into(), |writes| format!("{writes:.2}"))
+}
+
+fn ratio_of(a: Option<f64>, b: Option<f64>) -> String {
+    a.zip(b)
+        .and_then(|(a, b)| ratio(a, b))
+        .map_or("–".into(), times)
+}
+
+/// A figure of the report, as Markdown: an image the report's directory holds.
+fn embed(out: &mut String, figures: &[Figure], n: usize, kind: FigureKind) {
+    for f in figures.iter().filter(|f| f.n == n && f.kind == kind) {
+        let _ = writeln!(out, "![{}]({})\n", f.title, f.file);
     }
 }
 
@@ -130,6 +145,11 @@ fn command_line(options: &Options) -> String {
         (
             options.idle_minutes > 0.0,
             format!(" --idle-minutes {}", options.idle_minutes),
+        ),
+        (options.with_baselines, " --with-baselines".into()),
+        (
+            options.out != cluster::root().join("bench/RESULTS.md"),
+            format!(" --out {}", options.out.display()),
         ),
     ];
     for (changed, arg) in defaults {
@@ -229,7 +249,8 @@ pub fn start(options: &Options, started: DateTime<Utc>) -> Run {
     }
 }
 
-pub fn render(run: &Run) -> String {
+/// The report of `run`, with `figures` (drawn from it) linked where they belong.
+pub fn render(run: &Run, figures: &[Figure]) -> String {
     let results = &run.sizes;
     let settings = &run.settings;
     let Machine {
@@ -297,7 +318,7 @@ pub fn render(run: &Run) -> String {
     out.push_str(METHOD);
 
     for r in results {
-        render_size(&mut out, r);
+        render_size(&mut out, r, figures);
     }
     render_targets(&mut out, results);
     render_memory(&mut out, results);
@@ -349,11 +370,26 @@ server's `apiserver_response_sizes_sum{verb=\"LIST\"}` from ready to the end of 
 contender lists then; the initial lists are shown apart, and where they are streamed as watch \
 events they are not LISTs at all). Memory and CPU: `/proc/PID/status` VmHWM/VmRSS and `/proc/PID/stat` \
 utime+stime. API server and etcd CPU: the same, over each phase's window.\n\n\
-Other builds of workspace-gc (a proposed change to `src/`) can be measured on the same objects \
-with `--variant LABEL,PATH[,ENV=VALUE...]` (repeatable; add `--with-baselines` to keep the \
-baselines) and `--out` another file.\n\n";
+Writes per reclaimed claim count every mutating verb a contender sends (create, update, patch, \
+delete, deletecollection): workspace-gc's DELETEs, its Events and its Lease's writes (the \
+renewals and the write that fences each DELETE); the garbage collector's DELETEs. Right after \
+each workspace-gc build is ready, a **plain client** sends its initial lists again: the \
+requests the audit log recorded from its start to ready (its streamed lists, or the first page \
+of each paged list, with the pages after it followed again), with curl through the daemon's own \
+kubeconfig over HTTP/1.1, every kind at once and each kind's requests in order, as the daemon \
+sent them. curl's output is not decoded: a streamed list is read up to the bookmark that ends \
+its initial events. That time is what the API server needs to serve the lists, and ready is \
+shown as a ratio to it; the plain client's requests (told apart by their user agent), and the \
+API server and etcd CPU spent meanwhile, are left out of the phase's figures.\n\n\
+The figures (SVG, next to this file, drawn by the same command and by `--report-from`) show \
+each size's reclaim-lag distributions, burst and churn, on a log axis (lags up to 1 ms drawn at \
+1 ms), and where a churn ran, each build's churn lag against its reads.\n\n\
+Other builds of workspace-gc (a proposed change to `src/`, or the same build with other \
+settings) can be measured on the same objects with `--variant LABEL,PATH[,ENV=VALUE...]` \
+(repeatable; add `--with-baselines` to keep the baselines; with `--churn`, each is a point of \
+the lag against reads) and `--out` another file.\n\n";
 
-fn render_size(out: &mut String, r: &SizeResult) {
+fn render_size(out: &mut String, r: &SizeResult, figures: &[Figure]) {
     let _ = writeln!(out, "## N = {}\n", group(r.n));
     let states: Vec<String> = r
         .states
@@ -427,6 +463,20 @@ fn render_size(out: &mut String, r: &SizeResult) {
             .map(|v| format!("{v:.2} s"))
             .unwrap_or_else(|| "already running".into())
     });
+    row(
+        out,
+        "ready ÷ a plain client's time for the same lists",
+        &|c| match (c.ready_s, &c.plain_lists) {
+            (Some(ready), Some(lists)) => format!(
+                "{} ({:.2} s; {:.0} MiB)",
+                ratio_of(Some(ready), Some(lists.wall_s)),
+                lists.wall_s,
+                lists.requests.iter().map(|q| q.bytes).sum::<u64>() as f64 / 1048576.0
+            ),
+            _ if c.role == Role::Daemon => "not measured in this run".into(),
+            _ => "–".into(),
+        },
+    );
     row(out, "lag, owner deleted: p50 / p99 / max", &|c| {
         lag_cell(lag_stats(&c.lags, Some(EventKind::OwnerDeleted)))
     });
@@ -445,6 +495,11 @@ fn render_size(out: &mut String, r: &SizeResult) {
     row(out, "reads (get + list) per reclaimed claim", &|c| {
         reads(&c.steady, c.reclaimed())
     });
+    row(
+        out,
+        "writes (every mutating verb: DELETE, Event, Lease) per reclaimed claim",
+        &|c| writes(&c.steady, c.reclaimed()),
+    );
     row(
         out,
         "LIST calls after initial sync: namespaced / cluster-wide",
@@ -525,6 +580,7 @@ fn render_size(out: &mut String, r: &SizeResult) {
         c.unexpected_deletions.to_string()
     });
     out.push('\n');
+    embed(out, figures, r.n, FigureKind::LagCdf);
 
     // Ratios against the baselines.
     let daemon = cs.iter().find(|c| c.role == Role::Daemon);
@@ -547,19 +603,19 @@ fn render_size(out: &mut String, r: &SizeResult) {
         let _ = writeln!(
             out,
             "| p50 lag, owner deleted | {} | {} |",
-            ratio(lag(sweep, owner, |s| s.p50), dl(owner, |s| s.p50)),
-            ratio(lag(gc, owner, |s| s.p50), dl(owner, |s| s.p50))
+            ratio_of(lag(sweep, owner, |s| s.p50), dl(owner, |s| s.p50)),
+            ratio_of(lag(gc, owner, |s| s.p50), dl(owner, |s| s.p50))
         );
         let _ = writeln!(
             out,
             "| p99 lag, owner deleted | {} | {} |",
-            ratio(lag(sweep, owner, |s| s.p99), dl(owner, |s| s.p99)),
-            ratio(lag(gc, owner, |s| s.p99), dl(owner, |s| s.p99))
+            ratio_of(lag(sweep, owner, |s| s.p99), dl(owner, |s| s.p99)),
+            ratio_of(lag(gc, owner, |s| s.p99), dl(owner, |s| s.p99))
         );
         let _ = writeln!(
             out,
             "| p99 lag, TTL passed | {} | n/a (no TTL) |",
-            ratio(lag(sweep, ttl, |s| s.p99), dl(ttl, |s| s.p99))
+            ratio_of(lag(sweep, ttl, |s| s.p99), dl(ttl, |s| s.p99))
         );
         let req = |c: &Contender| {
             (c.reclaimed() > 0).then(|| c.steady.non_watch() as f64 / c.reclaimed() as f64)
@@ -567,28 +623,29 @@ fn render_size(out: &mut String, r: &SizeResult) {
         let _ = writeln!(
             out,
             "| requests per reclaimed claim (all verbs but watch) | {} | {} |",
-            ratio(sweep.and_then(|c| req(c)), req(d)),
-            ratio(gc.and_then(|c| req(c)), req(d))
+            ratio_of(sweep.and_then(|c| req(c)), req(d)),
+            ratio_of(gc.and_then(|c| req(c)), req(d))
         );
         let bytes =
             |c: &Contender| (c.reclaimed() > 0).then(|| c.list_bytes / c.reclaimed() as f64);
         let _ = writeln!(
             out,
             "| LIST bytes after sync per reclaimed claim | {} | – |",
-            ratio(sweep.and_then(|c| bytes(c)), bytes(d))
+            ratio_of(sweep.and_then(|c| bytes(c)), bytes(d))
         );
         let peak = |c: &Contender| c.at_end.map(|p| p.hwm_kib as f64);
         let _ = writeln!(
             out,
             "| peak RSS | {} | {} (all of kube-controller-manager) |",
-            ratio(sweep.and_then(|c| peak(c)), peak(d)),
-            ratio(gc.and_then(|c| peak(c)), peak(d))
+            ratio_of(sweep.and_then(|c| peak(c)), peak(d)),
+            ratio_of(gc.and_then(|c| peak(c)), peak(d))
         );
         out.push('\n');
     }
 
     let steady: Vec<&Contender> = cs.iter().chain(&compared).copied().collect();
     render_steady(out, r, &steady);
+    render_tradeoffs(out, r, figures);
 
     // Detail: requests by verb and resource.
     let _ = writeln!(
@@ -605,6 +662,29 @@ fn render_size(out: &mut String, r: &SizeResult) {
         }
         if let Some((what, counts)) = &c.other {
             let _ = writeln!(out, "  - {what}: {:?}", counts.by_verb_resource);
+        }
+        if let Some(lists) = &c.plain_lists {
+            let each: Vec<String> = lists
+                .requests
+                .iter()
+                .map(|q| {
+                    format!(
+                        "{} {:.2} s, {:.1} MiB",
+                        q.what,
+                        q.seconds,
+                        q.bytes as f64 / 1048576.0
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  - the same lists by a plain client, {:.2} s in all (API server / etcd CPU \
+                 {:.2} s / {:.2} s): {}",
+                lists.wall_s,
+                lists.apiserver_cpu_s,
+                lists.etcd_cpu_s,
+                each.join("; ")
+            );
         }
         for note in &c.notes {
             let _ = writeln!(out, "  - note: {note}");
@@ -702,6 +782,12 @@ fn render_steady(out: &mut String, r: &SizeResult, cs: &[&Contender]) {
             "reads (get + list) per reclaimed claim",
             &|c| reads(&c.requests, c.reclaimed()),
         );
+        row(
+            out,
+            &churned,
+            "writes (every mutating verb) per reclaimed claim",
+            &|c| writes(&c.requests, c.reclaimed()),
+        );
         row(out, &churned, "LIST bytes per reclaimed claim", &|c| {
             kib_per(c.list_bytes, c.reclaimed())
         });
@@ -772,6 +858,39 @@ fn render_steady(out: &mut String, r: &SizeResult, cs: &[&Contender]) {
     }
 }
 
+/// The churn's lag against reads, one row and one point per build (and baseline) churned.
+fn render_tradeoffs(out: &mut String, r: &SizeResult, figures: &[Figure]) {
+    let points = tradeoffs(r);
+    if points.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "### Lag against reads (churn, N = {})\n\nEach build's churn (and each baseline's) as \
+         one point: reads (GET + LIST, the Lease's GETs left out) per reclaimed claim against \
+         the lag of its claims. `--variant` and `--churn-compare` add builds, or settings of one \
+         build, as points.\n",
+        group(r.n)
+    );
+    let _ = writeln!(
+        out,
+        "| | reads per reclaimed claim | lag p50 / p99 / max | writes per reclaimed claim |\n\
+         |---|---|---|---|"
+    );
+    for t in &points {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {} | {:.2} |",
+            t.name,
+            t.reads,
+            lag_cell(t.lag),
+            t.writes
+        );
+    }
+    out.push('\n');
+    embed(out, figures, r.n, FigureKind::LagReads);
+}
+
 fn render_targets(out: &mut String, sizes: &[SizeResult]) {
     let at = targets::reference(sizes).map_or(targets::REFERENCE_N, |r| r.n);
     let _ = writeln!(
@@ -784,7 +903,7 @@ fn render_targets(out: &mut String, sizes: &[SizeResult]) {
     for row in targets::judge(sizes) {
         let verdict = match row.verdict {
             Verdict::Met => "met",
-            Verdict::Missed => "**missed**",
+            Verdict::Missed => "**missed** ([why](../docs/performance.md#why-a-target-is-missed))",
             Verdict::NotMeasured => "not measured",
         };
         let _ = writeln!(out, "| {} | {} | {verdict} |", row.promise, row.shown);

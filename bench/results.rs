@@ -82,6 +82,33 @@ pub struct Contender {
     pub idle: Option<Steady>,
     /// Measured in the churn alone, to compare another build of workspace-gc with this one.
     pub churn_only: bool,
+    /// workspace-gc's initial lists made again by a plain client right after it was ready
+    /// (absent from runs before it was measured).
+    #[serde(default)]
+    pub plain_lists: Option<PlainLists>,
+}
+
+/// The API server's side of ready: the initial lists the daemon made, the same requests
+/// (streamed or paged as it made them, through its credentials) sent again by curl, whose
+/// output is only searched for the end of a streamed list, right after the daemon was ready.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct PlainLists {
+    /// From the first request to the end of the last, every kind at once as the daemon lists
+    /// them.
+    pub wall_s: f64,
+    /// Each kind's requests, one after the other as the daemon made them.
+    pub requests: Vec<PlainRequest>,
+    /// What the API server and etcd spent while serving them (left out of the phase's figures).
+    pub apiserver_cpu_s: f64,
+    pub etcd_cpu_s: f64,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct PlainRequest {
+    /// `verb resource`, and whether streamed or how many pages.
+    pub what: String,
+    pub seconds: f64,
+    pub bytes: u64,
 }
 
 /// A contender's cost over a window of steady churn or idleness.

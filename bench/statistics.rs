@@ -1,8 +1,9 @@
-//! Statistics of a run's figures: lag percentiles, costs per reclaimed claim, the memory line,
-//! and counts as the report writes them. Pure; the report (report.rs) and the targets
+//! Statistics of a run's figures: lag percentiles and distributions, costs per reclaimed claim,
+//! the lag against the reads of each build, the memory line, and counts as the report writes
+//! them. Pure; the report (report.rs) and the targets
 //! (targets.rs) read the figures through these. Their unit tests run in tests/bench_figures.rs.
 
-use crate::results::{Counts, EventKind, SizeResult};
+use crate::results::{Contender, Counts, EventKind, Role, SizeResult};
 use crate::stats::percentile;
 
 /// Reclaim lags of one kind of event (or of all), in seconds.
@@ -51,6 +52,67 @@ pub fn per_claim(total: f64, reclaimed: usize) -> Option<f64> {
 pub fn reads_per_claim(counts: &Counts, reclaimed: usize) -> Option<f64> {
     let reads = counts.verb("get") + counts.verb("list") - counts.lease("get");
     per_claim(reads as f64, reclaimed)
+}
+
+/// The verbs that change the cluster: every write a contender sends (its DELETEs, its Events,
+/// and its Lease's renewals and the writes that fence its deletes).
+pub const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// Writes per reclaimed claim: every request with a verb of [`WRITES`], on any resource.
+pub fn writes_per_claim(counts: &Counts, reclaimed: usize) -> Option<f64> {
+    let writes: u64 = WRITES.iter().map(|verb| counts.verb(verb)).sum();
+    per_claim(writes as f64, reclaimed)
+}
+
+/// The distribution of `lags` as steps: for each reclaimed claim, in order of lag, (its lag,
+/// the share of all events reclaimed by then). A claim not reclaimed counts among the events
+/// and has no step, so the curve ends below 1 by the share not reclaimed.
+pub fn cdf(lags: &[(EventKind, Option<f64>)]) -> Vec<(f64, f64)> {
+    let mut sorted: Vec<f64> = lags.iter().filter_map(|(_, lag)| *lag).collect();
+    sorted.sort_by(f64::total_cmp);
+    let events = lags.len() as f64;
+    sorted
+        .into_iter()
+        .enumerate()
+        .map(|(i, lag)| (lag, (i + 1) as f64 / events))
+        .collect()
+}
+
+/// `part` as a multiple of `whole`; `None` without a positive whole.
+pub fn ratio(part: f64, whole: f64) -> Option<f64> {
+    (whole > 0.0).then(|| part / whole)
+}
+
+/// One contender's churn, as a point of the lag against reads: what it read per reclaimed
+/// claim, and how long a claim waited.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tradeoff {
+    pub name: String,
+    pub role: Role,
+    /// Reads (GET + LIST, the Lease's GETs left out) per reclaimed claim.
+    pub reads: f64,
+    /// Writes (every verb of [`WRITES`]) per reclaimed claim.
+    pub writes: f64,
+    pub lag: LagStats,
+}
+
+/// The churn of every contender at size `r` that reclaimed a claim in one (workspace-gc's
+/// builds, those run in the churn alone included, and the baselines), in the order measured.
+pub fn tradeoffs(r: &SizeResult) -> Vec<Tradeoff> {
+    r.contenders
+        .iter()
+        .filter_map(|c: &Contender| {
+            let churn = c.churn.as_ref()?;
+            let reclaimed = churn.reclaimed();
+            Some(Tradeoff {
+                name: c.name.clone(),
+                role: c.role,
+                reads: reads_per_claim(&churn.requests, reclaimed)?,
+                writes: writes_per_claim(&churn.requests, reclaimed)?,
+                lag: lag_stats(&churn.lags, None),
+            })
+        })
+        .collect()
 }
 
 /// workspace-gc's resident memory as a line through two sizes' readings right after the

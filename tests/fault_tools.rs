@@ -487,6 +487,7 @@ fn event(
         subresource: String::new(),
         namespace: namespace.into(),
         name: name.into(),
+        uri: String::new(),
         uid: None,
         resource_version: None,
         code: 200,

@@ -27,6 +27,8 @@ pub struct AuditEvent {
     /// Empty for a cluster-wide request.
     pub namespace: String,
     pub name: String,
+    /// The path and query asked for (`requestURI`).
+    pub uri: String,
     /// The UID precondition of a delete (logged at level Request): the incarnation it named.
     pub uid: Option<String>,
     /// The resourceVersion precondition of a delete (level Request): the version decided on.
@@ -75,6 +77,7 @@ impl AuditEvent {
             subresource: text(&e["objectRef"]["subresource"]),
             namespace: text(&e["objectRef"]["namespace"]),
             name: text(&e["objectRef"]["name"]),
+            uri: text(&e["requestURI"]),
             uid: precondition("uid"),
             resource_version: precondition("resourceVersion"),
             code: e["responseStatus"]["code"].as_i64().unwrap_or(0),

@@ -282,6 +282,7 @@ impl Faulted {
             subresource: String::new(),
             namespace: self.request.namespace.clone(),
             name: self.request.name.clone(),
+            uri: String::new(),
             uid: self.preconditions.0.clone(),
             resource_version: self.preconditions.1.clone(),
             code,
