@@ -108,6 +108,24 @@ node_import() {
     rm -f "$archive"
 }
 
+# The name Tekton's image NAME (entrypoint, nop, ...) of release VERSION has in containerd: a
+# tag, not latest, so the kubelet finds it there (Tekton leaves imagePullPolicy unset, which is
+# IfNotPresent for a tag).
+tekton_image() { echo "localhost/tekton/$1:$2"; }
+
+# Tekton's images of release VERSION, FROM scratch, each holding its static binary from BIN where
+# the release's ko images have it (/ko-app/NAME, which Tekton's pods name as their command).
+node_tekton_images() {
+    local bin=$1 version=$2 name rootfs="$DIR/node/rootfs/tekton" start=$SECONDS
+    for name in "${TEKTON_IMAGE_BINARIES[@]}"; do
+        mkdir -p "$rootfs/$name/ko-app"
+        cp "$bin/$name" "$rootfs/$name/ko-app/$name"
+        node_image "$(tekton_image "$name" "$version")" "$rootfs/$name" "/ko-app/$name"
+    done
+    rm -rf "$rootfs"
+    log "Tekton's images imported after $((SECONDS - start)) s"
+}
+
 cmd_load_image() {
     local file=${1:-}
     [[ -f "$file" ]] || usage
