@@ -149,6 +149,22 @@ impl ControlPlane {
         )
     }
 
+    /// A dedicated control plane with a node and the real Tekton controller (`up --node
+    /// --tekton`, Tekton's default feature flags): Tekton's pods really run on the node, from
+    /// its own entrypoint and nop images. Stopped on drop, as [`Self::start_with_node`].
+    pub fn start_with_node_and_tekton() -> ControlPlane {
+        ensure_binaries("build-node");
+        ensure_binaries("build-tekton-images");
+        Self::launch_with(
+            &ControlPlaneOptions {
+                controller_manager: true,
+                ..ControlPlaneOptions::default()
+            },
+            true,
+            &["--node"],
+        )
+    }
+
     fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {
         Self::launch_with(options, tekton, &[])
     }
