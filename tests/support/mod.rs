@@ -60,8 +60,8 @@ pub use manifests::{
 #[allow(unused_imports)]
 pub use node::{
     IMAGE_REPOSITORY, IMAGE_TAG, METADATA_AUDIT_POLICY, PodRequest, assert_nothing_left,
-    container_pid, credentials, image_archive, kubectl, load_image, node_lane, node_turn,
-    pod_requests, root_mount_options,
+    container_pid, credentials, image_archive, kubectl, load_image, node_lane, node_requested,
+    node_turn, pod_requests, root_mount_options,
 };
 #[allow(unused_imports)]
 pub use objects::{

@@ -20,7 +20,7 @@ pub const IMAGE_TAG: &str = "node-test";
 /// Whether the node lane was asked for: it needs root, containerd and minutes, so scripts/test
 /// asks for it (`CONTROL_PLANE_NODE=1`) and a plain `cargo test` leaves it out, saying so.
 pub fn node_lane(test: &str) -> bool {
-    let requested = std::env::var("CONTROL_PLANE_NODE").is_ok_and(|v| v == "1");
+    let requested = node_requested();
     if !requested {
         eprintln!(
             "SKIPPED {test}: the node lane runs real pods (root, containerd, a kubelet); \
@@ -28,6 +28,12 @@ pub fn node_lane(test: &str) -> bool {
         );
     }
     requested
+}
+
+/// Whether the node lane was asked for (`CONTROL_PLANE_NODE=1`), without a word: for tests that
+/// run either way, on the node where there is one (tests/tekton.rs).
+pub fn node_requested() -> bool {
+    std::env::var("CONTROL_PLANE_NODE").is_ok_and(|v| v == "1")
 }
 
 /// One node per host: two kubelets would share the kubepods cgroups and the bridge.
