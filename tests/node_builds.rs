@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
-use serde_json::{Value, json};
+use kube::api::{Api, DeleteParams};
+use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, Fate, TestNamespace, assert_nothing_left, claim_exists,
-    container_pid, fate, kubectl, metric, node_turn, pipeline_run_resource, task_run_resource,
-    wait_until,
+    container_pid, create_with_spec, fate, kubectl, metric, node_turn, pipeline_resource,
+    pipeline_run_resource, run_condition, task_run_resource, wait_until,
 };
 
 /// The operator's names for job `nb`: claim, PipelineRun, Pipeline; Tekton's for the TaskRun of
@@ -37,44 +37,6 @@ const BUSYBOX: &str = "localhost/busybox:workspace-gc";
 /// Up to a scheduled, bound, started pod on a loaded 2-core machine.
 const START: Duration = Duration::from_secs(120);
 const TEKTON: Duration = Duration::from_secs(60);
-
-fn pipeline_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("tekton.dev", "v1", "Pipeline"),
-        "pipelines",
-    )
-}
-
-async fn create(
-    ns: &TestNamespace,
-    resource: &ApiResource,
-    name: &str,
-    labels: Value,
-    spec: Value,
-) {
-    let mut object = DynamicObject::new(name, resource);
-    object.metadata.labels = serde_json::from_value(labels).expect("labels are strings");
-    object.data = json!({ "spec": spec });
-    (ns.dynamic_api(resource)
-        .create(&PostParams::default(), &object))
-    .await
-    .unwrap_or_else(|e| panic!("create {} {name}: {e}", resource.kind));
-}
-
-/// The `Succeeded` condition's status and reason of the PipelineRun or TaskRun `name`.
-async fn condition(
-    ns: &TestNamespace,
-    resource: &ApiResource,
-    name: &str,
-) -> Option<(String, String)> {
-    let object = (ns.dynamic_api(resource).get_opt(name).await).ok()??;
-    let conditions = object.data["status"]["conditions"].as_array()?.clone();
-    let succeeded = conditions.iter().find(|c| c["type"] == "Succeeded")?;
-    Some((
-        succeeded["status"].as_str()?.to_owned(),
-        succeeded["reason"].as_str().unwrap_or_default().to_owned(),
-    ))
-}
 
 /// What to read when the build did not go as expected: pods, runs, claims, volumes, events.
 fn describe(control_plane: &ControlPlane, ns: &TestNamespace) -> String {
@@ -155,7 +117,7 @@ async fn a_real_build_keeps_its_claim_while_its_step_mounts_it_then_the_daemon_d
         .await;
     let step = "echo built > $(workspaces.source.path)/artifact && \
                 until [ -e $(workspaces.source.path)/finish ]; do sleep 0.2; done";
-    create(
+    create_with_spec(
         &ns,
         &pipeline_resource(),
         PIPELINE,
@@ -173,7 +135,7 @@ async fn a_real_build_keeps_its_claim_while_its_step_mounts_it_then_the_daemon_d
         }),
     )
     .await;
-    create(
+    create_with_spec(
         &ns,
         &pipeline_run_resource(),
         RUN,
@@ -205,14 +167,14 @@ async fn a_real_build_keeps_its_claim_while_its_step_mounts_it_then_the_daemon_d
         Some("workspace-gc-node")
     );
     let running = wait_until(TEKTON, || async {
-        condition(&ns, &task_run_resource(), TASK_RUN).await
+        run_condition(&ns, &task_run_resource(), TASK_RUN).await
             == Some(("Unknown".to_owned(), "Running".to_owned()))
     })
     .await;
     assert!(
         running,
         "Tekton reports the TaskRun Running: {:?}",
-        condition(&ns, &task_run_resource(), TASK_RUN).await
+        run_condition(&ns, &task_run_resource(), TASK_RUN).await
     );
 
     // The claim is really mounted: the step's process has the bound volume at the workspace,
@@ -261,7 +223,7 @@ async fn a_real_build_keeps_its_claim_while_its_step_mounts_it_then_the_daemon_d
     // reports, the daemon deletes the claim past its TTL, and the volume is released.
     std::fs::write(path.join("finish"), "").expect("let the step finish");
     let succeeded = wait_until(START, || async {
-        condition(&ns, &pipeline_run_resource(), RUN).await
+        run_condition(&ns, &pipeline_run_resource(), RUN).await
             == Some(("True".to_owned(), "Succeeded".to_owned()))
     })
     .await;
@@ -271,7 +233,7 @@ async fn a_real_build_keeps_its_claim_while_its_step_mounts_it_then_the_daemon_d
         describe(&control_plane, &ns)
     );
     assert_eq!(
-        condition(&ns, &task_run_resource(), TASK_RUN).await,
+        run_condition(&ns, &task_run_resource(), TASK_RUN).await,
         Some(("True".to_owned(), "Succeeded".to_owned()))
     );
     // The daemon deletes the claim. Tekton's finished pod, scheduled and naming the claim, holds

@@ -14,20 +14,17 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
-use std::path::PathBuf;
-
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::Api;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, Fate, PodState, TestNamespace, audit_rows, claim_exists,
-    fate, kubelet, metric, node_requested, pipeline_run_resource, task_run_resource,
-    tekton_version, wait_until,
+    create_with_spec, fate, kubelet, metric, node_requested, pipeline_resource,
+    pipeline_run_resource, run_condition, task_run_resource, tekton_version, wait_until,
 };
 
 /// The operator's names for job `nb`: claim, PipelineRun, Pipeline.
@@ -40,13 +37,6 @@ const TEKTON: Duration = Duration::from_secs(60);
 /// A TTL no stage reaches, and one every finished stage is past once a second has gone by.
 const LONG_TTL: &str = "1h";
 const SHORT_TTL: &str = "1s";
-
-fn pipeline_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("tekton.dev", "v1", "Pipeline"),
-        "pipelines",
-    )
-}
 
 /// A pipeline task `name` with one step, using the shared workspace. On the node the step runs
 /// until the test writes `exit-{name}` into the workspace, and exits with the code it holds
@@ -127,7 +117,7 @@ impl<'a> Build<'a> {
         claim.create(&ns).await;
         let mut pipeline_spec = pipeline;
         pipeline_spec["workspaces"] = json!([{ "name": "shared-workspace" }]);
-        create(
+        create_with_spec(
             &ns,
             &pipeline_resource(),
             PIPELINE,
@@ -146,7 +136,7 @@ impl<'a> Build<'a> {
             run_spec[key] = value.clone();
         }
         let labels = json!({ "app": "nb", "mlops.redhat.com/notebook-validation": "true" });
-        create(&ns, &pipeline_run_resource(), RUN, labels, run_spec).await;
+        create_with_spec(&ns, &pipeline_run_resource(), RUN, labels, run_spec).await;
         Build {
             control_plane,
             ns,
@@ -218,15 +208,8 @@ impl<'a> Build<'a> {
             .unwrap_or_else(|e| panic!("get {} {name}: {e}", resource.kind))
     }
 
-    /// The `Succeeded` condition's status and reason of the PipelineRun or TaskRun `name`.
     async fn condition(&self, resource: &ApiResource, name: &str) -> Option<(String, String)> {
-        let object = self.get(resource, name).await?;
-        let conditions = object.data["status"]["conditions"].as_array()?.clone();
-        let succeeded = conditions.iter().find(|c| c["type"] == "Succeeded")?;
-        Some((
-            succeeded["status"].as_str()?.to_owned(),
-            succeeded["reason"].as_str().unwrap_or_default().to_owned(),
-        ))
+        run_condition(&self.ns, resource, name).await
     }
 
     /// Waits until the PipelineRun (`task` None) or TaskRun `nb-build-{task}` reports
@@ -383,22 +366,6 @@ impl<'a> Build<'a> {
             .await
             .unwrap_or_else(|e| panic!("patch {RUN}: {e}"));
     }
-}
-
-async fn create(
-    ns: &TestNamespace,
-    resource: &ApiResource,
-    name: &str,
-    labels: Value,
-    spec: Value,
-) {
-    let mut object = DynamicObject::new(name, resource);
-    object.metadata.labels = serde_json::from_value(labels).expect("labels are strings");
-    object.data = json!({ "spec": spec });
-    (ns.dynamic_api(resource)
-        .create(&PostParams::default(), &object))
-    .await
-    .unwrap_or_else(|e| panic!("create {} {name}: {e}", resource.kind));
 }
 
 fn mounts_claim(pod: &Pod) -> bool {

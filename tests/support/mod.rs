@@ -66,7 +66,8 @@ pub use node::{
 #[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
-    finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
+    create_with_spec, finished_build, notebook_validation_job_resource, pipeline_resource,
+    pipeline_run_resource, run_condition, task_run_resource,
 };
 #[allow(unused_imports)]
 pub use prometheus::{helm_binary, prometheus_binary, release_tool};
