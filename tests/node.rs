@@ -22,10 +22,10 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use support::{
     ClaimBuilder, ControlPlane, IMAGE_REPOSITORY, IMAGE_TAG, METADATA_AUDIT_POLICY, Overlay,
-    TestNamespace, claim_exists, container_pid, credentials, helm_binary, image_archive, kubectl,
-    load_image, node_lane, pod_requests, root_mount_options, wait_until,
+    TestNamespace, assert_nothing_left, claim_exists, container_pid, credentials, helm_binary,
+    image_archive, kubectl, load_image, node_lane, node_turn, pod_requests, root_mount_options,
+    wait_until,
 };
-use tokio::sync::Mutex;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BINARY: &str = env!("CARGO_BIN_EXE_workspace-gc");
@@ -36,9 +36,6 @@ const GRACE: Duration = Duration::from_secs(30);
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// The image's user: distroless's `nonroot`, all four IDs.
 const NONROOT: &str = "65532 65532 65532 65532";
-
-/// One node per host: two kubelets would share the kubepods cgroups and the bridge.
-static NODE: Mutex<()> = Mutex::const_new(());
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -68,10 +65,7 @@ patches:
 /// When the lane runs, the test's turn on the host and a node of its own; the node goes first
 /// when both are dropped.
 async fn node_for(test: &str) -> Option<(tokio::sync::MutexGuard<'static, ()>, Installed)> {
-    if !node_lane(test) {
-        return None;
-    }
-    let turn = NODE.lock().await;
+    let turn = node_turn(test).await?;
     Some((turn, Installed::node()))
 }
 
@@ -482,35 +476,6 @@ async fn wait_for_holder(installed: &Installed, not: Option<&str>) -> String {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Nothing of the node is left once its control plane is down.
-fn assert_nothing_left(dir: &Path) {
-    let dir = dir.to_str().unwrap();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(dir)).collect();
-    assert!(left.is_empty(), "mounts left: {left:#?}");
-    assert!(
-        !Path::new("/sys/class/net/wgc0").exists(),
-        "the bridge is left"
-    );
-    for table in ["nat", "filter", "mangle"] {
-        let rules = std::process::Command::new("iptables")
-            .args(["-w", "-t", table, "-S"])
-            .output()
-            .unwrap();
-        let rules = String::from_utf8_lossy(&rules.stdout).into_owned();
-        assert!(
-            !rules.contains(dir) && !rules.contains("KUBE-"),
-            "iptables {table}:\n{rules}"
-        );
-    }
-    for proc in std::fs::read_dir("/proc").unwrap().flatten() {
-        let cmdline = std::fs::read(proc.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        assert!(!cmdline.contains(dir), "a process is left: {cmdline}");
-    }
-    assert!(!Path::new(dir).exists(), "{dir} is left");
 }
 
 #[tokio::test(flavor = "multi_thread")]

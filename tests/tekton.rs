@@ -1,22 +1,30 @@
 //! The build lifecycle on the real Tekton Pipelines controller (`scripts/control-plane up
 //! --tekton`: the operator's release pinned in hack/tekton, or the one
 //! `CONTROL_PLANE_TEKTON_MODULE` selects; scripts/test runs this file on hack/tekton-latest
-//! too): the operator's claim and PipelineRun go in, Tekton makes the TaskRuns and pods,
-//! tests/support's kubelet stand-in moves the pods, and at every stage the claim's verdict is
-//! read from `workspace-gc audit`; at the end the daemon deletes the claim past its TTL. Nothing
-//! here writes a Tekton status by hand.
+//! too): the operator's claim and PipelineRun go in, Tekton makes the TaskRuns and pods, the pods
+//! move, and at every stage the claim's verdict is read from `workspace-gc audit`; at the end the
+//! daemon deletes the claim past its TTL. Nothing here writes a Tekton status by hand.
+//!
+//! Who moves the pods: where the node lane runs (`CONTROL_PLANE_NODE=1`, root), the node's real
+//! kubelet (`up --node --tekton`, one control plane shared by these tests): each step waits for
+//! a file `exit-{task}` in the claim, which the test writes into the local volume to end the step
+//! with that exit code. Elsewhere, and for the states a kubelet does not produce on cue (a pod
+//! the scheduler finds no room for, then succeeding; an assistant's pod held Terminating), the
+//! stand-in `support::kubelet` writes the pod's status.
 
 mod support;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{
-    ClaimBuilder, ControlPlane, Daemon, PodState, TestNamespace, audit_rows, claim_exists, kubelet,
-    metric, pipeline_run_resource, task_run_resource, tekton_version, wait_until,
+    ClaimBuilder, ControlPlane, Daemon, Fate, PodState, TestNamespace, audit_rows, claim_exists,
+    create_with_spec, fate, kubelet, metric, node_requested, pipeline_resource,
+    pipeline_run_resource, run_condition, task_run_resource, tekton_version, wait_until,
 };
 
 /// The operator's names for job `nb`: claim, PipelineRun, Pipeline.
@@ -30,15 +38,14 @@ const TEKTON: Duration = Duration::from_secs(60);
 const LONG_TTL: &str = "1h";
 const SHORT_TTL: &str = "1s";
 
-fn pipeline_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("tekton.dev", "v1", "Pipeline"),
-        "pipelines",
-    )
-}
-
-/// A pipeline task `name` with one step, using the shared workspace.
+/// A pipeline task `name` with one step, using the shared workspace. On the node the step runs
+/// until the test writes `exit-{name}` into the workspace, and exits with the code it holds
+/// (consumed, so a retry waits for the next).
 fn task(name: &str) -> Value {
+    let release = format!("$(workspaces.source.path)/exit-{name}");
+    let step = format!(
+        "until [ -e {release} ]; do sleep 0.2; done; code=$(cat {release}); rm {release}; exit $code"
+    );
     json!({
         "name": name,
         "workspaces": [{ "name": "source", "workspace": "shared-workspace" }],
@@ -46,8 +53,8 @@ fn task(name: &str) -> Value {
             "workspaces": [{ "name": "source" }],
             "steps": [{
                 "name": "build",
-                "image": "registry.example.com/notebook-build:latest",
-                "command": ["make"],
+                "image": "localhost/busybox:workspace-gc",
+                "command": ["sh", "-c", step],
             }],
         },
     })
@@ -58,12 +65,25 @@ fn task(name: &str) -> Value {
 struct Build<'a> {
     control_plane: &'a ControlPlane,
     ns: TestNamespace,
+    /// Its pods run on the node, moved by the real kubelet.
+    node: bool,
 }
 
 impl Build<'static> {
-    /// A build on the shared Tekton control plane (Tekton's default feature flags).
+    /// A build on the shared Tekton control plane (Tekton's default feature flags), with the
+    /// node where the node lane runs.
     async fn start(prefix: &str, pipeline: Value, run: Value) -> Build<'static> {
-        Build::start_on(ControlPlane::shared_tekton(), prefix, pipeline, run).await
+        if node_requested() {
+            let control_plane = ControlPlane::shared_node_tekton();
+            Build::start_with(control_plane, true, prefix, pipeline, run).await
+        } else {
+            Build::start_without_node(prefix, pipeline, run).await
+        }
+    }
+
+    /// A build whose pods the stand-in moves, for states a kubelet does not produce on cue.
+    async fn start_without_node(prefix: &str, pipeline: Value, run: Value) -> Build<'static> {
+        Build::start_with(ControlPlane::shared_tekton(), false, prefix, pipeline, run).await
     }
 }
 
@@ -76,11 +96,28 @@ impl<'a> Build<'a> {
         pipeline: Value,
         run: Value,
     ) -> Build<'a> {
+        Build::start_with(control_plane, false, prefix, pipeline, run).await
+    }
+
+    async fn start_with(
+        control_plane: &'a ControlPlane,
+        node: bool,
+        prefix: &str,
+        pipeline: Value,
+        run: Value,
+    ) -> Build<'a> {
         let ns = TestNamespace::new(control_plane, prefix).await;
-        ClaimBuilder::for_job("nb").create(&ns).await;
+        let claim = ClaimBuilder::for_job("nb");
+        // On the node: a static local volume, bound when the build's first pod is scheduled.
+        let claim = if node {
+            claim.storage_class("local")
+        } else {
+            claim
+        };
+        claim.create(&ns).await;
         let mut pipeline_spec = pipeline;
         pipeline_spec["workspaces"] = json!([{ "name": "shared-workspace" }]);
-        create(
+        create_with_spec(
             &ns,
             &pipeline_resource(),
             PIPELINE,
@@ -99,8 +136,71 @@ impl<'a> Build<'a> {
             run_spec[key] = value.clone();
         }
         let labels = json!({ "app": "nb", "mlops.redhat.com/notebook-validation": "true" });
-        create(&ns, &pipeline_run_resource(), RUN, labels, run_spec).await;
-        Build { control_plane, ns }
+        create_with_spec(&ns, &pipeline_run_resource(), RUN, labels, run_spec).await;
+        Build {
+            control_plane,
+            ns,
+            node,
+        }
+    }
+
+    /// Moves pod `name` to `state`: on the node, the real kubelet does, the step ended through
+    /// its `exit-{task}` file; elsewhere the stand-in writes the state.
+    async fn move_pod(&self, name: &str, state: PodState) {
+        if !self.node {
+            kubelet(&self.ns, name, state).await;
+            return;
+        }
+        let (exit_code, phase) = match state {
+            PodState::Running => (None, "Running"),
+            PodState::Succeeded => (Some(0), "Succeeded"),
+            PodState::Failed { exit_code } => (Some(exit_code), "Failed"),
+            PodState::Unschedulable => {
+                panic!("a kubelet makes no pod unschedulable on cue: use the stand-in")
+            }
+        };
+        if let Some(code) = exit_code {
+            // Pod `nb-build-{task}-pod`, or `...-pod-retry{n}` for a retry.
+            let task = (name.strip_prefix("nb-build-"))
+                .and_then(|rest| rest.split("-pod").next())
+                .unwrap_or_else(|| panic!("pod {name} is no task's"));
+            let release = self.volume_dir().await.join(format!("exit-{task}"));
+            std::fs::write(&release, code.to_string())
+                .unwrap_or_else(|e| panic!("write {}: {e}", release.display()));
+        }
+        let reached = wait_until(TEKTON, || async {
+            (self.pod(name).await)
+                .and_then(|pod| pod.status?.phase)
+                .is_some_and(|p| p == phase)
+        })
+        .await;
+        assert!(
+            reached,
+            "the kubelet reports pod {name} {phase}: {:?}",
+            self.pod(name).await.and_then(|pod| pod.status)
+        );
+    }
+
+    /// The host directory of the local volume the claim is bound to, once it is.
+    async fn volume_dir(&self) -> PathBuf {
+        let claims = self.ns.api::<PersistentVolumeClaim>();
+        let volume = || async {
+            (claims.get_opt(CLAIM).await.ok().flatten()).and_then(|claim| claim.spec?.volume_name)
+        };
+        assert!(
+            wait_until(TEKTON, || async { volume().await.is_some() }).await,
+            "the claim is bound"
+        );
+        let volume = volume().await.expect("bound");
+        let path = (Api::<PersistentVolume>::all(self.ns.client().clone())
+            .get(&volume)
+            .await)
+            .unwrap_or_else(|e| panic!("get volume {volume}: {e}"))
+            .spec
+            .and_then(|spec| spec.local)
+            .expect("a local volume")
+            .path;
+        PathBuf::from(path)
     }
 
     async fn get(&self, resource: &ApiResource, name: &str) -> Option<DynamicObject> {
@@ -108,15 +208,8 @@ impl<'a> Build<'a> {
             .unwrap_or_else(|e| panic!("get {} {name}: {e}", resource.kind))
     }
 
-    /// The `Succeeded` condition's status and reason of the PipelineRun or TaskRun `name`.
     async fn condition(&self, resource: &ApiResource, name: &str) -> Option<(String, String)> {
-        let object = self.get(resource, name).await?;
-        let conditions = object.data["status"]["conditions"].as_array()?.clone();
-        let succeeded = conditions.iter().find(|c| c["type"] == "Succeeded")?;
-        Some((
-            succeeded["status"].as_str()?.to_owned(),
-            succeeded["reason"].as_str().unwrap_or_default().to_owned(),
-        ))
+        run_condition(&self.ns, resource, name).await
     }
 
     /// Waits until the PipelineRun (`task` None) or TaskRun `nb-build-{task}` reports
@@ -218,11 +311,17 @@ impl<'a> Build<'a> {
         let mut config = self.ns.config();
         config.policy.ttl_after_finished = Duration::from_secs(1);
         let daemon = Daemon::start(self.ns.client().clone(), config, "tekton").await;
+        // On the node, a finished pod of the build, scheduled and naming the claim, holds it
+        // Terminating (pvc-protection) until the run is pruned; without one no pod is scheduled.
+        let deleted = || async {
+            match fate(&self.ns, CLAIM).await {
+                Fate::Gone => true,
+                Fate::Terminating(_) => self.node,
+                Fate::Live => false,
+            }
+        };
         assert!(
-            wait_until(Duration::from_secs(30), || async {
-                !claim_exists(&self.ns, CLAIM).await
-            })
-            .await,
+            wait_until(Duration::from_secs(30), deleted).await,
             "the daemon deletes the claim past its TTL"
         );
         let labels = format!(
@@ -269,22 +368,6 @@ impl<'a> Build<'a> {
     }
 }
 
-async fn create(
-    ns: &TestNamespace,
-    resource: &ApiResource,
-    name: &str,
-    labels: Value,
-    spec: Value,
-) {
-    let mut object = DynamicObject::new(name, resource);
-    object.metadata.labels = serde_json::from_value(labels).expect("labels are strings");
-    object.data = json!({ "spec": spec });
-    (ns.dynamic_api(resource)
-        .create(&PostParams::default(), &object))
-    .await
-    .unwrap_or_else(|e| panic!("create {} {name}: {e}", resource.kind));
-}
-
 fn mounts_claim(pod: &Pod) -> bool {
     (pod.spec
         .iter()
@@ -296,7 +379,15 @@ fn mounts_claim(pod: &Pod) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_successful_build_keeps_its_claim_while_a_pod_mounts_it_then_within_its_ttl() {
     let build = Build::start("tk-success", json!({ "tasks": [task("build")] }), json!({})).await;
-    build.wait_for(Some("build"), "Unknown", "Pending").await;
+    // On the node the kubelet may have started the step by now.
+    let started: &[&str] = if build.node {
+        &["Pending", "Running"]
+    } else {
+        &["Pending"]
+    };
+    build
+        .wait_for_one_of(Some("build"), "Unknown", started)
+        .await;
     // Tekton's naming: TaskRun {run}-{task}, owned by the run and binding the same claim.
     let task_run = (build.get(&task_run_resource(), "nb-build-build").await).expect("the TaskRun");
     assert_eq!(
@@ -339,13 +430,17 @@ async fn a_successful_build_keeps_its_claim_while_a_pod_mounts_it_then_within_it
     let assistant_pod = format!("{}-0", assistant.metadata.name.clone().unwrap_or_default());
     build.wait_for_pod(&assistant_pod).await;
 
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Running)
+        .await;
     build.wait_for(Some("build"), "Unknown", "Running").await;
     build
         .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
         .await;
 
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Succeeded).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Succeeded)
+        .await;
     build.wait_for(None, "True", "Succeeded").await;
     // Tekton removes the affinity assistant when the run completes.
     build.wait_for_no_pod(&assistant_pod).await;
@@ -421,9 +516,13 @@ async fn claim_kept_until_the_runs_assistant_pod_is_gone(mode: &str) {
     build.wait_for_pod(&assistant_pod).await;
     build.set_finalizers(&assistant_pod, json!([KUBELET])).await;
 
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Running)
+        .await;
     build.wait_for(Some("build"), "Unknown", "Running").await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Succeeded).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Succeeded)
+        .await;
     build.wait_for(None, "True", "Succeeded").await;
     // Tekton deletes the assistant at completion; the garbage collector deletes its pod, which
     // the kubelet still holds.
@@ -504,16 +603,15 @@ fn sha256_hex(text: &str) -> String {
 async fn a_failed_build_keeps_its_claim_within_its_ttl_only() {
     let build = Build::start("tk-failure", json!({ "tasks": [task("build")] }), json!({})).await;
     build.wait_for_pod("nb-build-build-pod").await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Running)
+        .await;
     build
         .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
         .await;
-    kubelet(
-        &build.ns,
-        "nb-build-build-pod",
-        PodState::Failed { exit_code: 2 },
-    )
-    .await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Failed { exit_code: 2 })
+        .await;
     // v0.68.0 reports a failed step as Failed, v1.15.1 as StepFailed.
     build
         .wait_for_one_of(Some("build"), "False", &["Failed", "StepFailed"])
@@ -526,7 +624,9 @@ async fn a_failed_build_keeps_its_claim_within_its_ttl_only() {
 async fn a_cancelled_build_loses_its_pods_and_keeps_its_claim_within_its_ttl() {
     let build = Build::start("tk-cancel", json!({ "tasks": [task("build")] }), json!({})).await;
     build.wait_for_pod("nb-build-build-pod").await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Running)
+        .await;
     build.wait_for(Some("build"), "Unknown", "Running").await;
     build
         .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
@@ -548,7 +648,9 @@ async fn a_timed_out_build_keeps_its_claim_within_its_ttl() {
     )
     .await;
     build.wait_for_pod("nb-build-build-pod").await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Running)
+        .await;
     build
         .assert_verdict("step running", SHORT_TTL, "protected", "in-use")
         .await;
@@ -567,12 +669,9 @@ async fn a_retried_build_keeps_its_claim_between_attempts() {
     retried["retries"] = json!(1);
     let build = Build::start("tk-retry", json!({ "tasks": [retried] }), json!({})).await;
     build.wait_for_pod("nb-build-build-pod").await;
-    kubelet(
-        &build.ns,
-        "nb-build-build-pod",
-        PodState::Failed { exit_code: 1 },
-    )
-    .await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Failed { exit_code: 1 })
+        .await;
     // The first attempt failed: Tekton records it in the TaskRun's retriesStatus and starts a
     // second pod; the TaskRun stays unfinished meanwhile.
     build.wait_for_pod("nb-build-build-pod-retry1").await;
@@ -597,11 +696,15 @@ async fn a_retried_build_keeps_its_claim_between_attempts() {
     build
         .assert_verdict("between attempts", SHORT_TTL, "protected", "in-use")
         .await;
-    kubelet(&build.ns, "nb-build-build-pod-retry1", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod-retry1", PodState::Running)
+        .await;
     build
         .assert_verdict("second attempt running", SHORT_TTL, "protected", "in-use")
         .await;
-    kubelet(&build.ns, "nb-build-build-pod-retry1", PodState::Succeeded).await;
+    build
+        .move_pod("nb-build-build-pod-retry1", PodState::Succeeded)
+        .await;
     build.wait_for(None, "True", "Succeeded").await;
     build.assert_reclaimed_after_ttl().await;
 }
@@ -615,7 +718,9 @@ async fn a_build_cancelled_while_its_finally_task_runs_keeps_its_claim_until_tha
     )
     .await;
     build.wait_for_pod("nb-build-build-pod").await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Running)
+        .await;
     build.wait_for(Some("build"), "Unknown", "Running").await;
     build
         .patch_run_spec(json!({ "status": "CancelledRunFinally" }))
@@ -628,18 +733,24 @@ async fn a_build_cancelled_while_its_finally_task_runs_keeps_its_claim_until_tha
     build
         .assert_verdict("finally task pending", SHORT_TTL, "protected", "in-use")
         .await;
-    kubelet(&build.ns, "nb-build-report-pod", PodState::Running).await;
+    build
+        .move_pod("nb-build-report-pod", PodState::Running)
+        .await;
     build
         .assert_verdict("finally task running", SHORT_TTL, "protected", "in-use")
         .await;
-    kubelet(&build.ns, "nb-build-report-pod", PodState::Succeeded).await;
+    build
+        .move_pod("nb-build-report-pod", PodState::Succeeded)
+        .await;
     build.wait_for(None, "False", "Cancelled").await;
     build.assert_reclaimed_after_ttl().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_build_and_an_unschedulable_pod_keep_their_claim() {
-    let build = Build::start(
+    // The stand-in, even where the node runs: the scheduler finds room, or never does, but a
+    // pod it found none for does not then succeed on cue.
+    let build = Build::start_without_node(
         "tk-pending",
         json!({ "tasks": [task("build")] }),
         json!({ "status": "PipelineRunPending" }),
@@ -658,7 +769,9 @@ async fn a_pending_build_and_an_unschedulable_pod_keep_their_claim() {
         .await;
     build.patch_run_spec(json!({ "status": null })).await;
     build.wait_for_pod("nb-build-build-pod").await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Unschedulable).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Unschedulable)
+        .await;
     // Tekton reads the scheduler's "Insufficient cpu" as ExceededNodeResources.
     build
         .wait_for(Some("build"), "Unknown", "ExceededNodeResources")
@@ -666,7 +779,9 @@ async fn a_pending_build_and_an_unschedulable_pod_keep_their_claim() {
     build
         .assert_verdict("pod unschedulable", SHORT_TTL, "protected", "in-use")
         .await;
-    kubelet(&build.ns, "nb-build-build-pod", PodState::Succeeded).await;
+    build
+        .move_pod("nb-build-build-pod", PodState::Succeeded)
+        .await;
     build.wait_for(None, "True", "Succeeded").await;
     build.assert_reclaimed_after_ttl().await;
 }

@@ -108,6 +108,24 @@ node_import() {
     rm -f "$archive"
 }
 
+# The name Tekton's image NAME (entrypoint, nop, ...) of release VERSION has in containerd: a
+# tag, not latest, so the kubelet finds it there (Tekton leaves imagePullPolicy unset, which is
+# IfNotPresent for a tag).
+tekton_image() { echo "localhost/tekton/$1:$2"; }
+
+# Tekton's images of release VERSION, FROM scratch, each holding its static binary from BIN where
+# the release's ko images have it (/ko-app/NAME, which Tekton's pods name as their command).
+node_tekton_images() {
+    local bin=$1 version=$2 name rootfs="$DIR/node/rootfs/tekton" start=$SECONDS
+    for name in "${TEKTON_IMAGE_BINARIES[@]}"; do
+        mkdir -p "$rootfs/$name/ko-app"
+        cp "$bin/$name" "$rootfs/$name/ko-app/$name"
+        node_image "$(tekton_image "$name" "$version")" "$rootfs/$name" "/ko-app/$name"
+    done
+    rm -rf "$rootfs"
+    log "Tekton's images imported after $((SECONDS - start)) s"
+}
+
 cmd_load_image() {
     local file=${1:-}
     [[ -f "$file" ]] || usage
@@ -281,13 +299,15 @@ EOF
 }
 
 # One node per host: the first `up --node` owns the lock until its down. Checked before anything
-# starts, and again by node_up.
+# starts, and again by node_up. A test binary's shared node is taken down by its watchdog just
+# after the binary exits, as the next one starts: up to NODE_LOCK_WAIT seconds are given to that.
+NODE_LOCK_WAIT=${CONTROL_PLANE_NODE_LOCK_WAIT:-30}
 node_host_free() {
-    if [[ -e "$NODE_LOCK" ]]; then
-        local other
-        other=$(cat "$NODE_LOCK")
-        if [[ -d "$other" ]]; then die "a node already runs for $other; run: $SELF down --dir $other"; fi
-    fi
+    local other deadline=$((SECONDS + NODE_LOCK_WAIT))
+    while other=$(cat "$NODE_LOCK" 2>/dev/null) && [[ -d "$other" ]]; do
+        ((SECONDS < deadline)) || die "a node already runs for $other; run: $SELF down --dir $other"
+        sleep 0.5
+    done
     [[ ! -e "/sys/class/net/$NODE_BRIDGE" ]] ||
         die "interface $NODE_BRIDGE exists: another node, or a leftover (ip link delete $NODE_BRIDGE)"
 }

@@ -44,7 +44,9 @@ impl ControlPlane {
     /// the `kubernetes.io/pvc-protection` finalizer).
     pub fn shared() -> &'static ControlPlane {
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        Self::shared_in(&SHARED, false)
+        Self::shared_in(&SHARED, || {
+            Self::launch(&Self::with_controller_manager(), false)
+        })
     }
 
     /// Like [`Self::shared`], with the real Tekton Pipelines controller too (`up --tekton`,
@@ -52,36 +54,45 @@ impl ControlPlane {
     /// only when a test plays the kubelet ([`super::kubelet`]).
     pub fn shared_tekton() -> &'static ControlPlane {
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        Self::shared_in(&SHARED, true)
+        Self::shared_in(&SHARED, || {
+            Self::launch(&Self::with_controller_manager(), true)
+        })
+    }
+
+    /// Like [`Self::shared_tekton`], with a node ([`Self::start_with_node_and_tekton`]): Tekton's
+    /// pods really run. One node per host: only one test binary may use it at a time (the node
+    /// lane's binaries run one after another, and `up --node` waits for the last one's `down`).
+    pub fn shared_node_tekton() -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        Self::shared_in(&SHARED, Self::start_with_node_and_tekton)
+    }
+
+    fn with_controller_manager() -> ControlPlaneOptions {
+        ControlPlaneOptions {
+            controller_manager: true,
+            ..ControlPlaneOptions::default()
+        }
     }
 
     fn shared_in(
         cell: &'static OnceLock<Result<ControlPlane, String>>,
-        tekton: bool,
+        start: impl FnOnce() -> ControlPlane + std::panic::UnwindSafe,
     ) -> &'static ControlPlane {
         // A failed start is remembered, so the other tests fail at once with its message
         // instead of each retrying a slow start.
         let shared = cell.get_or_init(|| {
-            std::panic::catch_unwind(|| {
-                Self::launch(
-                    &ControlPlaneOptions {
-                        controller_manager: true,
-                        ..ControlPlaneOptions::default()
-                    },
-                    tekton,
-                )
-            })
-            .map(|mut control_plane| {
-                control_plane.dedicated = false;
-                control_plane
-            })
-            .map_err(|panic| {
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_default()
-            })
+            std::panic::catch_unwind(start)
+                .map(|mut control_plane| {
+                    control_plane.dedicated = false;
+                    control_plane
+                })
+                .map_err(|panic| {
+                    panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_default()
+                })
         });
         match shared {
             Ok(control_plane) => control_plane,
@@ -106,14 +117,7 @@ impl ControlPlane {
         let flags: Vec<&str> = (features.iter())
             .flat_map(|feature| ["--tekton-feature", feature])
             .collect();
-        Self::launch_with(
-            &ControlPlaneOptions {
-                controller_manager: true,
-                ..ControlPlaneOptions::default()
-            },
-            true,
-            &flags,
-        )
+        Self::launch_with(&Self::with_controller_manager(), true, &flags)
     }
 
     /// A dedicated control plane with the given options, stopped on drop.
@@ -125,10 +129,7 @@ impl ControlPlane {
     /// controller: volumes bind, and go `Released` when their claim is deleted. Stopped on drop.
     pub fn start_with_volume_controller() -> ControlPlane {
         Self::launch_with(
-            &ControlPlaneOptions {
-                controller_manager: true,
-                ..ControlPlaneOptions::default()
-            },
+            &Self::with_controller_manager(),
             false,
             &["--volume-controller"],
         )
@@ -147,6 +148,15 @@ impl ControlPlane {
             false,
             &["--node"],
         )
+    }
+
+    /// A dedicated control plane with a node and the real Tekton controller (`up --node
+    /// --tekton`, Tekton's default feature flags): Tekton's pods really run on the node, from
+    /// its own entrypoint and nop images. Stopped on drop, as [`Self::start_with_node`].
+    pub fn start_with_node_and_tekton() -> ControlPlane {
+        ensure_binaries("build-node");
+        ensure_binaries("build-tekton-images");
+        Self::launch_with(&Self::with_controller_manager(), true, &["--node"])
     }
 
     fn launch(options: &ControlPlaneOptions, tekton: bool) -> ControlPlane {

@@ -1,8 +1,8 @@
-//! A kubelet stand-in for the real Tekton controller (`scripts/control-plane up --tekton`). The
-//! control plane has no kubelet, so a test moves Tekton's pods along with [`kubelet`]: it writes
-//! only what a kubelet writes to a pod's status subresource (phase, conditions, start time and
-//! container states) and touches nothing else, so every other object stays Tekton's and the
-//! API server's.
+//! A kubelet stand-in for the real Tekton controller (`scripts/control-plane up --tekton`). Where
+//! the control plane has no node (or for a state no kubelet produces on cue), a test moves
+//! Tekton's pods along with [`kubelet`]: it writes only what a kubelet writes to a pod's status
+//! subresource (phase, conditions, start time and container states) and touches nothing else,
+//! so every other object stays Tekton's and the API server's.
 
 use chrono::{SecondsFormat, Utc};
 use k8s_openapi::api::core::v1::{Container, Pod};

@@ -59,13 +59,15 @@ pub use manifests::{
 };
 #[allow(unused_imports)]
 pub use node::{
-    IMAGE_REPOSITORY, IMAGE_TAG, METADATA_AUDIT_POLICY, PodRequest, container_pid, credentials,
-    image_archive, kubectl, load_image, node_lane, pod_requests, root_mount_options,
+    IMAGE_REPOSITORY, IMAGE_TAG, METADATA_AUDIT_POLICY, PodRequest, assert_nothing_left,
+    container_pid, credentials, image_archive, kubectl, load_image, node_lane, node_requested,
+    node_turn, pod_requests, root_mount_options,
 };
 #[allow(unused_imports)]
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
-    finished_build, notebook_validation_job_resource, pipeline_run_resource, task_run_resource,
+    create_with_spec, finished_build, notebook_validation_job_resource, pipeline_resource,
+    pipeline_run_resource, run_condition, task_run_resource,
 };
 #[allow(unused_imports)]
 pub use prometheus::{helm_binary, prometheus_binary, release_tool};

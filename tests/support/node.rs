@@ -20,7 +20,7 @@ pub const IMAGE_TAG: &str = "node-test";
 /// Whether the node lane was asked for: it needs root, containerd and minutes, so scripts/test
 /// asks for it (`CONTROL_PLANE_NODE=1`) and a plain `cargo test` leaves it out, saying so.
 pub fn node_lane(test: &str) -> bool {
-    let requested = std::env::var("CONTROL_PLANE_NODE").is_ok_and(|v| v == "1");
+    let requested = node_requested();
     if !requested {
         eprintln!(
             "SKIPPED {test}: the node lane runs real pods (root, containerd, a kubelet); \
@@ -28,6 +28,24 @@ pub fn node_lane(test: &str) -> bool {
         );
     }
     requested
+}
+
+/// Whether the node lane was asked for (`CONTROL_PLANE_NODE=1`), without a word: for tests that
+/// run either way, on the node where there is one (tests/tekton.rs).
+pub fn node_requested() -> bool {
+    std::env::var("CONTROL_PLANE_NODE").is_ok_and(|v| v == "1")
+}
+
+/// One node per host: two kubelets would share the kubepods cgroups and the bridge.
+static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// When the lane runs ([`node_lane`]), the test's turn on the host: hold it while its node
+/// runs (declared before the control plane, so the node goes first when both are dropped).
+pub async fn node_turn(test: &str) -> Option<tokio::sync::MutexGuard<'static, ()>> {
+    if !node_lane(test) {
+        return None;
+    }
+    Some(NODE.lock().await)
 }
 
 /// The image of the Dockerfile's runtime stage around `binary`, built once per test binary by
@@ -192,3 +210,33 @@ rules:
     resources: [{group: \"\", resources: [persistentvolumeclaims]}]
   - level: Metadata
 ";
+
+/// Nothing of the node is left once its control plane in `dir` is down: no mount, bridge,
+/// iptables rule or process, nor the directory.
+pub fn assert_nothing_left(dir: &Path) {
+    let dir = dir.to_str().unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(dir)).collect();
+    assert!(left.is_empty(), "mounts left: {left:#?}");
+    assert!(
+        !Path::new("/sys/class/net/wgc0").exists(),
+        "the bridge is left"
+    );
+    for table in ["nat", "filter", "mangle"] {
+        let rules = std::process::Command::new("iptables")
+            .args(["-w", "-t", table, "-S"])
+            .output()
+            .unwrap();
+        let rules = String::from_utf8_lossy(&rules.stdout).into_owned();
+        assert!(
+            !rules.contains(dir) && !rules.contains("KUBE-"),
+            "iptables {table}:\n{rules}"
+        );
+    }
+    for proc in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(proc.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(!cmdline.contains(dir), "a process is left: {cmdline}");
+    }
+    assert!(!Path::new(dir).exists(), "{dir} is left");
+}

@@ -41,6 +41,49 @@ pub fn task_run_resource() -> ApiResource {
     )
 }
 
+/// `tekton.dev/v1` `Pipeline` (the real Tekton's CRDs).
+pub fn pipeline_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tekton.dev", "v1", "Pipeline"),
+        "pipelines",
+    )
+}
+
+/// Creates object `name` of `resource` with `labels` and `spec`, as the operator creates its
+/// Pipelines and runs for the real Tekton (which writes their status).
+pub async fn create_with_spec(
+    ns: &TestNamespace,
+    resource: &ApiResource,
+    name: &str,
+    labels: Value,
+    spec: Value,
+) {
+    let mut object = DynamicObject::new(name, resource);
+    object.metadata.labels = serde_json::from_value(labels).expect("labels are strings");
+    object.data = json!({ "spec": spec });
+    (ns.dynamic_api(resource)
+        .create(&PostParams::default(), &object))
+    .await
+    .unwrap_or_else(|e| panic!("create {} {name}: {e}", resource.kind));
+}
+
+/// The `Succeeded` condition's status and reason of the PipelineRun or TaskRun `name`, as Tekton
+/// wrote it.
+pub async fn run_condition(
+    ns: &TestNamespace,
+    resource: &ApiResource,
+    name: &str,
+) -> Option<(String, String)> {
+    let object = (ns.dynamic_api(resource).get_opt(name).await)
+        .unwrap_or_else(|e| panic!("get {} {name}: {e}", resource.kind))?;
+    let conditions = object.data["status"]["conditions"].as_array()?.clone();
+    let succeeded = conditions.iter().find(|c| c["type"] == "Succeeded")?;
+    Some((
+        succeeded["status"].as_str()?.to_owned(),
+        succeeded["reason"].as_str().unwrap_or_default().to_owned(),
+    ))
+}
+
 /// Creates a custom object, then writes `status` (if any) through the status subresource: the
 /// main resource ignores status for CRDs that declare the subresource.
 async fn create_dynamic(
