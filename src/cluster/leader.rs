@@ -758,19 +758,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_old_leader_stops_well_before_a_standby_may_start() {
-        for seconds in [2, 4, 15, 3600] {
-            let timing = Timing::new(Duration::from_secs(seconds));
-            // The standby waits a whole lease from when it saw the last renewal; the leader
-            // stops a third of it earlier, which is what covers the DELETE already on its way.
-            assert!(timing.renew_deadline <= timing.lease * 2 / 3);
-            assert!(timing.lease - timing.renew_deadline >= Duration::from_millis(666));
-            // Several renewal attempts fit in the renew deadline.
-            assert!(timing.retry * 5 <= timing.renew_deadline);
-        }
-    }
-
-    #[test]
     fn the_deletes_in_flight_read_back_as_written_and_garbage_names_none() {
         let delete = InFlight {
             namespace: "ml".into(),
