@@ -91,6 +91,12 @@ pub enum RunError {
     Tls(#[from] http::TlsError),
 }
 
+/// The blast-radius cap as its notice tells it: at most `max` deletions in any `window`.
+struct Cap {
+    max: u32,
+    window: String,
+}
+
 /// Everything a reconcile reads, built once.
 struct Controller<C, K> {
     cluster: C,
@@ -99,7 +105,7 @@ struct Controller<C, K> {
     index: RwLock<Index>,
     metrics: Arc<Metrics>,
     limiter: Mutex<Limiter>,
-    cap: (u32, String),
+    cap: Cap,
     schedule: Schedule,
     leading: watch::Receiver<bool>,
     /// Quota pressure's thresholds; `None` when disabled.
@@ -357,7 +363,7 @@ async fn feed<C: Cluster, K: Clock>(
                 item = updates.next() => item,
                 () = tokio::time::sleep(PROBE_EVERY) => {
                     if controller.cluster.answers().await {
-                        reachable(&health, true);
+                        record_reachability(&health, true);
                     }
                     continue;
                 }
@@ -372,7 +378,7 @@ async fn feed<C: Cluster, K: Clock>(
         let Some(item) = item else { break };
         match item {
             Ok(update) => {
-                reachable(&health, true);
+                record_reachability(&health, true);
                 if matches!(update, Update::Claim(_)) {
                     controller.claims_watch_broken(false);
                 }
@@ -432,7 +438,7 @@ async fn feed<C: Cluster, K: Clock>(
                 }
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
                 if cannot_connect(&error) {
-                    reachable(&health, false);
+                    record_reachability(&health, false);
                 }
             }
         }
@@ -455,13 +461,13 @@ fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
 
 /// Records whether the API server can be reached, for the probe loop, the log and `/readyz`'s
 /// body (not its status: see [`Health::is_ready`]).
-fn reachable(health: &Health, reachable: bool) {
-    let unreachable = !reachable;
+fn record_reachability(health: &Health, answers: bool) {
+    let unreachable = !answers;
     if health.is_unreachable() == unreachable {
         return;
     }
     health.set_unreachable(unreachable);
-    if reachable {
+    if answers {
         info!("the API server answers again");
     } else {
         warn!("the API server cannot be reached; the watches are retrying");
@@ -574,10 +580,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 deletion.max_deletions_per_window,
                 deletion.window,
             )),
-            cap: (
-                deletion.max_deletions_per_window,
-                humantime::format_duration(deletion.window).to_string(),
-            ),
+            cap: Cap {
+                max: deletion.max_deletions_per_window,
+                window: humantime::format_duration(deletion.window).to_string(),
+            },
             schedule,
             leading,
             quota: config.quota.waters(),
@@ -658,23 +664,35 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         Some((facts.claim, decision, scheduled))
     }
 
-    /// When a kept claim wakes next: at its recheck instant, or earlier to announce its
-    /// deletion `notice_before` ahead, once per claim and deadline (the leader writes it).
-    async fn notice(
+    /// When a kept claim wakes next: at its recheck instant, or earlier, when its deletion is
+    /// to be announced `notice_before` ahead.
+    fn wake_at(
         &self,
-        claim: &ClaimFacts,
         recheck_at: Option<DateTime<Utc>>,
-        scheduled: Scheduled,
+        scheduled: &Scheduled,
     ) -> Option<DateTime<Utc>> {
+        match scheduled {
+            Some(((due, _), lead)) => {
+                let notice_at = due.checked_sub_signed(*lead).unwrap_or(*due);
+                if self.clock.now() < notice_at {
+                    Some(notice_at)
+                } else {
+                    recheck_at
+                }
+            }
+            None => recheck_at,
+        }
+    }
+
+    /// Writes the `DeletionScheduled` event of a kept claim whose notice time has come: once
+    /// per claim and deadline, by the leader.
+    async fn announce_deletion(&self, claim: &ClaimFacts, scheduled: Scheduled) {
         let Some(((due, reason), lead)) = scheduled else {
-            return recheck_at;
+            return;
         };
         let notice_at = due.checked_sub_signed(lead).unwrap_or(due);
-        if self.clock.now() < notice_at {
-            return Some(notice_at);
-        }
-        if !self.is_leader() {
-            return recheck_at;
+        if self.clock.now() < notice_at || !self.is_leader() {
+            return;
         }
         let first = {
             let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
@@ -687,7 +705,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let notice = Notice::DeletionScheduled { at, reason };
             self.cluster.notify(claim, notice, &self.metrics).await;
         }
-        recheck_at
     }
 
     async fn reconcile(self: Arc<Self>, key: ObjectKey) -> Outcome {
@@ -713,7 +730,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         let bytes = claim.requested_bytes.unwrap_or(0);
         self.metrics.track(key, Some((&decision.verdict, bytes)));
-        let taken = self.relieve(key).await;
+        let taken = self.apply_quota_plan(key).await;
         let reason = decision.verdict.reason();
         let deleting = taken || matches!(decision.verdict, Verdict::Delete { .. });
         if !deleting || !self.is_leader() {
@@ -730,7 +747,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                         .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
                         .await;
                 }
-                let wake = self.notice(&claim, recheck_at, scheduled).await;
+                let wake = self.wake_at(recheck_at, &scheduled);
+                self.announce_deletion(&claim, scheduled).await;
                 let recheck =
                     wake.map_or(Outcome::Done, |at| Outcome::At(self.clock.instant_at(at)));
                 if taken {
@@ -915,7 +933,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let mut line = self.lock_line();
             // Judged at the earliest the API server's clock can read: never shorter windows.
             let (earliest, _) = self.clock.server();
-            let ahead = line.ahead(key, place, self.cap.0 as usize);
+            let ahead = line.ahead(key, place, self.cap.max as usize);
             let admission = limiter.reserve(Instant::now(), earliest, ahead);
             let first = match admission {
                 Admission::At(_) => {
@@ -945,7 +963,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Admission::Capped { until } => {
                 self.metrics.set_capped(true);
                 if first {
-                    let (max, window) = &self.cap;
+                    let Cap { max, window } = &self.cap;
                     warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
                     let notice = Notice::CapReached {
                         max: *max,
@@ -1426,12 +1444,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         (!plan.pressed.is_empty()).then_some(plan)
     }
 
-    /// Under quota pressure, as the leader: warns once a round when nothing more may be
-    /// deleted, and says whether the plan takes this claim. A claim the plan does not take asks
+    /// Under quota pressure, as the leader, acts on the namespace's plan: warns and writes an
+    /// event once a round when nothing more may be deleted, and says whether the plan takes
+    /// this claim. A claim the plan does not take asks
     /// for the plan's claims to be reconciled: a change to it (a build re-run binding it) may
     /// have passed its place to one nothing else would wake. A claim the plan takes does not,
     /// so two failing deletes cannot wake each other in a loop.
-    async fn relieve(&self, key: &ObjectKey) -> bool {
+    async fn apply_quota_plan(&self, key: &ObjectKey) -> bool {
         let Some(waters) = self.quota.filter(|_| self.is_leader()) else {
             return false;
         };
