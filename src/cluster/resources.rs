@@ -1036,6 +1036,80 @@ mod tests {
     }
 
     #[test]
+    fn claims_decode_to_the_fields_their_facts_read() {
+        let claim: ClaimObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "c", "namespace": "ml", "uid": "u", "resourceVersion": "5",
+                         "creationTimestamp": "2026-11-01T12:00:00Z",
+                         "deletionTimestamp": "2026-11-02T12:00:00Z",
+                         "labels": {"mlops.redhat.com/build-workspace": "true"},
+                         "annotations": {"workspace-gc.mlops.dev/keep": "true", "other": "x"},
+                         "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+                                              "name": "r", "uid": "o", "controller": true}],
+                         "managedFields": [{"manager": "x", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                       "conditions": [{"type": "Unused", "status": "False", "reason": "InUse"}]}
+        }))
+        .unwrap();
+        assert!(claim.meta().labels.is_none() && claim.meta().managed_fields.is_none());
+        let facts = claim_facts(&claim);
+        assert_eq!(
+            (facts.uid.as_str(), facts.resource_version.as_str()),
+            ("u", "5")
+        );
+        assert_eq!(
+            facts.created,
+            Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
+        );
+        assert_eq!(
+            facts.deletion_timestamp,
+            Some(Utc.with_ymd_and_hms(2026, 11, 2, 12, 0, 0).unwrap())
+        );
+        let keep = (annotations::KEEP.to_owned(), "true".to_owned());
+        assert_eq!(facts.annotations.into_iter().collect::<Vec<_>>(), [keep]);
+        assert_eq!(facts.owner_references[0].uid, "o");
+        assert_eq!(facts.requested_bytes, Some(1 << 30));
+        assert_eq!(facts.volume_name.as_deref(), Some("pv-1"));
+        assert!(facts.reported_in_use);
+        // The fields read keep their API types: the full type's verdict on them stands.
+        for (odd, refused) in [
+            (json!({"creationTimestamp": "yesterday"}), true),
+            (json!({"annotations": {"a": 1}}), true),
+            (json!({"ownerReferences": [{"name": "r"}]}), false),
+            (json!({"ownerReferences": [{"name": 7}]}), true),
+        ] {
+            let mut claim = json!({"metadata": {"name": "c", "namespace": "ml"}});
+            claim["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .extend(odd.as_object().unwrap().clone());
+            let full = serde_json::from_value::<PersistentVolumeClaim>(claim.clone());
+            let slim = serde_json::from_value::<ClaimObject>(claim);
+            assert_eq!((full.is_err(), slim.is_err()), (refused, refused), "{odd}");
+        }
+    }
+
+    #[test]
+    fn runs_skip_workspaces_and_conditions_of_odd_shapes() {
+        let run = owner(json!({
+            "metadata": {"name": "r", "namespace": "ml"},
+            "spec": {"workspaces": [7, null, {"persistentVolumeClaim": "c"},
+                                    {"persistentVolumeClaim": {"claimName": ["c"]}},
+                                    {"persistentVolumeClaim": {"claimName": "w"}}]},
+            "status": {"completionTime": "2026-11-01T12:00:00Z",
+                       "conditions": ["Succeeded", {"type": 1, "status": "True"},
+                                      {"type": "Succeeded", "status": "True"}]}
+        }));
+        let entry = run_entry(&run);
+        assert_eq!(entry.claims, ["w"]);
+        let at = Some(Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap());
+        let failed = false;
+        assert_eq!(entry.progress, Progress::Finished { at, failed });
+    }
+
+    #[test]
     fn claims_are_counted_under_the_class_quota_counts_them_under() {
         let claim = |value: Value| -> ClaimObject { serde_json::from_value(value).unwrap() };
         let class_of = |value| claim_facts(&claim(value)).storage_class;
