@@ -2,9 +2,10 @@
 //! conversion of claims, PipelineRuns, NotebookValidationJobs and pods into the small entries
 //! the cache keeps. Timestamps become `chrono` here, once.
 //!
-//! Owner objects are read as [`OwnerObject`]s, which keep the few fields read as raw JSON, so
-//! that an owner with odd or missing fields still converts (to a state that keeps the claim)
-//! instead of failing a whole list.
+//! Claims, owners and pods are decoded into types that hold only the fields their entries read
+//! ([`ClaimObject`], [`OwnerObject`], [`PodVolumes`]); the parser skips the rest. An owner's
+//! fields are read leniently ([`Shape`]), so that an owner with odd or missing fields still
+//! converts (to a state that keeps the claim) instead of failing a whole list.
 
 use chrono::{DateTime, Utc};
 use std::borrow::Cow;
