@@ -144,6 +144,25 @@ pub fn volume_resource() -> ApiResource {
     ApiResource::erase::<k8s_openapi::api::core::v1::PersistentVolume>(&())
 }
 
+/// A `deserialize_with` function (`$name`) that reads the listed fields of an `ObjectMeta`, by
+/// their API names and types, and skips the rest (managed fields above all) unallocated.
+macro_rules! slim_meta {
+    ($name:ident { $($field:ident: $type:ty),* $(,)? }) => {
+        fn $name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+            #[derive(Deserialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Fields {
+                $($field: Option<$type>,)*
+            }
+            let Fields { $($field),* } = Fields::deserialize(d)?;
+            Ok(ObjectMeta {
+                $($field,)*
+                ..ObjectMeta::default()
+            })
+        }
+    };
+}
+
 /// A claim as workspace-gc reads it: the metadata the facts keep, and of the rest only
 /// `spec.{resources.requests, storageClassName, volumeName}` and `status.conditions`' types and
 /// statuses. Watching claims decodes into this instead of `PersistentVolumeClaim`, so managed
@@ -182,43 +201,17 @@ struct ClaimCondition {
     status: String,
 }
 
-/// A claim's metadata: identity and version, and what its facts keep.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ClaimMeta {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
-    creation_timestamp: Option<Time>,
-    deletion_timestamp: Option<Time>,
-    annotations: Option<BTreeMap<String, String>>,
-    owner_references: Option<Vec<OwnerReference>>,
-}
-
-fn claim_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let ClaimMeta {
-        name,
-        namespace,
-        uid,
-        resource_version,
-        creation_timestamp,
-        deletion_timestamp,
-        annotations,
-        owner_references,
-    } = ClaimMeta::deserialize(d)?;
-    Ok(ObjectMeta {
-        name,
-        namespace,
-        uid,
-        resource_version,
-        creation_timestamp,
-        deletion_timestamp,
-        annotations,
-        owner_references,
-        ..ObjectMeta::default()
-    })
-}
+// A claim's metadata: identity and version, and what its facts keep.
+slim_meta!(claim_meta {
+    name: String,
+    namespace: String,
+    uid: String,
+    resource_version: String,
+    creation_timestamp: Time,
+    deletion_timestamp: Time,
+    annotations: BTreeMap<String, String>,
+    owner_references: Vec<OwnerReference>,
+});
 
 pub fn claim_facts(claim: &ClaimObject) -> ClaimFacts {
     let meta = &claim.metadata;
@@ -760,31 +753,13 @@ struct PodPhase {
     phase: Option<String>,
 }
 
-/// The metadata the watcher and the cache need: identity and version.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Identity {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
-}
-
-fn identity_only<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let Identity {
-        name,
-        namespace,
-        uid,
-        resource_version,
-    } = Identity::deserialize(d)?;
-    Ok(ObjectMeta {
-        name,
-        namespace,
-        uid,
-        resource_version,
-        ..ObjectMeta::default()
-    })
-}
+// The metadata the watcher and the cache need: identity and version.
+slim_meta!(identity_only {
+    name: String,
+    namespace: String,
+    uid: String,
+    resource_version: String,
+});
 
 /// The `kube::Resource` of a slim decode type of a core kind (`$full`, the full type).
 macro_rules! core_resource {
