@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions, PropagationPolicy}
 use serde::de::DeserializeOwned;
 use workspace_gc::cluster::cache::{Change, Index, TaskRunEntry, Update};
 use workspace_gc::cluster::resources;
-use workspace_gc::cluster::resources::{OwnerObject, PodVolumes};
+use workspace_gc::cluster::resources::{ClaimObject, OwnerObject, PodVolumes};
 use workspace_gc::decide::facts::ClaimFacts;
 use workspace_gc::decide::linking;
 use workspace_gc::decide::policy::{self, Policy};
@@ -100,7 +100,7 @@ struct Stats {
 
 async fn sweep_once(client: &Client, policy: &Policy) -> Result<Stats> {
     let started = Instant::now();
-    let claims_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let claims_api: Api<ClaimObject> = Api::all(client.clone());
     let jobs_api: Api<OwnerObject> = Api::all_with(client.clone(), &resources::job_resource());
     let runs_api: Api<OwnerObject> = Api::all_with(client.clone(), &resources::run_resource());
     let task_runs_api: Api<OwnerObject> =

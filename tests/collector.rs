@@ -326,6 +326,12 @@ fn deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + secs(30)
 }
 
+/// The facts of `claim` as the daemon's watch decodes them.
+fn facts(claim: &PersistentVolumeClaim) -> workspace_gc::decide::facts::ClaimFacts {
+    let value = serde_json::to_value(claim).expect("a claim serializes");
+    resources::claim_facts(&serde_json::from_value(value).expect("a claim decodes"))
+}
+
 /// The decision was made about one claim; before the delete lands, the claim is deleted and
 /// re-created under the same name. The `{uid, resourceVersion}` preconditions protect the new one.
 #[tokio::test(flavor = "multi_thread")]
@@ -334,7 +340,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     let old = ClaimBuilder::build_workspace("re-build-workspace")
         .create(&ns)
         .await;
-    let decided_about = resources::claim_facts(&old);
+    let decided_about = facts(&old);
     let api = ns.api::<PersistentVolumeClaim>();
     api.delete("re-build-workspace", &DeleteParams::default())
         .await
@@ -359,7 +365,7 @@ async fn claim_recreated_between_decision_and_delete_survives() {
     assert_eq!(survivor.metadata.uid, new.metadata.uid);
 
     // A change since the decision (same UID, new resourceVersion) is protected too.
-    let decided_about = resources::claim_facts(&survivor);
+    let decided_about = facts(&survivor);
     api.patch(
         "re-build-workspace",
         &PatchParams::default(),

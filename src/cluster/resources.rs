@@ -2,23 +2,25 @@
 //! conversion of claims, PipelineRuns, NotebookValidationJobs and pods into the small entries
 //! the cache keeps. Timestamps become `chrono` here, once.
 //!
-//! Owner objects are read as [`OwnerObject`]s, which keep the few fields read as raw JSON, so
-//! that an owner with odd or missing fields still converts (to a state that keeps the claim)
-//! instead of failing a whole list.
+//! Claims, owners and pods are decoded into types that hold only the fields their entries read
+//! ([`ClaimObject`], [`OwnerObject`], [`PodVolumes`]); the parser skips the rest. An owner's
+//! fields are read leniently ([`Shape`]), so that an owner with odd or missing fields still
+//! converts (to a state that keeps the claim) instead of failing a whole list.
 
 use chrono::{DateTime, Utc};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::{NamespaceResourceScope, Resource as _};
 use kube::Resource;
 use kube::api::{ApiResource, GroupVersionKind};
 use kube::core::DynamicResourceScope;
 use serde::Deserialize;
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::config::quantity::{self, Quantity};
 use crate::contract::{
@@ -142,9 +144,79 @@ pub fn volume_resource() -> ApiResource {
     ApiResource::erase::<k8s_openapi::api::core::v1::PersistentVolume>(&())
 }
 
-pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
+/// A `deserialize_with` function (`$name`) that reads the listed fields of an `ObjectMeta`, by
+/// their API names and types, and skips the rest (managed fields above all) unallocated.
+macro_rules! slim_meta {
+    ($name:ident { $($field:ident: $type:ty),* $(,)? }) => {
+        fn $name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+            #[derive(Deserialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Fields {
+                $($field: Option<$type>,)*
+            }
+            let Fields { $($field),* } = Fields::deserialize(d)?;
+            Ok(ObjectMeta {
+                $($field,)*
+                ..ObjectMeta::default()
+            })
+        }
+    };
+}
+
+/// A claim as workspace-gc reads it: the metadata the facts keep, and of the rest only
+/// `spec.{resources.requests, storageClassName, volumeName}` and `status.conditions`' types and
+/// statuses. Watching claims decodes into this instead of `PersistentVolumeClaim`, so managed
+/// fields, labels and the rest of the status are skipped by the parser. The fields read keep
+/// their API types, so a claim the full type would refuse for them is refused as before.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClaimObject {
+    #[serde(deserialize_with = "claim_meta")]
+    metadata: ObjectMeta,
+    spec: Option<ClaimSpec>,
+    status: Option<ClaimStatus>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimSpec {
+    resources: Option<ClaimResources>,
+    storage_class_name: Option<String>,
+    volume_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ClaimResources {
+    requests: Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ClaimStatus {
+    conditions: Option<Vec<ClaimCondition>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ClaimCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+// A claim's metadata: identity and version, and what its facts keep.
+slim_meta!(claim_meta {
+    name: String,
+    namespace: String,
+    uid: String,
+    resource_version: String,
+    creation_timestamp: Time,
+    deletion_timestamp: Time,
+    annotations: BTreeMap<String, String>,
+    owner_references: Vec<OwnerReference>,
+});
+
+pub fn claim_facts(claim: &ClaimObject) -> ClaimFacts {
     let meta = &claim.metadata;
     let key = ObjectKey::of(meta);
+    let spec = claim.spec.as_ref();
     ClaimFacts {
         key,
         uid: meta.uid.clone().unwrap_or_default(),
@@ -173,16 +245,14 @@ pub fn claim_facts(claim: &PersistentVolumeClaim) -> ClaimFacts {
             })
             .collect(),
         deletion_timestamp: meta.deletion_timestamp.as_ref().map(to_chrono),
-        requested_bytes: claim
-            .spec
-            .as_ref()
+        requested_bytes: spec
             .and_then(|spec| spec.resources.as_ref())
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get("storage"))
             .and_then(|q| q.0.parse::<Quantity>().ok())
             .map(|q| q.bytes()),
         storage_class: storage_class(claim),
-        volume_name: (claim.spec.as_ref())
+        volume_name: spec
             .and_then(|spec| spec.volume_name.clone())
             .filter(|name| !name.is_empty()),
         reported_in_use: (claim.status.as_ref())
@@ -204,7 +274,7 @@ const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 /// none is counted by no class-scoped quota. The default class is no help here: the API server
 /// writes it into the claim at creation (or the volume controller does later), and until it
 /// is written the quota does not count the claim under that class either.
-fn storage_class(claim: &PersistentVolumeClaim) -> Option<String> {
+fn storage_class(claim: &ClaimObject) -> Option<String> {
     let annotated = claim
         .metadata
         .annotations
@@ -264,10 +334,10 @@ pub fn namespace_entry(meta: &ObjectMeta) -> NamespaceEntry {
 }
 
 pub fn job_entry(job: &OwnerObject) -> JobEntry {
-    let phase = job.status.get("phase").and_then(Value::as_str);
-    let progress = match phase {
+    let status = job.status.get();
+    let progress = match status.and_then(|s| s.phase.get()).map(String::as_str) {
         Some(phase @ ("Succeeded" | "Failed")) => Progress::Finished {
-            at: timestamp(job.status.get("completionTime")),
+            at: timestamp(status.and_then(|s| s.completion_time.get())),
             failed: phase == "Failed",
         },
         // Every other phase, a legacy one, an unknown one or none yet, is still running.
@@ -277,7 +347,7 @@ pub fn job_entry(job: &OwnerObject) -> JobEntry {
         key: ObjectKey::of(&job.metadata),
         uid: job.metadata.uid.clone().unwrap_or_default(),
         progress,
-        volumes: volume_claims(&job.spec),
+        volumes: volume_claims(job.spec.get().map_or(&Shape::Absent, |s| &s.pod_config)),
     }
 }
 
@@ -285,28 +355,28 @@ pub fn job_entry(job: &OwnerObject) -> JobEntry {
 /// other odd shape (a field of the wrong type, a volume that is not an object, a
 /// `persistentVolumeClaim` without a string `claimName`) is unreadable, which keeps every claim
 /// the job might name while it runs.
-fn volume_claims(spec: &Map<String, Value>) -> VolumeClaims {
-    let volumes = match spec.get("podConfig") {
-        None | Some(Value::Null) => return VolumeClaims::Named(Vec::new()),
-        Some(Value::Object(pod)) => pod.get("volumes"),
-        Some(_) => return VolumeClaims::Unreadable,
+fn volume_claims(pod_config: &Shape<PodConfig>) -> VolumeClaims {
+    let volumes = match pod_config {
+        Shape::Absent => return VolumeClaims::Named(Vec::new()),
+        Shape::Is(pod) => &pod.volumes,
+        Shape::Odd => return VolumeClaims::Unreadable,
     };
     let volumes = match volumes {
-        None | Some(Value::Null) => return VolumeClaims::Named(Vec::new()),
-        Some(Value::Array(volumes)) => volumes,
-        Some(_) => return VolumeClaims::Unreadable,
+        Shape::Absent => return VolumeClaims::Named(Vec::new()),
+        Shape::Is(volumes) => volumes,
+        Shape::Odd => return VolumeClaims::Unreadable,
     };
     let mut names = Vec::new();
     for volume in volumes {
-        let Value::Object(volume) = volume else {
+        let Shape::Is(volume) = volume else {
             return VolumeClaims::Unreadable;
         };
-        match volume.get("persistentVolumeClaim") {
-            None | Some(Value::Null) => {}
-            Some(source) => match source.get("claimName") {
-                Some(Value::String(name)) => names.push(name.clone()),
-                _ => return VolumeClaims::Unreadable,
-            },
+        match &volume.claim {
+            Shape::Absent => {}
+            Shape::Is(ClaimRef {
+                claim_name: Shape::Is(name),
+            }) => names.push(name.clone()),
+            _ => return VolumeClaims::Unreadable,
         }
     }
     VolumeClaims::Named(names)
@@ -324,32 +394,32 @@ pub fn task_run_entry(run: &OwnerObject) -> RunEntry {
 
 /// The entry of a PipelineRun or TaskRun (`kind`).
 pub fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
-    let succeeded = run
-        .status
-        .get("conditions")
-        .and_then(Value::as_array)
+    let status = run.status.get();
+    let succeeded = (status
+        .and_then(|s| s.conditions.get())
         .into_iter()
-        .flatten()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some("Succeeded"))
-        .and_then(|c| c.get("status"))
-        .and_then(Value::as_str);
+        .flatten())
+    .filter_map(Shape::get)
+    .find(|c| c.type_.get().map(String::as_str) == Some("Succeeded"))
+    .and_then(|c| c.status.get())
+    .map(String::as_str);
     let progress = match succeeded {
-        Some(status @ ("True" | "False")) => Progress::Finished {
-            at: timestamp(run.status.get("completionTime")),
-            failed: status == "False",
+        Some(state @ ("True" | "False")) => Progress::Finished {
+            at: timestamp(status.and_then(|s| s.completion_time.get())),
+            failed: state == "False",
         },
         // `Unknown`, no condition yet (pending) or anything odd: running.
         _ => Progress::Running,
     };
-    let claims = run
+    let claims = (run
         .spec
-        .get("workspaces")
-        .and_then(Value::as_array)
+        .get()
+        .and_then(|s| s.workspaces.get())
         .into_iter()
-        .flatten()
-        .filter_map(|w| w.get("persistentVolumeClaim")?.get("claimName")?.as_str())
-        .map(str::to_owned)
-        .collect();
+        .flatten())
+    .filter_map(|w| w.get()?.claim.get()?.claim_name.get())
+    .cloned()
+    .collect();
     RunEntry {
         kind,
         key: ObjectKey::of(&run.metadata),
@@ -360,57 +430,105 @@ pub fn tekton_run_entry(kind: OwnerKind, run: &OwnerObject) -> RunEntry {
 }
 
 /// A NotebookValidationJob, PipelineRun or TaskRun as workspace-gc reads it: its identity and,
-/// of the rest, only `spec.{workspaces, podConfig}` and `status.{phase, completionTime,
-/// conditions}`, kept
-/// as raw JSON. Owners are listed and watched by the thousand, and an owner's bulk (managed
-/// fields, labels, a PipelineRun's inlined pipeline spec and child references) is skipped by
-/// the parser rather than allocated and dropped, which bounds the memory a page of a list
-/// costs. Raw JSON because an owner of any shape must still decode: a `status` that is not an
-/// object, or odd fields in it, convert to a state that keeps the claim.
+/// of the rest, only `spec.{workspaces, podConfig.volumes}` and `status.{phase,
+/// completionTime, conditions}`. Owners are listed and watched by the thousand, and an owner's
+/// bulk (managed fields, labels, a PipelineRun's inlined pipeline spec and child references,
+/// a condition's reason and message) is skipped by the parser rather than allocated and
+/// dropped. Every field below the top is read as a [`Shape`], because an owner of any shape
+/// must still decode: a `status` that is not an object, or odd fields in it, convert to a
+/// state that keeps the claim.
 #[derive(Debug, Clone, Deserialize)]
 pub struct OwnerObject {
     #[serde(deserialize_with = "identity_only")]
     metadata: ObjectMeta,
-    #[serde(default, deserialize_with = "spec_fields")]
-    spec: Map<String, Value>,
-    #[serde(default, deserialize_with = "status_fields")]
-    status: Map<String, Value>,
+    #[serde(default)]
+    spec: Shape<OwnerSpec>,
+    #[serde(default)]
+    status: Shape<OwnerStatus>,
 }
 
-fn spec_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
-    d.deserialize_any(Pick(&["workspaces", "podConfig"]))
+/// A JSON value read as a `T` where it has `T`'s shape, and never an error: `null` or absent is
+/// `Absent`, a value of another shape `Odd` (skipped, not allocated).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Shape<T> {
+    #[default]
+    Absent,
+    Is(T),
+    Odd,
 }
 
-fn status_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
-    d.deserialize_any(Pick(&["phase", "completionTime", "conditions"]))
+impl<T> Shape<T> {
+    fn get(&self) -> Option<&T> {
+        match self {
+            Shape::Is(value) => Some(value),
+            Shape::Absent | Shape::Odd => None,
+        }
+    }
 }
 
-/// Keeps the named entries of a JSON object; any other value (null, a string, an array) has
-/// none. What is not kept is skipped without being allocated.
-struct Pick(&'static [&'static str]);
+/// What a [`Shape`] reads: the JSON values of `T`'s shape. Each reader consumes its value and
+/// answers `None` when it does not have the shape.
+trait Shaped: Sized {
+    fn from_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<Option<Self>, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
 
-impl<'de> Visitor<'de> for Pick {
-    type Value = Map<String, Value>;
+    fn from_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn from_str(_: &str) -> Option<Self> {
+        None
+    }
+}
+
+impl Shaped for String {
+    fn from_str(text: &str) -> Option<Self> {
+        Some(text.to_owned())
+    }
+}
+
+impl<T: Shaped> Shaped for Vec<Shape<T>> {
+    fn from_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Some(items))
+    }
+}
+
+impl<'de, T: Shaped> Deserialize<'de> for Shape<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ShapeVisitor(std::marker::PhantomData))
+    }
+}
+
+struct ShapeVisitor<T>(std::marker::PhantomData<T>);
+
+fn shaped<T>(value: Option<T>) -> Shape<T> {
+    value.map_or(Shape::Odd, Shape::Is)
+}
+
+impl<'de, T: Shaped> Visitor<'de> for ShapeVisitor<T> {
+    type Value = Shape<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut kept = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if self.0.contains(&key.as_str()) {
-                kept.insert(key, map.next_value()?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(kept)
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::from_map(map).map(shaped)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Map::new())
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        T::from_seq(seq).map(shaped)
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(shaped(T::from_str(text)))
     }
 
     fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
@@ -418,33 +536,152 @@ impl<'de> Visitor<'de> for Pick {
     }
 
     fn visit_none<E>(self) -> Result<Self::Value, E> {
-        Ok(Map::new())
+        Ok(Shape::Absent)
     }
 
     fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Map::new())
+        Ok(Shape::Absent)
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Map::new())
+        Ok(Shape::Odd)
     }
 
     fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Map::new())
+        Ok(Shape::Odd)
     }
 
     fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Map::new())
+        Ok(Shape::Odd)
     }
 
     fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Map::new())
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Map::new())
+        Ok(Shape::Odd)
     }
 }
+
+/// Reads the entries of a JSON object named in `names` with `read`, which is given the name
+/// and must consume the value; every other entry is skipped unallocated. A name given twice:
+/// the last value wins.
+fn fields<'de, A: MapAccess<'de>>(
+    mut map: A,
+    names: &'static [&'static str],
+    mut read: impl FnMut(&'static str, &mut A) -> Result<(), A::Error>,
+) -> Result<(), A::Error> {
+    while let Some(name) = map.next_key_seed(FieldName(names))? {
+        match name {
+            Some(name) => read(name, &mut map)?,
+            None => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A key of a JSON object, as the one of the names it is, if any (compared, not allocated).
+struct FieldName(&'static [&'static str]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for FieldName {
+    type Value = Option<&'static str>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FieldName {
+    type Value = Option<&'static str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().copied().find(|name| *name == key))
+    }
+}
+
+/// Implements [`Shaped`] for a struct read from a JSON object: each listed field from its
+/// JSON name, as a [`Shape`] (absent ones stay `Absent`).
+macro_rules! shaped_struct {
+    ($name:ident { $($field:ident: $json:literal),* $(,)? }) => {
+        impl Shaped for $name {
+            fn from_map<'de, A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
+                let mut value = Self::default();
+                fields(map, &[$($json),*], |name, map| {
+                    match name {
+                        $($json => value.$field = map.next_value()?,)*
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                Ok(Some(value))
+            }
+        }
+    };
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct OwnerSpec {
+    /// A PipelineRun's or TaskRun's.
+    workspaces: Shape<Vec<Shape<Mount>>>,
+    /// A NotebookValidationJob's.
+    pod_config: Shape<PodConfig>,
+}
+shaped_struct!(OwnerSpec {
+    workspaces: "workspaces",
+    pod_config: "podConfig"
+});
+
+/// A run's workspace or a job's volume: the claim it binds, if any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Mount {
+    claim: Shape<ClaimRef>,
+}
+shaped_struct!(Mount {
+    claim: "persistentVolumeClaim"
+});
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct PodConfig {
+    volumes: Shape<Vec<Shape<Mount>>>,
+}
+shaped_struct!(PodConfig { volumes: "volumes" });
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ClaimRef {
+    claim_name: Shape<String>,
+}
+shaped_struct!(ClaimRef {
+    claim_name: "claimName"
+});
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct OwnerStatus {
+    /// A NotebookValidationJob's.
+    phase: Shape<String>,
+    completion_time: Shape<String>,
+    /// A PipelineRun's or TaskRun's.
+    conditions: Shape<Vec<Shape<Condition>>>,
+}
+shaped_struct!(OwnerStatus {
+    phase: "phase",
+    completion_time: "completionTime",
+    conditions: "conditions",
+});
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Condition {
+    type_: Shape<String>,
+    status: Shape<String>,
+}
+shaped_struct!(Condition {
+    type_: "type",
+    status: "status"
+});
 
 impl Resource for OwnerObject {
     type DynamicType = ApiResource;
@@ -516,60 +753,50 @@ struct PodPhase {
     phase: Option<String>,
 }
 
-/// The metadata the watcher and the cache need: identity and version.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Identity {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
+// The metadata the watcher and the cache need: identity and version.
+slim_meta!(identity_only {
+    name: String,
+    namespace: String,
+    uid: String,
+    resource_version: String,
+});
+
+/// The `kube::Resource` of a slim decode type of a core kind (`$full`, the full type).
+macro_rules! core_resource {
+    ($slim:ty, $full:ty) => {
+        impl Resource for $slim {
+            type DynamicType = ();
+            type Scope = NamespaceResourceScope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$full>::KIND.into()
+            }
+
+            fn group(_: &()) -> Cow<'_, str> {
+                <$full>::GROUP.into()
+            }
+
+            fn version(_: &()) -> Cow<'_, str> {
+                <$full>::VERSION.into()
+            }
+
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$full>::URL_PATH_SEGMENT.into()
+            }
+
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
 
-fn identity_only<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let Identity {
-        name,
-        namespace,
-        uid,
-        resource_version,
-    } = Identity::deserialize(d)?;
-    Ok(ObjectMeta {
-        name,
-        namespace,
-        uid,
-        resource_version,
-        ..ObjectMeta::default()
-    })
-}
-
-impl Resource for PodVolumes {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Pod::KIND.into()
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        Pod::GROUP.into()
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        Pod::VERSION.into()
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        Pod::URL_PATH_SEGMENT.into()
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_resource!(PodVolumes, Pod);
+core_resource!(ClaimObject, PersistentVolumeClaim);
 
 pub fn pod_entry(pod: &PodVolumes) -> PodEntry {
     PodEntry {
@@ -588,9 +815,8 @@ pub fn pod_entry(pod: &PodVolumes) -> PodEntry {
 /// An RFC 3339 string; anything else is treated as no timestamp (which keeps the claim). Go's
 /// zero time (`0001-01-01T00:00:00Z`, what a Go client writes for an unset `metav1.Time` that
 /// is not a pointer) is no timestamp either: no build finished then.
-fn timestamp(value: Option<&Value>) -> Option<DateTime<Utc>> {
-    let text = value?.as_str()?;
-    DateTime::parse_from_rfc3339(text)
+fn timestamp(text: Option<&String>) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text?)
         .ok()
         .map(|t| t.with_timezone(&Utc))
         .filter(|t| t.timestamp() != GO_ZERO_TIME_SECONDS)
@@ -646,10 +872,20 @@ mod tests {
         }));
         assert_eq!(run.meta().resource_version.as_deref(), Some("7"));
         assert!(run.meta().managed_fields.is_none(), "only identity is kept");
-        assert_eq!(run.spec.keys().collect::<Vec<_>>(), ["workspaces"]);
+        let spec = run.spec.get().unwrap();
+        assert_eq!(spec.pod_config, Shape::Absent);
+        let status = run.status.get().unwrap();
+        assert_eq!(status.completion_time, Shape::Absent, "null is absent");
+        assert_eq!(status.phase, Shape::Absent);
+        let conditions = status.conditions.get().unwrap();
+        let only = Condition {
+            type_: Shape::Is("Succeeded".into()),
+            status: Shape::Is("Unknown".into()),
+        };
         assert_eq!(
-            run.status.keys().collect::<Vec<_>>(),
-            ["completionTime", "conditions"]
+            conditions,
+            &[Shape::Is(only)],
+            "reason and message are skipped"
         );
         assert_eq!(run_entry(&run).claims, ["c"]);
     }
@@ -723,7 +959,7 @@ mod tests {
     #[test]
     fn only_an_unused_condition_that_is_false_reports_use() {
         let reported = |conditions: Value| {
-            let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            let claim: ClaimObject = serde_json::from_value(json!({
                 "metadata": {"name": "c", "namespace": "ml"},
                 "status": {"conditions": conditions}
             }))
@@ -776,9 +1012,82 @@ mod tests {
     }
 
     #[test]
+    fn claims_decode_to_the_fields_their_facts_read() {
+        let claim: ClaimObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "c", "namespace": "ml", "uid": "u", "resourceVersion": "5",
+                         "creationTimestamp": "2026-11-01T12:00:00Z",
+                         "deletionTimestamp": "2026-11-02T12:00:00Z",
+                         "labels": {"mlops.redhat.com/build-workspace": "true"},
+                         "annotations": {"workspace-gc.mlops.dev/keep": "true", "other": "x"},
+                         "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun",
+                                              "name": "r", "uid": "o", "controller": true}],
+                         "managedFields": [{"manager": "x", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                       "conditions": [{"type": "Unused", "status": "False", "reason": "InUse"}]}
+        }))
+        .unwrap();
+        assert!(claim.meta().labels.is_none() && claim.meta().managed_fields.is_none());
+        let facts = claim_facts(&claim);
+        assert_eq!(
+            (facts.uid.as_str(), facts.resource_version.as_str()),
+            ("u", "5")
+        );
+        assert_eq!(
+            facts.created,
+            Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
+        );
+        assert_eq!(
+            facts.deletion_timestamp,
+            Some(Utc.with_ymd_and_hms(2026, 11, 2, 12, 0, 0).unwrap())
+        );
+        let keep = (annotations::KEEP.to_owned(), "true".to_owned());
+        assert_eq!(facts.annotations.into_iter().collect::<Vec<_>>(), [keep]);
+        assert_eq!(facts.owner_references[0].uid, "o");
+        assert_eq!(facts.requested_bytes, Some(1 << 30));
+        assert_eq!(facts.volume_name.as_deref(), Some("pv-1"));
+        assert!(facts.reported_in_use);
+        // The fields read keep their API types: the full type's verdict on them stands.
+        for (odd, refused) in [
+            (json!({"creationTimestamp": "yesterday"}), true),
+            (json!({"annotations": {"a": 1}}), true),
+            (json!({"ownerReferences": [{"name": "r"}]}), false),
+            (json!({"ownerReferences": [{"name": 7}]}), true),
+        ] {
+            let mut claim = json!({"metadata": {"name": "c", "namespace": "ml"}});
+            claim["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .extend(odd.as_object().unwrap().clone());
+            let full = serde_json::from_value::<PersistentVolumeClaim>(claim.clone());
+            let slim = serde_json::from_value::<ClaimObject>(claim);
+            assert_eq!((full.is_err(), slim.is_err()), (refused, refused), "{odd}");
+        }
+    }
+
+    #[test]
+    fn runs_skip_workspaces_and_conditions_of_odd_shapes() {
+        let run = owner(json!({
+            "metadata": {"name": "r", "namespace": "ml"},
+            "spec": {"workspaces": [7, null, {"persistentVolumeClaim": "c"},
+                                    {"persistentVolumeClaim": {"claimName": ["c"]}},
+                                    {"persistentVolumeClaim": {"claimName": "w"}}]},
+            "status": {"completionTime": "2026-11-01T12:00:00Z",
+                       "conditions": ["Succeeded", {"type": 1, "status": "True"},
+                                      {"type": "Succeeded", "status": "True"}]}
+        }));
+        let entry = run_entry(&run);
+        assert_eq!(entry.claims, ["w"]);
+        let at = Some(Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap());
+        let failed = false;
+        assert_eq!(entry.progress, Progress::Finished { at, failed });
+    }
+
+    #[test]
     fn claims_are_counted_under_the_class_quota_counts_them_under() {
-        let claim =
-            |value: Value| -> PersistentVolumeClaim { serde_json::from_value(value).unwrap() };
+        let claim = |value: Value| -> ClaimObject { serde_json::from_value(value).unwrap() };
         let class_of = |value| claim_facts(&claim(value)).storage_class;
         let meta = json!({"name": "c", "namespace": "ml"});
         assert_eq!(class_of(json!({"metadata": meta, "spec": {}})), None);

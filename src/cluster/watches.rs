@@ -15,7 +15,7 @@ use std::fmt::Debug;
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, ResourceQuota};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -72,7 +72,7 @@ pub fn updates(client: &Client, config: &Config, served: &Served) -> BoxStream<'
     for scope in scopes(selector) {
         streams.push(kind(
             Kind::Claims,
-            resources::scoped_api::<PersistentVolumeClaim>(client, scope.as_deref()),
+            resources::scoped_api::<resources::ClaimObject>(client, scope.as_deref()),
             claims.clone(),
             scope.clone(),
             resources::claim_facts,

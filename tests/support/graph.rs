@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::Namespace;
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use serde_json::{Value, json};
@@ -860,8 +860,7 @@ fn entries(world: &World) -> Vec<Entry> {
     fn decode<T: serde::de::DeserializeOwned>(value: &Value) -> T {
         serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("decode {value}: {e}"))
     }
-    let claims = (world.claims.iter())
-        .map(|c| Entry::Claim(resources::claim_facts(&decode::<PersistentVolumeClaim>(c))));
+    let claims = (world.claims.iter()).map(|c| Entry::Claim(resources::claim_facts(&decode(c))));
     let jobs = (world.jobs.iter()).map(|j| Entry::Job(resources::job_entry(&decode(j))));
     let runs = (world.runs.iter()).map(|r| Entry::Run(resources::run_entry(&decode(r))));
     let task_runs = (world.task_runs.iter())
