@@ -497,8 +497,22 @@ fn event(
     }
 }
 
+/// A Lease write by `user` naming in flight the DELETEs of the claims `uids` (and no other).
+fn renew_naming(user: &str, at: i64, uids: &[&str]) -> AuditEvent {
+    let named: Vec<Value> = (uids.iter())
+        .map(|uid| json!({"namespace": "ml", "name": "ws", "uid": uid, "resourceVersion": "7"}))
+        .collect();
+    let named = serde_json::to_string(&named).unwrap();
+    AuditEvent {
+        request: json!({"metadata": {"annotations": {annotations::DELETES_IN_FLIGHT: named}}}),
+        ..event(user, "patch", "leases", "gc", "workspace-gc", at)
+    }
+}
+
+/// A Lease write by `user` that names the DELETEs of these tests in flight, as the daemon's
+/// write before each DELETE does.
 fn renew(user: &str, at: i64) -> AuditEvent {
-    event(user, "patch", "leases", "gc", "workspace-gc", at)
+    renew_naming(user, at, &["u1", "u9"])
 }
 
 fn recheck(user: &str, namespace: &str, at: i64) -> AuditEvent {
@@ -567,20 +581,22 @@ fn a_delete_by_a_replica_that_does_not_hold_the_lease_is_a_violation() {
     assert_eq!(kinds(&audited, &[]), [ViolationKind::NotHolder]);
     // A renewal that names the holder is no release.
     let mut renewal = renew(A, 300);
-    renewal.request = json!({"spec": {"holderIdentity": "replica-a"}});
+    renewal.request["spec"] = json!({"holderIdentity": "replica-a"});
     let audited = [
         renewal,
         recheck(A, "ml", 500),
         delete(A, "u1", "7", 1_000, 200),
     ];
     assert_eq!(kinds(&audited, &[]), []);
-    // No Lease write at all; a write that had not completed when the DELETE arrived.
+    // No Lease write at all; a write that had not completed when the DELETE arrived: neither
+    // says who held the Lease nor named the DELETE.
+    let unheld = [ViolationKind::NotHolder, ViolationKind::NotNamed];
     assert_eq!(
         kinds(
             &[recheck(A, "ml", 500), delete(A, "u1", "7", 1_000, 200)],
             &[]
         ),
-        [ViolationKind::NotHolder]
+        unheld
     );
     let mut slow = renew(A, 900);
     slow.completed = t(1_100);
@@ -593,7 +609,7 @@ fn a_delete_by_a_replica_that_does_not_hold_the_lease_is_a_violation() {
             ],
             &[]
         ),
-        [ViolationKind::NotHolder]
+        unheld
     );
     // Failed writes do not count.
     let mut refused = renew(B, 300);
@@ -610,6 +626,41 @@ fn a_delete_by_a_replica_that_does_not_hold_the_lease_is_a_violation() {
         ),
         []
     );
+}
+
+#[test]
+fn a_delete_the_lease_did_not_name_in_flight_is_a_violation() {
+    let not_named = ViolationKind::NotNamed;
+    // Named by the write it rests on: none.
+    let named = [
+        renew_naming(A, 0, &["u1"]),
+        recheck(A, "ml", 500),
+        delete(A, "u1", "7", 1_000, 200),
+    ];
+    assert_eq!(kinds(&named, &[]), []);
+    // The Lease named another DELETE.
+    let other = [
+        renew_naming(A, 0, &["u2"]),
+        recheck(A, "ml", 500),
+        delete(A, "u1", "7", 1_000, 200),
+    ];
+    assert_eq!(kinds(&other, &[]), [not_named]);
+    // Named, then a later write (a patch carrying the key) named it no more.
+    let dropped = [
+        renew_naming(A, 0, &["u1"]),
+        renew_naming(A, 300, &[]),
+        recheck(A, "ml", 500),
+        delete(A, "u1", "7", 1_000, 200),
+    ];
+    assert_eq!(kinds(&dropped, &[]), [not_named]);
+    // A patch without the key leaves what the Lease named.
+    let kept = [
+        renew_naming(A, 0, &["u1"]),
+        event(A, "patch", "leases", "gc", "workspace-gc", 300),
+        recheck(A, "ml", 500),
+        delete(A, "u1", "7", 1_000, 200),
+    ];
+    assert_eq!(kinds(&kept, &[]), []);
 }
 
 #[test]
