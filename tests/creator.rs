@@ -221,22 +221,30 @@ async fn refuses_a_terminating_claim() {
     assert!(message.contains(HOLD), "{message}");
     assert_eq!(exit::of_create(&error), REFUSED);
 
-    let remaining: Vec<String> = get_claim(&ns, "nb-build-workspace")
-        .await
-        .metadata
-        .finalizers
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f != HOLD)
-        .collect();
-    claims
-        .patch(
-            "nb-build-workspace",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": remaining}})),
-        )
-        .await
-        .expect("remove the hold finalizer");
+    // kube-controller-manager's PVC protection may take its own finalizer off meanwhile: the
+    // patch carries the resourceVersion read, and is read and sent again when refused.
+    for attempt in 1.. {
+        let read = get_claim(&ns, "nb-build-workspace").await.metadata;
+        let remaining: Vec<String> = (read.finalizers.unwrap_or_default().into_iter())
+            .filter(|f| f != HOLD)
+            .collect();
+        let patch = json!({"metadata": {
+            "finalizers": remaining,
+            "resourceVersion": read.resource_version,
+        }});
+        let patched = claims
+            .patch(
+                "nb-build-workspace",
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await;
+        match patched {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if attempt < 10 && [409, 422].contains(&status.code) => {}
+            Err(error) => panic!("remove the hold finalizer: {error}"),
+        }
+    }
 }
 
 #[tokio::test]
