@@ -284,7 +284,7 @@ impl Fence {
     /// renew deadline (now, when it does not lead). `None` without leader election.
     pub fn until(&self) -> Option<Instant> {
         let elector = self.elector.as_ref()?;
-        let renewed = *elector.renewed.lock().unwrap_or_else(|e| e.into_inner());
+        let renewed = elector.renewed_at();
         Some(renewed.map_or_else(Instant::now, |sent| sent + elector.timing.renew_deadline))
     }
 
@@ -455,8 +455,8 @@ impl Elector {
                     () = stop.cancelled() => return self.release().await,
                     () = tokio::time::sleep_until(next) => {}
                 }
-                // A write that recorded a DELETE renewed the lease too: the renewal counts
-                // from it, so a busy leader writes the Lease once per DELETE, not more.
+                // A write that recorded DELETEs renewed the lease too: the renewal counts
+                // from it, so a busy leader writes the Lease only to record its DELETEs.
                 match self.renewed_at() {
                     Some(renewed) if renewed + self.timing.retry > next => {
                         next = renewed + self.timing.retry;
@@ -712,9 +712,7 @@ impl Elector {
     }
 
     fn fresh(&self) -> bool {
-        self.renewed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.renewed_at()
             .is_some_and(|sent| sent.elapsed() < self.timing.renew_deadline)
     }
 
