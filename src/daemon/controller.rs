@@ -347,20 +347,27 @@ pub async fn run(
     }
 }
 
+/// The most watch items applied under one hold of the index's write lock: enough that a list's
+/// burst costs one wake-up and one lock a chunk rather than one per object, few enough that a
+/// reconcile waiting to read is held up for milliseconds at most.
+const FEED_CHUNK: usize = 512;
+
 /// Applies watch updates to the cache and schedules the claims each one affects. Nothing is
-/// scheduled until every watch has listed once; then every claim is.
+/// scheduled until every watch has listed once; then every claim is. What the watches have
+/// ready is applied as one chunk, in order.
 async fn feed<C: Cluster, K: Clock>(
     controller: Arc<Controller<C, K>>,
-    mut updates: futures::stream::BoxStream<'static, watches::Item>,
+    updates: futures::stream::BoxStream<'static, watches::Item>,
     health: Arc<Health>,
 ) {
+    let mut chunks = updates.ready_chunks(FEED_CHUNK);
     loop {
         health.beat();
-        let item = if health.is_unreachable() {
+        let chunk = if health.is_unreachable() {
             // A watch that resumes where it left off delivers nothing until something changes,
             // so probe for the way back instead of waiting for an event.
             tokio::select! {
-                item = updates.next() => item,
+                chunk = chunks.next() => chunk,
                 () = tokio::time::sleep(PROBE_EVERY) => {
                     if controller.cluster.answers().await {
                         record_reachability(&health, true);
@@ -371,66 +378,63 @@ async fn feed<C: Cluster, K: Clock>(
         } else {
             // Turns with no event too, so that /healthz tells a quiet cluster from a stuck loop.
             tokio::select! {
-                item = updates.next() => item,
+                chunk = chunks.next() => chunk,
                 () = tokio::time::sleep(BEAT_EVERY) => continue,
             }
         };
-        let Some(item) = item else { break };
-        match item {
-            Ok(update) => {
-                record_reachability(&health, true);
-                if matches!(update, Update::Claim(_)) {
-                    controller.claims_watch_broken(false);
+        let Some(chunk) = chunk else { break };
+        let fed = apply_chunk(&controller, &health, chunk);
+        if fed.synced_now {
+            info!(
+                claims = fed.affected.len(),
+                "caches synced; evaluating every claim"
+            );
+            health.set_synced();
+            controller.metrics.set_ready(health.is_ready());
+        }
+        for key in fed.affected {
+            controller.schedule.now(key);
+        }
+        let namespaces: Vec<String> = if fed.every_namespace {
+            controller.read_index().namespace_names()
+        } else {
+            fed.namespaces.into_iter().collect()
+        };
+        if !namespaces.is_empty() {
+            let controller = controller.clone();
+            tokio::spawn(async move {
+                for namespace in namespaces {
+                    controller.warn_namespace(&namespace).await;
                 }
-                // Namespaces whose annotations may have changed: one, or all after a (re-)list.
-                let changed = match &update {
-                    Update::Namespace(Change::Apply(entry)) => Some(vec![entry.key.name.clone()]),
-                    Update::Namespace(Change::InitDone(_)) => Some(Vec::new()),
-                    _ => None,
-                };
-                let (affected, all) = {
-                    let mut index = controller.write_index();
-                    let was_synced = index.synced();
-                    let quotas_changed = quota_namespaces_changed(&update);
-                    let affected = index.update(update);
-                    if let Some(namespace) = quotas_changed {
-                        controller.observe_quotas(&index, namespace);
-                    }
-                    let synced = index.synced();
-                    controller.metrics.cached(index.sizes());
-                    if synced && !was_synced {
-                        let all: BTreeSet<ObjectKey> =
-                            index.claims().map(|c| c.key.clone()).collect();
-                        (all, true)
-                    } else if synced {
-                        (affected, false)
-                    } else {
-                        (BTreeSet::new(), false)
-                    }
-                };
-                if all {
-                    info!(
-                        claims = affected.len(),
-                        "caches synced; evaluating every claim"
-                    );
-                    health.set_synced();
-                    controller.metrics.set_ready(health.is_ready());
-                }
-                for key in affected {
-                    controller.schedule.now(key);
-                }
-                if let Some(mut namespaces) = changed {
-                    if namespaces.is_empty() {
-                        namespaces = controller.read_index().namespace_names();
-                    }
-                    let controller = controller.clone();
-                    tokio::spawn(async move {
-                        for namespace in namespaces {
-                            controller.warn_namespace(&namespace).await;
-                        }
-                    });
-                }
-            }
+            });
+        }
+    }
+}
+
+/// What a chunk of watch items changed.
+#[derive(Default)]
+struct Fed {
+    /// The claims to evaluate: every claim when the caches have just synced.
+    affected: BTreeSet<ObjectKey>,
+    /// The caches synced within the chunk.
+    synced_now: bool,
+    /// Namespaces whose annotations may have changed.
+    namespaces: BTreeSet<String>,
+    /// The Namespaces were (re-)listed: any of their annotations may have changed.
+    every_namespace: bool,
+}
+
+/// Applies a chunk of watch items in order, holding the index's write lock once for it.
+fn apply_chunk<C: Cluster, K: Clock>(
+    controller: &Controller<C, K>,
+    health: &Health,
+    chunk: Vec<watches::Item>,
+) -> Fed {
+    let mut fed = Fed::default();
+    let mut index = controller.write_index();
+    for item in chunk {
+        let update = match item {
+            Ok(update) => update,
             Err((kind, error)) => {
                 controller.metrics.watch_restart(kind);
                 if kind == Kind::Claims {
@@ -438,11 +442,37 @@ async fn feed<C: Cluster, K: Clock>(
                 }
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
                 if cannot_connect(&error) {
-                    record_reachability(&health, false);
+                    record_reachability(health, false);
                 }
+                continue;
             }
+        };
+        record_reachability(health, true);
+        if matches!(update, Update::Claim(_)) {
+            controller.claims_watch_broken(false);
+        }
+        match &update {
+            Update::Namespace(Change::Apply(entry)) => {
+                fed.namespaces.insert(entry.key.name.clone());
+            }
+            Update::Namespace(Change::InitDone(_)) => fed.every_namespace = true,
+            _ => {}
+        }
+        let was_synced = index.synced();
+        let quotas_changed = quota_namespaces_changed(&update);
+        let affected = index.update(update);
+        if let Some(namespace) = quotas_changed {
+            controller.observe_quotas(&index, namespace);
+        }
+        if index.synced() && !was_synced {
+            fed.affected = index.claims().map(|c| c.key.clone()).collect();
+            fed.synced_now = true;
+        } else if index.synced() {
+            fed.affected.extend(affected);
         }
     }
+    controller.metrics.cached(index.sizes());
+    fed
 }
 
 /// Whether an update may change what quota pressure sees of some namespace (its quotas, or a
