@@ -11,7 +11,8 @@
 //! the daemon stays alive. Tests that break the control plane itself get a dedicated one
 //! (without kube-controller-manager, so a deleted claim stays Terminating and its
 //! `deletionTimestamp` records when the delete landed); the others share one and break only the
-//! daemon's own connection, through a [`Proxy`]. RELIABILITY.md has the matrix.
+//! daemon's own connection, through a [`Proxy`]. docs/reliability-history.md has the matrix;
+//! RELIABILITY.md the promises.
 
 mod support;
 

@@ -4,7 +4,8 @@
 //! the leader writes (events included), and the blast-radius cap's count, kept on the Lease,
 //! holds across hand-overs and restarts. Each test also checks that every due claim is deleted
 //! exactly once and nothing protected is touched. The other faults are in tests/faults.rs;
-//! someone else's changes to the Lease in tests/lease_tamper.rs. RELIABILITY.md has the matrix.
+//! someone else's changes to the Lease in tests/lease_tamper.rs. docs/reliability-history.md
+//! has the matrix; RELIABILITY.md the promises.
 //!
 //! scripts/test runs this file again on each older Kubernetes release of its matrix.
 

@@ -2,7 +2,7 @@
 //! a deletion ledger that parses but cannot be an honest record of the window, one edited while
 //! a replica leads, and a Lease deleted while a replica leads (`kubectl delete lease`, the usual
 //! way to force a re-election). In every case no more claims are deleted than the cap allows in
-//! a window. RELIABILITY.md, "The cap holds across restarts and hand-overs", states the rule.
+//! a window. RELIABILITY.md, "The ledger rule", states the rule.
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! The randomized safety run: minutes of random workload against a dedicated control plane
 //! with faults injected, then a check of every delete the daemon sent against the ground truth
-//! this driver kept. Run it with `scripts/soak` (see RELIABILITY.md): an ignored test, so
-//! `cargo test` builds it and CI skips it (it takes minutes).
+//! this driver kept. Run it with `scripts/soak` (docs/reliability-history.md keeps each run's
+//! figures): an ignored test, so `cargo test` builds it and CI skips it (it takes minutes).
 //!
 //! - **The cluster**: etcd, kube-apiserver (watch cache off, so that compacting etcd expires
 //!   the resourceVersions watches resume from; an audit log of every claim delete) and
