@@ -29,10 +29,8 @@
 //!   anything (`daemon::controller`). An entry leaves with the next Lease write once its
 //!   DELETE or its revocation is answered ([`Fence::settle`]).
 //! - While this replica leads, its own ledger is the record of what it deleted, whatever the
-//!   Lease says: a renewal that finds the annotation changed by someone else (edited, removed)
-//!   writes it back. A standby remembers the last ledger it read. Whoever has to create the
-//!   Lease (it was deleted: `kubectl delete lease`, the usual way to force a re-election) writes
-//!   the ledger it knows with it, so the next leader does not open a fresh window.
+//!   Lease says (RELIABILITY.md, "The ledger rule": written back when changed, remembered by a
+//!   standby, written with a Lease created again after `kubectl delete lease`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

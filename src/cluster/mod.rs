@@ -2,9 +2,10 @@
 //! the core's facts ([`resources`]), watched into the cache ([`watches`], [`cache`]) and read
 //! live before a delete ([`live`]), or proven fresh by the small reads of [`progress`]. The
 //! owner kinds are read at the version discovery says is served ([`served`]).
-//! [`writer`] is the only module that changes the cluster, and
-//! only while [`leader`] holds the Lease, which also carries the blast-radius count
-//! ([`crate::daemon::cap_ledger`]).
+//! [`writer`] is the only module that changes claims, volumes and events, and only while
+//! [`leader`] holds the Lease, which [`leader`] writes and which also carries the blast-radius
+//! count ([`crate::daemon::cap_ledger`]). The README's code map names every file that changes the
+//! cluster.
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
 
 pub mod cache;

@@ -1,20 +1,12 @@
-//! The one place that changes the cluster: claim deletes and the events that explain them,
-//! the revocation of a delete that got no definite answer, and, with
+//! The one place that changes claims, volumes and events: claim deletes and the events that
+//! explain them, the revocation of a delete that got no definite answer, and, with
 //! `deletion.released_volume_ttl`, the mark on a `Retain` volume and its delete.
 //!
-//! Deletes carry `{uid, resourceVersion}` preconditions, so a claim re-created under the same
-//! name, or changed since the decision, is never deleted; finalizers are never touched. The
-//! preconditions are also what the API server checks when a DELETE arrives late (a proxy held
-//! it after the daemon gave up): [`Writer::revoke`] changes the claim, so that DELETE fails.
-//!
-//! Only the leader writes, events included: every write passes the [`Fence`] first, and a
-//! delete is recorded in the blast-radius ledger on the Lease before it is sent (a dry run
-//! records nothing: it must not spend the real cap).
-//!
-//! Every request here is sent at most once (the client does not retry, see
-//! `surface::commands::connect`), and a DELETE only before its deadline: the earlier of the
-//! fence's reach and the bound on the age of the live re-check it rests on. A refusal goes back
-//! to the controller, which decides again from the start.
+//! Deletes carry `{uid, resourceVersion}` preconditions; finalizers are never touched. Every
+//! write passes the [`Fence`] first, a delete is recorded on the Lease before it is sent (a dry
+//! run records nothing), every request is sent at most once, and a DELETE only before its
+//! deadline. A refusal goes back to the controller, which decides again from the start.
+//! RELIABILITY.md states each of these promises, with its bounds and tests.
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
