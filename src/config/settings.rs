@@ -71,7 +71,6 @@ impl Setting {
 
 /// A row of the table: everything about one setting but its name and types.
 pub(super) struct Spec<R, T> {
-    pub(super) key: &'static str,
     pub(super) flag: Option<&'static str>,
     pub(super) default: T,
     /// From the raw value to the typed one, or what is wrong and what is expected.
@@ -82,7 +81,7 @@ pub(super) struct Spec<R, T> {
 }
 
 impl<R, T> Spec<R, T> {
-    fn setting(&self) -> Setting {
+    fn setting(&self, key: &'static str) -> Setting {
         let class = match self.effect {
             Effect::Widens(_) | Effect::WidensWith(_) => Class::Widens,
             Effect::Narrows => Class::Narrows,
@@ -93,7 +92,7 @@ impl<R, T> Spec<R, T> {
             _ => None,
         };
         Setting {
-            key: self.key,
+            key,
             flag: self.flag,
             class,
             widens_with,
@@ -139,7 +138,7 @@ fn union(slot: &mut Slot<Vec<String>>, list: Vec<String>, at: At) {
 
 /// Converts a raw value with the row's parser, or takes its default; either way keeps the
 /// origin.
-fn take<R, T>(slot: Slot<R>, spec: Spec<R, T>) -> Result<Val<T>, Problem> {
+fn take<R, T>(slot: Slot<R>, key: &'static str, spec: Spec<R, T>) -> Result<Val<T>, Problem> {
     match slot {
         None => Ok(Val {
             value: spec.default,
@@ -147,11 +146,7 @@ fn take<R, T>(slot: Slot<R>, spec: Spec<R, T>) -> Result<Val<T>, Problem> {
         }),
         Some(Val { value, at }) => match (spec.parse)(value) {
             Ok(value) => Ok(Val { value, at }),
-            Err(message) => Err(Problem {
-                key: spec.key,
-                at,
-                message,
-            }),
+            Err(message) => Err(Problem { key, at, message }),
         },
     }
 }
@@ -163,6 +158,13 @@ pub(super) fn flag<R, T>(slot: &mut Slot<R>, value: Option<R>, spec: Spec<R, T>)
     }
 }
 
+/// `section.key`, as the file spells it.
+macro_rules! key {
+    ($section:ident, $key:ident) => {
+        concat!(stringify!($section), ".", stringify!($key))
+    };
+}
+
 macro_rules! settings {
     (
         $(
@@ -170,7 +172,7 @@ macro_rules! settings {
             [$section:ident] $Section:ident {
                 $(
                     $(#[$meta:meta])*
-                    $key:ident: $Raw:ty => $Typed:ty { $($field:ident: $value:expr),* $(,)? }
+                    $key:ident: $Raw:ty => $Typed:ty = $spec:expr,
                 )*
             }
         )*
@@ -207,10 +209,7 @@ macro_rules! settings {
 
                 $(
                     pub(in crate::config) fn $key() -> Spec<$Raw, $Typed> {
-                        Spec {
-                            key: concat!(stringify!($section), ".", stringify!($key)),
-                            $($field: $value,)*
-                        }
+                        $spec
                     }
                 )*
             }
@@ -236,7 +235,7 @@ macro_rules! settings {
 
         /// Every setting, in the file's order.
         pub fn settings() -> Vec<Setting> {
-            vec![$($($section::$key().setting(),)*)*]
+            vec![$($($section::$key().setting(key!($section, $key)),)*)*]
         }
 
         impl Default for Config {
@@ -255,7 +254,7 @@ macro_rules! settings {
             pub(super) fn set(&mut self, key: &str, raw: &str, at: At) -> Option<Result<(), String>> {
                 match key {
                     $($(
-                        concat!(stringify!($section), ".", stringify!($key)) => {
+                        key!($section, $key) => {
                             let combine = $section::$key().combine;
                             let value = <$Raw as FromEnv>::from_env(raw);
                             Some(value.map(|value| combine(&mut self.$section.$key, value, at)))
@@ -270,7 +269,7 @@ macro_rules! settings {
                 $(
                     let $section = {
                         let $section::Layer { $($key),* } = self.$section;
-                        $(let $key = take($key, $section::$key())?;)*
+                        $(let $key = take($key, key!($section, $key), $section::$key())?;)*
                         (
                             $Section { $($key: $key.value,)* },
                             $section::Origins { $($key: $key.at,)* },
@@ -300,7 +299,8 @@ macro_rules! settings {
                             config: self,
                         };
                         if let Some(change) = rule(sides) {
-                            found.push(format!("{} is overridden {change}", spec.key));
+                            let key = key!($section, $key);
+                            found.push(format!("{key} is overridden {change}"));
                         }
                     }
                 )*)*
@@ -314,345 +314,345 @@ settings! {
     /// Which claims are tracked.
     [selector] SelectorConfig {
         /// Sent as the `labelSelector` of every claim list and watch.
-        label_selector: String => LabelSelector {
+        label_selector: String => LabelSelector = Spec {
             flag: None,
             default: LabelSelector::equals(BUILD_WORKSPACE.0, BUILD_WORKSPACE.1),
             parse: tracking_selector,
             combine: replace,
             effect: Effect::Widens(changed_selector),
-        }
+        },
         /// Namespaces to watch; empty means all.
-        namespaces: Vec<String> => Vec<String> {
+        namespaces: Vec<String> => Vec<String> = Spec {
             flag: Some("--namespace"),
             default: Vec::new(),
             parse: namespace_list,
             combine: replace,
             effect: Effect::Widens(reaches_more_namespaces),
-        }
+        },
         /// Namespaces never touched, even when `namespaces` is empty.
-        exclude_namespaces: Vec<String> => Vec<String> {
+        exclude_namespaces: Vec<String> => Vec<String> = Spec {
             flag: Some("--exclude-namespace"),
             default: Vec::new(),
             parse: namespace_list,
             combine: union,
             effect: Effect::Narrows,
-        }
+        },
     }
 
     /// The policy's durations, as configured; see [`Config::policy`].
     [policy] PolicyConfig {
         #[serde(serialize_with = "serialize_duration")]
-        ttl_after_finished: String => Duration {
+        ttl_after_finished: String => Duration = Spec {
             flag: None,
             default: Duration::from_secs(60 * 60),
             parse: duration,
             combine: replace,
             effect: Effect::Widens(shorter),
-        }
+        },
         /// `None`: the same as `ttl_after_finished`; see [`PolicyConfig::ttl_after_failed`].
         #[serde(serialize_with = "serialize_duration_or_empty")]
-        ttl_after_failed: String => Option<Duration> {
+        ttl_after_failed: String => Option<Duration> = Spec {
             flag: None,
             default: None,
             parse: optional_duration,
             combine: replace,
             effect: Effect::Widens(shorter_failed_ttl),
-        }
+        },
         /// Greater than zero: zero would delete claims the operator has just created for a
         /// build about to start.
         #[serde(serialize_with = "serialize_duration")]
-        orphan_grace: String => Duration {
+        orphan_grace: String => Duration = Spec {
             flag: None,
             default: Duration::from_secs(10 * 60),
             parse: positive_duration,
             combine: replace,
             effect: Effect::Widens(shorter),
-        }
+        },
         #[serde(serialize_with = "serialize_duration")]
-        max_age: String => Duration {
+        max_age: String => Duration = Spec {
             flag: None,
             default: Duration::from_secs(7 * 24 * 60 * 60),
             parse: positive_duration,
             combine: replace,
             effect: Effect::Widens(shorter),
-        }
+        },
         /// Count-based retention: the workspaces of each namespace's this many newest failed
         /// builds are kept whatever their TTL; 0: off.
-        keep_failed: u32 => u32 {
+        keep_failed: u32 => u32 = Spec {
             flag: None,
             default: 0,
             parse: keep_count,
             combine: replace,
             effect: Effect::Widens(fewer),
-        }
+        },
     }
 
     /// How deletions are sent and throttled.
     [deletion] DeletionConfig {
         /// Decide, log, count and emit events, but delete nothing.
-        dry_run: bool => bool {
+        dry_run: bool => bool = Spec {
             flag: Some("--dry-run"),
             default: false,
             parse: Ok,
             combine: replace,
             effect: Effect::Widens(turned_off),
-        }
+        },
         /// In dry-run, still send each delete with `dryRun=All` so RBAC and admission run.
-        server_side_dry_run: bool => bool {
+        server_side_dry_run: bool => bool = Spec {
             flag: Some("--server-side-dry-run"),
             default: false,
             parse: Ok,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// Always paced: validation refuses a rate whose [`super::deletion_interval`] is not
         /// representable.
-        deletes_per_second: f64 => f64 {
+        deletes_per_second: f64 => f64 = Spec {
             flag: None,
             default: 5.0,
             parse: positive_rate,
             combine: replace,
             effect: Effect::Widens(faster),
-        }
+        },
         /// At most this many deletions in any rolling `window`.
-        max_deletions_per_window: u32 => u32 {
+        max_deletions_per_window: u32 => u32 = Spec {
             flag: None,
             default: 100,
             parse: positive_cap,
             combine: replace,
             effect: Effect::Widens(larger_cap),
-        }
+        },
         #[serde(serialize_with = "serialize_duration")]
-        window: String => Duration {
+        window: String => Duration = Spec {
             flag: None,
             default: Duration::from_secs(10 * 60),
             parse: positive_duration,
             combine: replace,
             effect: Effect::WidensWith("deletion.max_deletions_per_window"),
-        }
+        },
         /// This long before a claim becomes due, the leader writes one `DeletionScheduled`
         /// event on it; `None`: no notice.
         #[serde(serialize_with = "serialize_duration_or_empty")]
-        notice_before: String => Option<Duration> {
+        notice_before: String => Option<Duration> = Spec {
             flag: None,
             default: None,
             parse: optional_positive_duration,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// Read a bound claim's PersistentVolume before its delete, to report the storage a
         /// `Retain` reclaim policy keeps (needs `get` on PersistentVolumes).
-        read_volumes: bool => bool {
+        read_volumes: bool => bool = Spec {
             flag: None,
             default: false,
             parse: Ok,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// Delete a `Released` volume this long after its claim, which workspace-gc deleted,
         /// released it (needs `read_volumes`, and get, list, patch and delete on
         /// PersistentVolumes); `None`: never.
         #[serde(serialize_with = "serialize_duration_or_empty")]
-        released_volume_ttl: String => Option<Duration> {
+        released_volume_ttl: String => Option<Duration> = Spec {
             flag: None,
             default: None,
             parse: optional_positive_duration,
             combine: replace,
             effect: Effect::Widens(volumes_sooner),
-        }
+        },
         /// The least time between two rounds that prove the cache fresh for the live
         /// re-check, in one watch scope (`daemon::proof`): longer shares a round's reads among
         /// more re-checks, shorter lets each wait less for its round.
         #[serde(serialize_with = "serialize_duration")]
-        proof_round_interval: String => Duration {
+        proof_round_interval: String => Duration = Spec {
             flag: None,
             default: Duration::from_millis(1500),
             parse: round_interval,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
     }
 
     /// Lease-based leader election; only the leader deletes.
     [leader_election] LeaderElectionConfig {
         /// Off, every replica deletes and counts its own cap.
-        enabled: bool => bool {
+        enabled: bool => bool = Spec {
             flag: Some("--no-leader-election"),
             default: true,
             parse: Ok,
             combine: replace,
             effect: Effect::Widens(turned_off),
-        }
-        lease_name: String => String {
+        },
+        lease_name: String => String = Spec {
             flag: None,
             default: "workspace-gc".to_owned(),
             parse: subdomain_name,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// `None`: the pod's own namespace; see [`LeaderElectionConfig::lease_namespace`].
         #[serde(serialize_with = "serialize_or_empty")]
-        lease_namespace: String => Option<String> {
+        lease_namespace: String => Option<String> = Spec {
             flag: Some("--lease-namespace"),
             default: None,
             parse: optional_namespace,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// A whole number of seconds, as the Lease API counts.
         #[serde(serialize_with = "serialize_duration")]
-        lease_duration: String => Duration {
+        lease_duration: String => Duration = Spec {
             flag: None,
             default: Duration::from_secs(15),
             parse: lease_seconds,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
     }
 
     /// The metrics and health endpoint.
     [http] HttpConfig {
-        listen: String => SocketAddr {
+        listen: String => SocketAddr = Spec {
             flag: Some("--listen"),
             default: SocketAddr::from(([0, 0, 0, 0], 8080)),
             parse: socket_address,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// HTTPS `/metrics` with TokenReview and SubjectAccessReview; `None`: off.
-        secure_listen: String => Option<SocketAddr> {
+        secure_listen: String => Option<SocketAddr> = Spec {
             flag: None,
             default: None,
             parse: optional_socket_address,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// The serving certificate chain and key (PEM) of `secure_listen`; set exactly when it
         /// is.
-        tls_cert_file: String => Option<PathBuf> {
+        tls_cert_file: String => Option<PathBuf> = Spec {
             flag: None,
             default: None,
             parse: optional_path,
             combine: replace,
             effect: Effect::Neither,
-        }
-        tls_key_file: String => Option<PathBuf> {
+        },
+        tls_key_file: String => Option<PathBuf> = Spec {
             flag: None,
             default: None,
             parse: optional_path,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
     }
 
     [logging] LoggingConfig {
-        format: String => LogFormat {
+        format: String => LogFormat = Spec {
             flag: Some("--log-format"),
             default: LogFormat::Human,
             parse: log_format,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// A `tracing_subscriber::EnvFilter` directive string, checked to parse.
-        level: String => String {
+        level: String => String = Spec {
             flag: Some("--log-level"),
             default: "info".to_owned(),
             parse: log_filter,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
     }
 
     /// What `workspace-gc create` puts on a new claim besides its fixed labels and owner.
     [creator] CreatorConfig {
-        storage: String => Quantity {
+        storage: String => Quantity = Spec {
             flag: None,
             default: Quantity::gibibytes(1),
             parse: |raw| raw.parse(),
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
         /// `None`: the cluster's default storage class.
         #[serde(serialize_with = "serialize_or_empty")]
-        storage_class: String => Option<String> {
+        storage_class: String => Option<String> = Spec {
             flag: None,
             default: None,
             parse: optional_storage_class,
             combine: replace,
             effect: Effect::Neither,
-        }
-        labels: BTreeMap<String, String> => BTreeMap<String, String> {
+        },
+        labels: BTreeMap<String, String> => BTreeMap<String, String> = Spec {
             flag: None,
             default: BTreeMap::new(),
             parse: creator_labels,
             combine: replace,
             effect: Effect::Neither,
-        }
-        annotations: BTreeMap<String, String> => BTreeMap<String, String> {
+        },
+        annotations: BTreeMap<String, String> => BTreeMap<String, String> = Spec {
             flag: None,
             default: BTreeMap::new(),
             parse: annotation_map,
             combine: replace,
             effect: Effect::Neither,
-        }
+        },
     }
 
     /// Quota pressure: finished workspaces deleted before their TTL while a namespace's storage
     /// quota is nearly exhausted.
     [quota] QuotaConfig {
-        enabled: bool => bool {
+        enabled: bool => bool = Spec {
             flag: None,
             default: true,
             parse: Ok,
             combine: replace,
             effect: Effect::Widens(turned_on),
-        }
+        },
         /// A namespace is under pressure once a quota's used / hard reaches this.
-        high_water: f64 => f64 {
+        high_water: f64 => f64 = Spec {
             flag: None,
             default: 0.9,
             parse: fraction,
             combine: replace,
             effect: Effect::Widens(lower_water),
-        }
+        },
         /// Under pressure, claims are deleted until used / hard is projected at or below this.
-        low_water: f64 => f64 {
+        low_water: f64 => f64 = Spec {
             flag: None,
             default: 0.8,
             parse: fraction,
             combine: replace,
             effect: Effect::Widens(lower_water),
-        }
+        },
     }
 
     /// Per-namespace settings: annotations on a Namespace refine the policy for its claims,
     /// within these bounds. Needs `list`/`watch` on Namespaces (the namespaced overlay has
     /// neither: the cluster's policy applies there).
     [namespace_policy] NamespacePolicyConfig {
-        enabled: bool => bool {
+        enabled: bool => bool = Spec {
             flag: None,
             default: false,
             parse: Ok,
             combine: replace,
             effect: Effect::WidensWith("namespace_policy.may_shorten"),
-        }
+        },
         /// Whether a namespace may set a duration shorter than the cluster's.
-        may_shorten: bool => bool {
+        may_shorten: bool => bool = Spec {
             flag: None,
             default: false,
             parse: Ok,
             combine: replace,
             effect: Effect::Widens(lets_namespaces_shorten),
-        }
+        },
         /// The shortest duration a namespace may shorten one to.
         #[serde(serialize_with = "serialize_duration")]
-        min_ttl: String => Duration {
+        min_ttl: String => Duration = Spec {
             flag: None,
             default: Duration::from_secs(10 * 60),
             parse: positive_duration,
             combine: replace,
             effect: Effect::Widens(shorter_namespace_floor),
-        }
+        },
     }
 }
 
