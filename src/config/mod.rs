@@ -413,9 +413,23 @@ mod tests {
         assert_eq!(loaded.unwrap(), Config::default());
     }
 
+    /// `Policy::default()` is the configuration's default (no second set of numbers), in
+    /// chrono's terms; an unset failed-build TTL follows the finished one.
     #[test]
     fn policy_converts_to_chrono() {
-        assert_eq!(Config::default().policy(), Policy::default());
+        let mut config = Config::default();
+        config.policy.ttl_after_finished = Duration::from_secs(90);
+        config.policy.max_age = MAX_DURATION;
+        let policy = config.policy();
+        assert_eq!(policy.ttl_after_finished, chrono::Duration::seconds(90));
+        assert_eq!(policy.ttl_after_failed, chrono::Duration::seconds(90));
+        assert_eq!(policy.max_age, chrono::Duration::days(100 * 365));
+        assert_eq!(policy.orphan_grace, chrono::Duration::minutes(10));
+        assert_eq!(
+            Policy::default().ttl_after_finished,
+            chrono::Duration::hours(1)
+        );
+        assert_eq!(Policy::default().collection, Collection::On);
     }
 
     #[test]
