@@ -1279,3 +1279,25 @@ fn check_config_warns_of_each_widening_override() {
         );
     }
 }
+
+/// The environment variable the settings table derives for each key is the one loading reads
+/// for it: a value from it is taken (or refused naming that variable and key), never reported
+/// as an unknown variable.
+#[test]
+fn every_setting_is_read_from_the_variable_the_table_names() {
+    let settings = workspace_gc::config::settings();
+    assert_eq!(
+        settings.iter().map(|s| s.key).collect::<Vec<_>>(),
+        KEYS,
+        "the settings table and the keys users rely on"
+    );
+    for setting in settings {
+        let var = setting.env();
+        assert_eq!(var, env_name(setting.key));
+        if let Err(error) = vars(&[(&var, "!!")]) {
+            let message = error.to_string();
+            let named = format!("${var}: {}: ", setting.key);
+            assert!(message.starts_with(&named), "{message}");
+        }
+    }
+}
