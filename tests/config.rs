@@ -1213,3 +1213,91 @@ fn secure_metrics_keys_are_set_together() {
         "not a socket address",
     );
 }
+
+/// Two overrides that widen deletion outside the policy: leader election turned off (with two
+/// replicas each deletes and counts its own cap), and a released-volume TTL set or shortened
+/// (volume deletes turned on, or sooner). Turning them back is not named.
+#[test]
+fn leader_election_off_and_released_volume_deletes_are_named() {
+    let text = "[deletion]\nread_volumes = true\n";
+    let base = file(text).unwrap();
+    let widened = with_file(
+        text,
+        &[
+            ("WORKSPACE_GC_DELETION_RELEASED_VOLUME_TTL", "1d"),
+            ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false"),
+        ],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        widened.widenings(&base),
+        [
+            "deletion.released_volume_ttl is overridden from off to 1day: more released \
+             volumes may be deleted",
+            "leader_election.enabled is overridden from true to false: more claims may be deleted",
+        ]
+    );
+    let flag = Overrides {
+        leader_election: Some(false),
+        ..Overrides::default()
+    };
+    let keys: Vec<String> = with_file(text, &[], &flag).unwrap().widenings(&base);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].starts_with("leader_election.enabled "), "{keys:?}");
+    // Shorter is named; longer, or off, is not.
+    let with_ttl = "[deletion]\nread_volumes = true\nreleased_volume_ttl = \"2d\"\n";
+    let base = file(with_ttl).unwrap();
+    for (ttl, named) in [("1d", true), ("3d", false), ("", false)] {
+        let vars = [("WORKSPACE_GC_DELETION_RELEASED_VOLUME_TTL", ttl)];
+        let warnings = with_file(with_ttl, &vars, &Overrides::default())
+            .unwrap()
+            .widenings(&base);
+        assert_eq!(!warnings.is_empty(), named, "{ttl:?}: {warnings:?}");
+    }
+    assert!(base.widenings(&widened).is_empty());
+}
+
+/// The warnings reach the operator: every command logs them at start, `check-config` too.
+#[test]
+fn check_config_warns_of_each_widening_override() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_workspace-gc"))
+        .args(["--config", shipped().to_str().unwrap(), "check-config"])
+        .env("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false")
+        .env("WORKSPACE_GC_DELETION_READ_VOLUMES", "true")
+        .env("WORKSPACE_GC_DELETION_RELEASED_VOLUME_TTL", "12h")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for key in ["leader_election.enabled", "deletion.released_volume_ttl"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|line| line.contains("WARN") && line.contains(&format!("{key} is overridden"))),
+            "no warning for {key}:\n{stderr}"
+        );
+    }
+}
+
+/// The environment variable the settings table derives for each key is the one loading reads
+/// for it: a value from it is taken (or refused naming that variable and key), never reported
+/// as an unknown variable.
+#[test]
+fn every_setting_is_read_from_the_variable_the_table_names() {
+    let settings = workspace_gc::config::settings();
+    assert_eq!(
+        settings.iter().map(|s| s.key).collect::<Vec<_>>(),
+        KEYS,
+        "the settings table and the keys users rely on"
+    );
+    for setting in settings {
+        let var = setting.env();
+        assert_eq!(var, env_name(setting.key));
+        if let Err(error) = vars(&[(&var, "!!")]) {
+            let message = error.to_string();
+            let named = format!("${var}: {}: ", setting.key);
+            assert!(message.starts_with(&named), "{message}");
+        }
+    }
+}

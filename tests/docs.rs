@@ -526,3 +526,53 @@ fn the_code_map_names_every_source_file() {
         "the code map names files that do not exist: {gone:?}"
     );
 }
+
+/// Every row of the settings table (`src/config/settings.rs`) is a key of the shipped
+/// `config.toml`, and each key there a row; each is a row of docs/configuration.md's key table
+/// that names its classification; and its flag, where it has one, is one the page names.
+#[test]
+fn every_setting_is_in_the_shipped_file_and_the_docs_with_its_classification() {
+    let read = |path: &str| std::fs::read_to_string(Path::new(ROOT).join(path)).expect(path);
+    let shipped: toml::Table = read("config.toml").parse().expect("config.toml parses");
+    let docs = read("docs/configuration.md");
+    let settings = workspace_gc::config::settings();
+    let mut wrong = Vec::new();
+    for setting in &settings {
+        let key = setting.key;
+        let (section, name) = key.split_once('.').expect("section.key");
+        if shipped.get(section).and_then(|s| s.get(name)).is_none() {
+            wrong.push(format!("{key} is not in config.toml"));
+        }
+        let named = format!("`{key}`");
+        let row = docs
+            .lines()
+            .find(|line| line.starts_with("| `") && line.contains(&named));
+        let class = row.and_then(|row| row.trim_end_matches('|').rsplit('|').next());
+        match class.map(str::trim) {
+            None => wrong.push(format!("{key} has no row in docs/configuration.md")),
+            Some(class) if class != setting.class.as_str() => wrong.push(format!(
+                "docs/configuration.md says an override of {key} {class}; the table says {}",
+                setting.class.as_str()
+            )),
+            Some(_) => {}
+        }
+        if let Some(flag) = setting.flag
+            && !docs.contains(&format!("`{flag}`"))
+        {
+            wrong.push(format!(
+                "{key}'s flag {flag} is not in docs/configuration.md"
+            ));
+        }
+    }
+    let in_file: usize = shipped
+        .values()
+        .map(|section| section.as_table().map_or(0, toml::Table::len))
+        .sum();
+    if in_file != settings.len() {
+        wrong.push(format!(
+            "config.toml has {in_file} keys, the settings table {}",
+            settings.len()
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -1,7 +1,7 @@
 //! The layers of the configuration: the file, then `WORKSPACE_GC_<SECTION>_<KEY>` environment
-//! variables, then command-line flags. Each is read into a raw [`Layer`] that mirrors the file's
-//! shape and remembers where each value came from, so that validation can name the origin of a
-//! rejected value.
+//! variables, then command-line flags. Each is read into the raw `Layer` (its shape comes from
+//! the table in `settings.rs`) that remembers where each value came from, so that validation can
+//! name the origin of a rejected value.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Deserializer};
 use toml::de::{DeTable, DeValue};
 
+use super::settings::{Layer, SECTIONS, deletion, flag, http, leader_election, logging, selector};
 use super::{ConfigError, ENV_CONFIG_FILE, ENV_PREFIX, Location, Overrides};
 
 /// Where a raw value came from.
@@ -50,117 +51,6 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Val<T> {
 }
 
 pub(super) type Slot<T> = Option<Val<T>>;
-
-/// The configuration's shape with raw values; `None` where a layer leaves a key unset.
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct Layer {
-    pub(super) selector: SelectorLayer,
-    pub(super) policy: PolicyLayer,
-    pub(super) deletion: DeletionLayer,
-    pub(super) leader_election: LeaderElectionLayer,
-    pub(super) http: HttpLayer,
-    pub(super) logging: LoggingLayer,
-    pub(super) creator: CreatorLayer,
-    pub(super) quota: QuotaLayer,
-    pub(super) namespace_policy: NamespacePolicyLayer,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct SelectorLayer {
-    pub(super) label_selector: Slot<String>,
-    pub(super) namespaces: Slot<Vec<String>>,
-    pub(super) exclude_namespaces: Slot<Vec<String>>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct PolicyLayer {
-    pub(super) ttl_after_finished: Slot<String>,
-    pub(super) ttl_after_failed: Slot<String>,
-    pub(super) orphan_grace: Slot<String>,
-    pub(super) max_age: Slot<String>,
-    pub(super) keep_failed: Slot<u32>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct DeletionLayer {
-    pub(super) dry_run: Slot<bool>,
-    pub(super) server_side_dry_run: Slot<bool>,
-    pub(super) deletes_per_second: Slot<f64>,
-    pub(super) max_deletions_per_window: Slot<u32>,
-    pub(super) window: Slot<String>,
-    pub(super) notice_before: Slot<String>,
-    pub(super) read_volumes: Slot<bool>,
-    pub(super) released_volume_ttl: Slot<String>,
-    pub(super) proof_round_interval: Slot<String>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct LeaderElectionLayer {
-    pub(super) enabled: Slot<bool>,
-    pub(super) lease_name: Slot<String>,
-    pub(super) lease_namespace: Slot<String>,
-    pub(super) lease_duration: Slot<String>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct HttpLayer {
-    pub(super) listen: Slot<String>,
-    pub(super) secure_listen: Slot<String>,
-    pub(super) tls_cert_file: Slot<String>,
-    pub(super) tls_key_file: Slot<String>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct LoggingLayer {
-    pub(super) format: Slot<String>,
-    pub(super) level: Slot<String>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct CreatorLayer {
-    pub(super) storage: Slot<String>,
-    pub(super) storage_class: Slot<String>,
-    pub(super) labels: Slot<BTreeMap<String, String>>,
-    pub(super) annotations: Slot<BTreeMap<String, String>>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct QuotaLayer {
-    pub(super) enabled: Slot<bool>,
-    pub(super) high_water: Slot<f64>,
-    pub(super) low_water: Slot<f64>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub(super) struct NamespacePolicyLayer {
-    pub(super) enabled: Slot<bool>,
-    pub(super) may_shorten: Slot<bool>,
-    pub(super) min_ttl: Slot<String>,
-}
-
-/// The file's sections, for splitting `WORKSPACE_GC_LEADER_ELECTION_LEASE_NAME` and the like
-/// where underscores separate words as well as section from key.
-const SECTIONS: [&str; 9] = [
-    "selector",
-    "policy",
-    "deletion",
-    "leader_election",
-    "http",
-    "logging",
-    "creator",
-    "quota",
-    "namespace_policy",
-];
 
 /// A rejected value, before its origin is turned into a [`Location`].
 pub(super) struct Problem {
@@ -213,18 +103,6 @@ fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
             None => None,
         }
     })
-}
-
-/// Exclusions only ever add up: a later layer (environment, flags) adds its namespaces to
-/// those the earlier ones excluded, so no override can make an excluded namespace collectable.
-fn exclude(slot: &mut Slot<Vec<String>>, list: Vec<String>, at: At) {
-    let mut value = slot.take().map(|earlier| earlier.value).unwrap_or_default();
-    for namespace in list {
-        if !value.contains(&namespace) {
-            value.push(namespace);
-        }
-    }
-    *slot = Some(Val { value, at });
 }
 
 impl Layer {
@@ -289,79 +167,8 @@ impl Layer {
         Ok(())
     }
 
-    /// Sets `key` from an environment value; `None` if there is no such key.
-    fn set(&mut self, key: &str, raw: &str, at: At) -> Option<Result<(), String>> {
-        fn put<T: FromEnv>(slot: &mut Slot<T>, raw: &str, at: At) -> Result<(), String> {
-            *slot = Some(Val {
-                value: T::from_env(raw)?,
-                at,
-            });
-            Ok(())
-        }
-        let Layer {
-            selector: s,
-            policy: p,
-            deletion: d,
-            leader_election: l,
-            http: h,
-            logging: g,
-            creator: c,
-            quota: q,
-            namespace_policy: n,
-        } = self;
-        Some(match key {
-            "selector.label_selector" => put(&mut s.label_selector, raw, at),
-            "selector.namespaces" => put(&mut s.namespaces, raw, at),
-            "selector.exclude_namespaces" => {
-                Vec::from_env(raw).map(|list| exclude(&mut s.exclude_namespaces, list, at))
-            }
-            "policy.ttl_after_finished" => put(&mut p.ttl_after_finished, raw, at),
-            "policy.ttl_after_failed" => put(&mut p.ttl_after_failed, raw, at),
-            "policy.orphan_grace" => put(&mut p.orphan_grace, raw, at),
-            "policy.max_age" => put(&mut p.max_age, raw, at),
-            "policy.keep_failed" => put(&mut p.keep_failed, raw, at),
-            "deletion.dry_run" => put(&mut d.dry_run, raw, at),
-            "deletion.server_side_dry_run" => put(&mut d.server_side_dry_run, raw, at),
-            "deletion.deletes_per_second" => put(&mut d.deletes_per_second, raw, at),
-            "deletion.max_deletions_per_window" => put(&mut d.max_deletions_per_window, raw, at),
-            "deletion.window" => put(&mut d.window, raw, at),
-            "deletion.proof_round_interval" => put(&mut d.proof_round_interval, raw, at),
-            "deletion.notice_before" => put(&mut d.notice_before, raw, at),
-            "deletion.read_volumes" => put(&mut d.read_volumes, raw, at),
-            "deletion.released_volume_ttl" => put(&mut d.released_volume_ttl, raw, at),
-            "leader_election.enabled" => put(&mut l.enabled, raw, at),
-            "leader_election.lease_name" => put(&mut l.lease_name, raw, at),
-            "leader_election.lease_namespace" => put(&mut l.lease_namespace, raw, at),
-            "leader_election.lease_duration" => put(&mut l.lease_duration, raw, at),
-            "http.listen" => put(&mut h.listen, raw, at),
-            "http.secure_listen" => put(&mut h.secure_listen, raw, at),
-            "http.tls_cert_file" => put(&mut h.tls_cert_file, raw, at),
-            "http.tls_key_file" => put(&mut h.tls_key_file, raw, at),
-            "logging.format" => put(&mut g.format, raw, at),
-            "logging.level" => put(&mut g.level, raw, at),
-            "creator.storage" => put(&mut c.storage, raw, at),
-            "creator.storage_class" => put(&mut c.storage_class, raw, at),
-            "creator.labels" => put(&mut c.labels, raw, at),
-            "creator.annotations" => put(&mut c.annotations, raw, at),
-            "quota.enabled" => put(&mut q.enabled, raw, at),
-            "quota.high_water" => put(&mut q.high_water, raw, at),
-            "quota.low_water" => put(&mut q.low_water, raw, at),
-            "namespace_policy.enabled" => put(&mut n.enabled, raw, at),
-            "namespace_policy.may_shorten" => put(&mut n.may_shorten, raw, at),
-            "namespace_policy.min_ttl" => put(&mut n.min_ttl, raw, at),
-            _ => return None,
-        })
-    }
-
+    /// Sets the keys the command line gives, each naming its flag (the table's) as origin.
     pub(super) fn apply_overrides(&mut self, overrides: &Overrides) {
-        fn put<T>(slot: &mut Slot<T>, value: Option<T>, flag: &'static str) {
-            if let Some(value) = value {
-                *slot = Some(Val {
-                    value,
-                    at: At::Flag(flag),
-                });
-            }
-        }
         // Destructured so that a new override cannot be forgotten here.
         let Overrides {
             log_format,
@@ -374,43 +181,42 @@ impl Layer {
             leader_election,
             lease_namespace,
         } = overrides.clone();
-        put(
-            &mut self.logging.format,
-            log_format.map(|f| f.as_str().to_owned()),
-            "--log-format",
-        );
-        put(&mut self.logging.level, log_level, "--log-level");
-        put(&mut self.deletion.dry_run, dry_run, "--dry-run");
-        put(
+        let format = log_format.map(|f| f.as_str().to_owned());
+        flag(&mut self.logging.format, format, logging::format());
+        flag(&mut self.logging.level, log_level, logging::level());
+        flag(&mut self.deletion.dry_run, dry_run, deletion::dry_run());
+        let server_side = deletion::server_side_dry_run();
+        flag(
             &mut self.deletion.server_side_dry_run,
             server_side_dry_run,
-            "--server-side-dry-run",
+            server_side,
         );
-        put(
-            &mut self.http.listen,
-            listen.map(|a| a.to_string()),
-            "--listen",
+        let listen = listen.map(|address| address.to_string());
+        flag(&mut self.http.listen, listen, http::listen());
+        flag(
+            &mut self.selector.namespaces,
+            namespaces,
+            selector::namespaces(),
         );
-        put(&mut self.selector.namespaces, namespaces, "--namespace");
-        if let Some(list) = exclude_namespaces {
-            let at = At::Flag("--exclude-namespace");
-            exclude(&mut self.selector.exclude_namespaces, list, at);
-        }
-        put(
-            &mut self.leader_election.enabled,
-            leader_election,
-            "--no-leader-election",
+        let exclude = selector::exclude_namespaces();
+        flag(
+            &mut self.selector.exclude_namespaces,
+            exclude_namespaces,
+            exclude,
         );
-        put(
+        let enabled = leader_election::enabled();
+        flag(&mut self.leader_election.enabled, leader_election, enabled);
+        let namespace = leader_election::lease_namespace();
+        flag(
             &mut self.leader_election.lease_namespace,
             lease_namespace,
-            "--lease-namespace",
+            namespace,
         );
     }
 }
 
 /// Conversion of an environment variable's text into a raw value.
-trait FromEnv: Sized {
+pub(super) trait FromEnv: Sized {
     fn from_env(raw: &str) -> Result<Self, String>;
 }
 

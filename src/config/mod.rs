@@ -1,30 +1,35 @@
 //! Configuration: `config.toml`, then `WORKSPACE_GC_<SECTION>_<KEY>` environment variables, then
 //! command-line flags, each layer overriding the one before.
 //!
-//! This file holds the schema and its defaults. Loading runs in two stages. The layers are first
-//! read into a raw `Layer` that mirrors the file's shape and remembers where each value came
-//! from, a byte span in the file, a variable or a flag (`layers.rs`). Then `Layer::resolve` turns
-//! raw values into typed ones and checks them (`validate.rs`), so every rejection names the key
-//! and points at the value's origin, a file line included.
+//! Every setting is one row of the table in `settings.rs`, which gives its default, parser,
+//! flag and effect on deletion; the typed [`Config`], the raw layers and the widening warnings
+//! are derived from it. Loading runs in two stages. The layers are first read into a raw `Layer`
+//! that mirrors the file's shape and remembers where each value came from, a byte span in the
+//! file, a variable or a flag (`layers.rs`). Then each raw value is parsed by its row's parser,
+//! and the keys that constrain one another are checked together (`validate.rs`), so every
+//! rejection names the key and points at the value's origin, a file line included.
 
 mod layers;
+mod settings;
 mod validate;
 
 pub mod labels;
 pub mod quantity;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
 pub use self::labels::LabelSelector;
-use self::layers::Layer;
 pub use self::quantity::Quantity;
-use crate::contract::labels::BUILD_WORKSPACE;
+use self::settings::Layer;
+pub use self::settings::{
+    Class, Config, CreatorConfig, DeletionConfig, HttpConfig, LeaderElectionConfig, LoggingConfig,
+    NamespacePolicyConfig, PolicyConfig, QuotaConfig, SelectorConfig, Setting, settings,
+};
 use crate::decide::namespace::{Bounds, Policies};
 use crate::decide::policy::{Collection, Policy};
 use crate::decide::quota::Waters;
@@ -41,44 +46,6 @@ pub const ENV_CONFIG_FILE: &str = "WORKSPACE_GC_CONFIG";
 /// Durations beyond this are typos, and would overflow timestamp arithmetic in the policy.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
-/// The effective configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Config {
-    pub selector: SelectorConfig,
-    pub policy: PolicyConfig,
-    pub deletion: DeletionConfig,
-    pub leader_election: LeaderElectionConfig,
-    pub http: HttpConfig,
-    pub logging: LoggingConfig,
-    pub creator: CreatorConfig,
-    pub quota: QuotaConfig,
-    pub namespace_policy: NamespacePolicyConfig,
-}
-
-/// Per-namespace settings: annotations on a Namespace refine the policy for its claims, within
-/// these bounds. Needs `list`/`watch` on Namespaces (the namespaced overlay has neither: the
-/// cluster's policy applies there).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct NamespacePolicyConfig {
-    pub enabled: bool,
-    /// Whether a namespace may set a duration shorter than the cluster's.
-    pub may_shorten: bool,
-    /// The shortest duration a namespace may shorten one to.
-    #[serde(serialize_with = "serialize_duration")]
-    pub min_ttl: Duration,
-}
-
-/// Which claims are tracked.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SelectorConfig {
-    /// Sent as the `labelSelector` of every claim list and watch.
-    pub label_selector: LabelSelector,
-    /// Namespaces to watch; empty means all.
-    pub namespaces: Vec<String>,
-    /// Namespaces never touched, even when `namespaces` is empty.
-    pub exclude_namespaces: Vec<String>,
-}
-
 impl SelectorConfig {
     /// Whether claims in `namespace` are tracked.
     pub fn includes_namespace(&self, namespace: &str) -> bool {
@@ -87,73 +54,11 @@ impl SelectorConfig {
     }
 }
 
-/// The policy's durations, as configured; see [`Config::policy`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PolicyConfig {
-    #[serde(serialize_with = "serialize_duration")]
-    pub ttl_after_finished: Duration,
-    /// `None`: the same as `ttl_after_finished`; see [`PolicyConfig::ttl_after_failed`].
-    #[serde(serialize_with = "serialize_duration_or_empty")]
-    pub ttl_after_failed: Option<Duration>,
-    #[serde(serialize_with = "serialize_duration")]
-    pub orphan_grace: Duration,
-    #[serde(serialize_with = "serialize_duration")]
-    pub max_age: Duration,
-    /// Count-based retention: the workspaces of each namespace's this many newest failed builds
-    /// are kept whatever their TTL; 0: off.
-    pub keep_failed: u32,
-}
-
 impl PolicyConfig {
     /// The TTL of a failed build's workspace: the configured one, else `ttl_after_finished`.
     pub fn ttl_after_failed(&self) -> Duration {
         self.ttl_after_failed.unwrap_or(self.ttl_after_finished)
     }
-}
-
-/// How deletions are sent and throttled.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeletionConfig {
-    /// Decide, log, count and emit events, but delete nothing.
-    pub dry_run: bool,
-    /// In dry-run, still send each delete with `dryRun=All` so RBAC and admission run.
-    pub server_side_dry_run: bool,
-    /// Always paced: validation refuses a rate whose [`deletion_interval`] is not representable.
-    pub deletes_per_second: f64,
-    /// At most this many deletions in any rolling `window`.
-    pub max_deletions_per_window: u32,
-    #[serde(serialize_with = "serialize_duration")]
-    pub window: Duration,
-    /// This long before a claim becomes due, the leader writes one `DeletionScheduled` event on
-    /// it; `None`: no notice.
-    #[serde(serialize_with = "serialize_duration_or_empty")]
-    pub notice_before: Option<Duration>,
-    /// Read a bound claim's PersistentVolume before its delete, to report the storage a
-    /// `Retain` reclaim policy keeps (needs `get` on PersistentVolumes).
-    pub read_volumes: bool,
-    /// Delete a `Released` volume this long after its claim, which workspace-gc deleted,
-    /// released it (needs `read_volumes`, and get, list, patch and delete on
-    /// PersistentVolumes); `None`: never.
-    #[serde(serialize_with = "serialize_duration_or_empty")]
-    pub released_volume_ttl: Option<Duration>,
-    /// The least time between two rounds that prove the cache fresh for the live re-check, in
-    /// one watch scope (`daemon::proof`): longer shares a round's reads among more re-checks,
-    /// shorter lets each wait less for its round.
-    #[serde(serialize_with = "serialize_duration")]
-    pub proof_round_interval: Duration,
-}
-
-/// Lease-based leader election; only the leader deletes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LeaderElectionConfig {
-    pub enabled: bool,
-    pub lease_name: String,
-    /// `None`: the pod's own namespace; see [`LeaderElectionConfig::lease_namespace`].
-    #[serde(serialize_with = "serialize_or_empty")]
-    pub lease_namespace: Option<String>,
-    /// A whole number of seconds, as the Lease API counts.
-    #[serde(serialize_with = "serialize_duration")]
-    pub lease_duration: Duration,
 }
 
 impl LeaderElectionConfig {
@@ -165,24 +70,6 @@ impl LeaderElectionConfig {
             .or(pod_namespace.filter(|ns| !ns.is_empty()))
             .unwrap_or("workspace-gc")
     }
-}
-
-/// The metrics and health endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HttpConfig {
-    pub listen: SocketAddr,
-    /// HTTPS `/metrics` with TokenReview and SubjectAccessReview; `None`: off.
-    pub secure_listen: Option<SocketAddr>,
-    /// The serving certificate chain and key (PEM) of `secure_listen`; set exactly when it is.
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_key_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LoggingConfig {
-    pub format: LogFormat,
-    /// A `tracing_subscriber::EnvFilter` directive string, checked to parse.
-    pub level: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -201,28 +88,6 @@ impl LogFormat {
     }
 }
 
-/// What `workspace-gc create` puts on a new claim besides its fixed labels and owner.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CreatorConfig {
-    pub storage: Quantity,
-    /// `None`: the cluster's default storage class.
-    #[serde(serialize_with = "serialize_or_empty")]
-    pub storage_class: Option<String>,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
-}
-
-/// Quota pressure: finished workspaces deleted before their TTL while a namespace's storage
-/// quota is nearly exhausted.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QuotaConfig {
-    pub enabled: bool,
-    /// A namespace is under pressure once a quota's used / hard reaches this.
-    pub high_water: f64,
-    /// Under pressure, claims are deleted until used / hard is projected at or below this.
-    pub low_water: f64,
-}
-
 impl QuotaConfig {
     /// The thresholds, when quota pressure is enabled.
     pub fn waters(&self) -> Option<Waters> {
@@ -230,69 +95,6 @@ impl QuotaConfig {
             high: self.high_water,
             low: self.low_water,
         })
-    }
-}
-
-impl Default for Config {
-    /// Exactly what the shipped `config.toml` says (a test holds them together).
-    fn default() -> Self {
-        Self {
-            selector: SelectorConfig {
-                label_selector: LabelSelector::equals(BUILD_WORKSPACE.0, BUILD_WORKSPACE.1),
-                namespaces: Vec::new(),
-                exclude_namespaces: Vec::new(),
-            },
-            policy: PolicyConfig {
-                ttl_after_finished: Duration::from_secs(60 * 60),
-                ttl_after_failed: None,
-                orphan_grace: Duration::from_secs(10 * 60),
-                max_age: Duration::from_secs(7 * 24 * 60 * 60),
-                keep_failed: 0,
-            },
-            deletion: DeletionConfig {
-                dry_run: false,
-                server_side_dry_run: false,
-                deletes_per_second: 5.0,
-                max_deletions_per_window: 100,
-                window: Duration::from_secs(10 * 60),
-                notice_before: None,
-                read_volumes: false,
-                released_volume_ttl: None,
-                proof_round_interval: Duration::from_millis(1500),
-            },
-            leader_election: LeaderElectionConfig {
-                enabled: true,
-                lease_name: "workspace-gc".to_owned(),
-                lease_namespace: None,
-                lease_duration: Duration::from_secs(15),
-            },
-            http: HttpConfig {
-                listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
-                secure_listen: None,
-                tls_cert_file: None,
-                tls_key_file: None,
-            },
-            logging: LoggingConfig {
-                format: LogFormat::Human,
-                level: "info".to_owned(),
-            },
-            creator: CreatorConfig {
-                storage: Quantity::gibibytes(1),
-                storage_class: None,
-                labels: BTreeMap::new(),
-                annotations: BTreeMap::new(),
-            },
-            quota: QuotaConfig {
-                enabled: true,
-                high_water: 0.9,
-                low_water: 0.8,
-            },
-            namespace_policy: NamespacePolicyConfig {
-                enabled: false,
-                may_shorten: false,
-                min_ttl: Duration::from_secs(10 * 60),
-            },
-        }
     }
 }
 
@@ -331,111 +133,6 @@ impl Config {
         layer.resolve().map_err(|problem| problem.into_error(file))
     }
 
-    /// How this configuration lets more be deleted than `base` (the file alone): one line per
-    /// widening, for a warning at start. Overrides may change anything, but never silently
-    /// widen what can be deleted.
-    pub fn widenings(&self, base: &Config) -> Vec<String> {
-        let mut found = Vec::new();
-        let mut say = |key: &str, from: String, to: String| {
-            found.push(format!(
-                "{key} is overridden from {from} to {to}: more claims may be deleted"
-            ));
-        };
-        let (sel, was) = (&self.selector, &base.selector);
-        if sel.label_selector != was.label_selector {
-            let (to, from) = (
-                sel.label_selector.to_string(),
-                was.label_selector.to_string(),
-            );
-            say(
-                "selector.label_selector",
-                format!("{from:?}"),
-                format!("{to:?}"),
-            );
-        }
-        let scope = |namespaces: &[String]| match namespaces {
-            [] => "all namespaces".to_owned(),
-            list => format!("{list:?}"),
-        };
-        let narrower = !was.namespaces.is_empty()
-            && (sel.namespaces.is_empty()
-                || sel.namespaces.iter().any(|ns| !was.namespaces.contains(ns)));
-        if narrower {
-            let (from, to) = (scope(&was.namespaces), scope(&sel.namespaces));
-            say("selector.namespaces", from, to);
-        }
-        let human = |d: Duration| humantime::format_duration(d).to_string();
-        let (pol, was) = (&self.policy, &base.policy);
-        for (key, to, from) in [
-            (
-                "policy.ttl_after_finished",
-                pol.ttl_after_finished,
-                was.ttl_after_finished,
-            ),
-            ("policy.orphan_grace", pol.orphan_grace, was.orphan_grace),
-            ("policy.max_age", pol.max_age, was.max_age),
-        ] {
-            if to < from {
-                say(key, human(from), human(to));
-            }
-        }
-        // Unset on both sides it follows ttl_after_finished, whose line says it already.
-        let (to, from) = (pol.ttl_after_failed(), was.ttl_after_failed());
-        let followed = pol.ttl_after_failed.is_none() && was.ttl_after_failed.is_none();
-        if to < from && !followed {
-            say("policy.ttl_after_failed", human(from), human(to));
-        }
-        if pol.keep_failed < was.keep_failed {
-            let (from, to) = (was.keep_failed.to_string(), pol.keep_failed.to_string());
-            say("policy.keep_failed", from, to);
-        }
-        let (del, was) = (&self.deletion, &base.deletion);
-        if was.dry_run && !del.dry_run {
-            say("deletion.dry_run", "true".into(), "false".into());
-        }
-        if del.deletes_per_second > was.deletes_per_second {
-            let (from, to) = (was.deletes_per_second, del.deletes_per_second);
-            say(
-                "deletion.deletes_per_second",
-                from.to_string(),
-                to.to_string(),
-            );
-        }
-        if del.max_deletions_per_window > was.max_deletions_per_window || del.window < was.window {
-            let cap = |d: &DeletionConfig| {
-                format!("{} per {}", d.max_deletions_per_window, human(d.window))
-            };
-            say("deletion.max_deletions_per_window", cap(was), cap(del));
-        }
-        let (nsp, was) = (&self.namespace_policy, &base.namespace_policy);
-        let shortens = |n: &NamespacePolicyConfig| n.enabled && n.may_shorten;
-        if shortens(nsp) && !shortens(was) {
-            say(
-                "namespace_policy.may_shorten",
-                "false".into(),
-                "true".into(),
-            );
-        } else if shortens(nsp) && nsp.min_ttl < was.min_ttl {
-            let (from, to) = (human(was.min_ttl), human(nsp.min_ttl));
-            say("namespace_policy.min_ttl", from, to);
-        }
-        let (quota, was) = (&self.quota, &base.quota);
-        if quota.enabled && !was.enabled {
-            say("quota.enabled", "false".into(), "true".into());
-        }
-        if quota.enabled {
-            for (key, to, from) in [
-                ("quota.high_water", quota.high_water, was.high_water),
-                ("quota.low_water", quota.low_water, was.low_water),
-            ] {
-                if to < from {
-                    say(key, from.to_string(), to.to_string());
-                }
-            }
-        }
-        found
-    }
-
     /// The cluster's policy and, with per-namespace settings enabled, their bounds.
     pub fn policies(&self) -> Policies {
         let nsp = &self.namespace_policy;
@@ -461,6 +158,14 @@ impl Config {
             keep_failed: self.policy.keep_failed,
             collection: Collection::On,
         }
+    }
+}
+
+/// The cluster's policy with the configuration's defaults: the decision core keeps no defaults
+/// of its own.
+impl Default for Policy {
+    fn default() -> Self {
+        Config::default().policy()
     }
 }
 
@@ -539,26 +244,10 @@ pub fn deletion_interval(per_second: f64) -> Option<Duration> {
         .filter(|interval| *interval <= MAX_DURATION)
 }
 
-fn serialize_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(&humantime::format_duration(*d))
-}
-
-fn serialize_duration_or_empty<S: Serializer>(
-    d: &Option<Duration>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => serialize_duration(d, s),
-        None => s.serialize_str(""),
-    }
-}
-
-fn serialize_or_empty<S: Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(v.as_deref().unwrap_or(""))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::labels::{dns1123_label, dns1123_subdomain, label_key, label_value};
     use super::*;
 
@@ -724,9 +413,23 @@ mod tests {
         assert_eq!(loaded.unwrap(), Config::default());
     }
 
+    /// `Policy::default()` is the configuration's default (no second set of numbers), in
+    /// chrono's terms; an unset failed-build TTL follows the finished one.
     #[test]
     fn policy_converts_to_chrono() {
-        assert_eq!(Config::default().policy(), Policy::default());
+        let mut config = Config::default();
+        config.policy.ttl_after_finished = Duration::from_secs(90);
+        config.policy.max_age = MAX_DURATION;
+        let policy = config.policy();
+        assert_eq!(policy.ttl_after_finished, chrono::Duration::seconds(90));
+        assert_eq!(policy.ttl_after_failed, chrono::Duration::seconds(90));
+        assert_eq!(policy.max_age, chrono::Duration::days(100 * 365));
+        assert_eq!(policy.orphan_grace, chrono::Duration::minutes(10));
+        assert_eq!(
+            Policy::default().ttl_after_finished,
+            chrono::Duration::hours(1)
+        );
+        assert_eq!(Policy::default().collection, Collection::On);
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Validation: turns a raw [`Layer`] into the typed [`Config`], value by value, and rejects a
-//! value that does not parse, is out of range, or conflicts with another key, naming the key
-//! and the value's origin.
+//! Validation: each raw value's parser (a row of `settings.rs` names it), and the checks of
+//! keys that constrain one another. Each rejects a value that does not parse, is out of range,
+//! or conflicts with another key, naming the key and the value's origin.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,380 +8,120 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::labels::{LabelSelector, dns1123_label, dns1123_subdomain, label_key, label_value};
-use super::layers::{At, HttpLayer, Layer, Problem, QuotaLayer, Slot, Val};
-use super::{
-    Config, CreatorConfig, DeletionConfig, HttpConfig, LeaderElectionConfig, LogFormat,
-    LoggingConfig, MAX_DURATION, NamespacePolicyConfig, PolicyConfig, QuotaConfig, SelectorConfig,
-    deletion_interval,
-};
+use super::layers::{At, Problem};
+use super::settings::{Layer, Origins};
+use super::{Config, LogFormat, MAX_DURATION, deletion_interval};
 use crate::contract::labels;
 use crate::decide::facts::MAX_KEEP_FAILED;
 
 impl Layer {
-    /// Turns raw values into typed ones, falling back to [`Config::default`] for unset keys.
+    /// Turns raw values into typed ones, falling back to the defaults for unset keys, and
+    /// checks the keys that constrain one another.
     pub(super) fn resolve(self) -> Result<Config, Problem> {
-        let d = Config::default();
-        let Layer {
-            selector: sel,
-            policy: pol,
-            deletion: del,
-            leader_election: le,
-            http,
-            logging: log,
-            creator: cr,
-            quota,
-            namespace_policy: nsp,
-        } = self;
-
-        let label_selector = take(
-            sel.label_selector,
-            "selector.label_selector",
-            d.selector.label_selector,
-            tracking_selector,
-        )?;
-        let namespaces = take(
-            sel.namespaces,
-            "selector.namespaces",
-            d.selector.namespaces,
-            namespace_list,
-        )?;
-        let exclude_namespaces = take(
-            sel.exclude_namespaces,
-            "selector.exclude_namespaces",
-            d.selector.exclude_namespaces,
-            namespace_list,
-        )?;
-        let overlap = (namespaces.value.iter()).find(|ns| exclude_namespaces.value.contains(ns));
-        if let Some(ns) = overlap {
-            let (key, at) = blame(
-                ("selector.exclude_namespaces", &exclude_namespaces.at),
-                ("selector.namespaces", &namespaces.at),
-            );
-            let message = format!(
-                "namespace {ns:?} is both in selector.namespaces and in \
-                 selector.exclude_namespaces; expected each namespace in at most one of them"
-            );
-            return Err(problem(key, at, message));
-        }
-
-        let ttl_after_finished = take(
-            pol.ttl_after_finished,
-            "policy.ttl_after_finished",
-            d.policy.ttl_after_finished,
-            duration,
-        )?;
-        let ttl_after_failed = take(
-            pol.ttl_after_failed,
-            "policy.ttl_after_failed",
-            d.policy.ttl_after_failed,
-            optional_duration,
-        )?;
-        // Zero would delete claims the operator has just created for a build about to start.
-        let orphan_grace = take(
-            pol.orphan_grace,
-            "policy.orphan_grace",
-            d.policy.orphan_grace,
-            positive_duration,
-        )?;
-        let max_age = take(
-            pol.max_age,
-            "policy.max_age",
-            d.policy.max_age,
-            positive_duration,
-        )?;
-        if max_age.value < orphan_grace.value {
-            let (key, at) = blame(
-                ("policy.max_age", &max_age.at),
-                ("policy.orphan_grace", &orphan_grace.at),
-            );
-            let message = format!(
-                "policy.max_age ({}) is shorter than policy.orphan_grace ({}); expected max_age \
-                 at least orphan_grace, which protects every claim younger than it",
-                humantime::format_duration(max_age.value),
-                humantime::format_duration(orphan_grace.value),
-            );
-            return Err(problem(key, at, message));
-        }
-
-        let dry_run = take(del.dry_run, "deletion.dry_run", d.deletion.dry_run, Ok)?;
-        let server_side_dry_run = take(
-            del.server_side_dry_run,
-            "deletion.server_side_dry_run",
-            d.deletion.server_side_dry_run,
-            Ok,
-        )?;
-        // Refused rather than guessed: asking for a server-side dry run must never delete.
-        if server_side_dry_run.value && !dry_run.value {
-            let (key, at) = blame(
-                ("deletion.server_side_dry_run", &server_side_dry_run.at),
-                ("deletion.dry_run", &dry_run.at),
-            );
-            let message = "deletion.server_side_dry_run is true but deletion.dry_run is false; \
-                           expected dry_run = true as well (a server-side dry run is a dry run)";
-            return Err(problem(key, at, message));
-        }
-        let read_volumes = take(
-            del.read_volumes,
-            "deletion.read_volumes",
-            d.deletion.read_volumes,
-            Ok,
-        )?;
-        let released_volume_ttl = take(
-            del.released_volume_ttl,
-            "deletion.released_volume_ttl",
-            d.deletion.released_volume_ttl,
-            optional_positive_duration,
-        )?;
-        // Only a volume read before its claim's delete is marked, and only a marked one is
-        // ever deleted: without the read, the TTL could never apply.
-        if released_volume_ttl.value.is_some() && !read_volumes.value {
-            let (key, at) = blame(
-                ("deletion.released_volume_ttl", &released_volume_ttl.at),
-                ("deletion.read_volumes", &read_volumes.at),
-            );
-            let message = "deletion.released_volume_ttl is set but deletion.read_volumes is \
-                           false; expected read_volumes = true as well (a volume is marked for \
-                           deletion when it is read, before its claim is deleted)";
-            return Err(problem(key, at, message));
-        }
-        let deletes_per_second = take(
-            del.deletes_per_second,
-            "deletion.deletes_per_second",
-            d.deletion.deletes_per_second,
-            positive_rate,
-        )?;
-        let max_deletions_per_window = take(
-            del.max_deletions_per_window,
-            "deletion.max_deletions_per_window",
-            d.deletion.max_deletions_per_window,
-            positive_cap,
-        )?;
-        let window = take(
-            del.window,
-            "deletion.window",
-            d.deletion.window,
-            positive_duration,
-        )?;
-
-        let enabled = take(
-            le.enabled,
-            "leader_election.enabled",
-            d.leader_election.enabled,
-            Ok,
-        )?;
-        let lease_name = take(
-            le.lease_name,
-            "leader_election.lease_name",
-            d.leader_election.lease_name,
-            subdomain_name,
-        )?;
-        let lease_namespace = take(
-            le.lease_namespace,
-            "leader_election.lease_namespace",
-            d.leader_election.lease_namespace,
-            optional_namespace,
-        )?;
-        let lease_duration = take(
-            le.lease_duration,
-            "leader_election.lease_duration",
-            d.leader_election.lease_duration,
-            lease_seconds,
-        )?;
-
-        let HttpLayer {
-            listen,
-            secure_listen,
-            tls_cert_file,
-            tls_key_file,
-        } = http;
-        let listen = take(listen, "http.listen", d.http.listen, socket_address)?;
-        let secure = resolve_secure_metrics([secure_listen, tls_cert_file, tls_key_file])?;
-        let format = take(log.format, "logging.format", d.logging.format, log_format)?;
-        let level = take(log.level, "logging.level", d.logging.level, log_filter)?;
-
-        let storage = take(cr.storage, "creator.storage", d.creator.storage, |raw| {
-            raw.parse()
-        })?;
-        let storage_class = take(
-            cr.storage_class,
-            "creator.storage_class",
-            d.creator.storage_class,
-            optional_storage_class,
-        )?;
-        let labels = take(
-            cr.labels,
-            "creator.labels",
-            d.creator.labels,
-            creator_labels,
-        )?;
-        let annotations = take(
-            cr.annotations,
-            "creator.annotations",
-            d.creator.annotations,
-            annotation_map,
-        )?;
-
-        let quota = resolve_quota(quota, d.quota)?;
-        let namespace_policy = NamespacePolicyConfig {
-            enabled: take(
-                nsp.enabled,
-                "namespace_policy.enabled",
-                d.namespace_policy.enabled,
-                Ok,
-            )?
-            .value,
-            may_shorten: take(
-                nsp.may_shorten,
-                "namespace_policy.may_shorten",
-                d.namespace_policy.may_shorten,
-                Ok,
-            )?
-            .value,
-            min_ttl: take(
-                nsp.min_ttl,
-                "namespace_policy.min_ttl",
-                d.namespace_policy.min_ttl,
-                positive_duration,
-            )?
-            .value,
-        };
-
-        Ok(Config {
-            selector: SelectorConfig {
-                label_selector: label_selector.value,
-                namespaces: namespaces.value,
-                exclude_namespaces: exclude_namespaces.value,
-            },
-            policy: PolicyConfig {
-                ttl_after_finished: ttl_after_finished.value,
-                ttl_after_failed: ttl_after_failed.value,
-                orphan_grace: orphan_grace.value,
-                max_age: max_age.value,
-                keep_failed: take(
-                    pol.keep_failed,
-                    "policy.keep_failed",
-                    d.policy.keep_failed,
-                    keep_count,
-                )?
-                .value,
-            },
-            deletion: DeletionConfig {
-                dry_run: dry_run.value,
-                server_side_dry_run: server_side_dry_run.value,
-                deletes_per_second: deletes_per_second.value,
-                max_deletions_per_window: max_deletions_per_window.value,
-                window: window.value,
-                notice_before: take(
-                    del.notice_before,
-                    "deletion.notice_before",
-                    d.deletion.notice_before,
-                    optional_positive_duration,
-                )?
-                .value,
-                read_volumes: read_volumes.value,
-                released_volume_ttl: released_volume_ttl.value,
-                proof_round_interval: take(
-                    del.proof_round_interval,
-                    "deletion.proof_round_interval",
-                    d.deletion.proof_round_interval,
-                    round_interval,
-                )?
-                .value,
-            },
-            leader_election: LeaderElectionConfig {
-                enabled: enabled.value,
-                lease_name: lease_name.value,
-                lease_namespace: lease_namespace.value,
-                lease_duration: lease_duration.value,
-            },
-            http: HttpConfig {
-                listen: listen.value,
-                ..secure
-            },
-            logging: LoggingConfig {
-                format: format.value,
-                level: level.value,
-            },
-            creator: CreatorConfig {
-                storage: storage.value,
-                storage_class: storage_class.value,
-                labels: labels.value,
-                annotations: annotations.value,
-            },
-            quota,
-            namespace_policy,
-        })
+        let (config, origins) = self.typed()?;
+        check(&config, &origins)?;
+        Ok(config)
     }
 }
 
-/// The `[quota]` section: each water a fraction in (0, 1], and low water below high water, or
-/// pressure would delete without ever reaching its goal.
-fn resolve_quota(layer: QuotaLayer, d: QuotaConfig) -> Result<QuotaConfig, Problem> {
-    let enabled = take(layer.enabled, "quota.enabled", d.enabled, Ok)?;
-    let high = take(layer.high_water, "quota.high_water", d.high_water, fraction)?;
-    let low = take(layer.low_water, "quota.low_water", d.low_water, fraction)?;
-    if low.value >= high.value {
-        let (key, at) = blame(("quota.low_water", &low.at), ("quota.high_water", &high.at));
+/// The keys that constrain one another; a conflict blames the key set last.
+fn check(c: &Config, at: &Origins) -> Result<(), Problem> {
+    let (sel, sel_at) = (&c.selector, &at.selector);
+    if let Some(ns) = (sel.namespaces.iter()).find(|ns| sel.exclude_namespaces.contains(ns)) {
+        let (key, at) = blame(
+            ("selector.exclude_namespaces", &sel_at.exclude_namespaces),
+            ("selector.namespaces", &sel_at.namespaces),
+        );
         let message = format!(
-            "quota.low_water ({}) is not below quota.high_water ({}); expected \
-             0 < low_water < high_water <= 1",
-            low.value, high.value
+            "namespace {ns:?} is both in selector.namespaces and in \
+             selector.exclude_namespaces; expected each namespace in at most one of them"
         );
         return Err(problem(key, at, message));
     }
-    Ok(QuotaConfig {
-        enabled: enabled.value,
-        high_water: high.value,
-        low_water: low.value,
-    })
-}
 
-/// The HTTPS metrics keys: an address and both files, or none of them ("" is none).
-fn resolve_secure_metrics(
-    [secure_listen, tls_cert_file, tls_key_file]: [Slot<String>; 3],
-) -> Result<HttpConfig, Problem> {
-    let optional = |raw: String| Ok((!raw.is_empty()).then_some(raw));
-    let listen = take(secure_listen, "http.secure_listen", None, |raw| {
-        optional(raw)?.map(socket_address).transpose()
-    })?;
-    let cert = take(tls_cert_file, "http.tls_cert_file", None, optional)?;
-    let key = take(tls_key_file, "http.tls_key_file", None, optional)?;
-    for (name, file) in [("http.tls_cert_file", &cert), ("http.tls_key_file", &key)] {
-        if listen.value.is_some() != file.value.is_some() {
-            let (blamed, at) = blame((name, &file.at), ("http.secure_listen", &listen.at));
+    let (pol, pol_at) = (&c.policy, &at.policy);
+    if pol.max_age < pol.orphan_grace {
+        let (key, at) = blame(
+            ("policy.max_age", &pol_at.max_age),
+            ("policy.orphan_grace", &pol_at.orphan_grace),
+        );
+        let message = format!(
+            "policy.max_age ({}) is shorter than policy.orphan_grace ({}); expected max_age \
+             at least orphan_grace, which protects every claim younger than it",
+            humantime::format_duration(pol.max_age),
+            humantime::format_duration(pol.orphan_grace),
+        );
+        return Err(problem(key, at, message));
+    }
+
+    let (del, del_at) = (&c.deletion, &at.deletion);
+    // Refused rather than guessed: asking for a server-side dry run must never delete.
+    if del.server_side_dry_run && !del.dry_run {
+        let (key, at) = blame(
+            ("deletion.server_side_dry_run", &del_at.server_side_dry_run),
+            ("deletion.dry_run", &del_at.dry_run),
+        );
+        let message = "deletion.server_side_dry_run is true but deletion.dry_run is false; \
+                       expected dry_run = true as well (a server-side dry run is a dry run)";
+        return Err(problem(key, at, message));
+    }
+    // Only a volume read before its claim's delete is marked, and only a marked one is
+    // ever deleted: without the read, the TTL could never apply.
+    if del.released_volume_ttl.is_some() && !del.read_volumes {
+        let (key, at) = blame(
+            ("deletion.released_volume_ttl", &del_at.released_volume_ttl),
+            ("deletion.read_volumes", &del_at.read_volumes),
+        );
+        let message = "deletion.released_volume_ttl is set but deletion.read_volumes is \
+                       false; expected read_volumes = true as well (a volume is marked for \
+                       deletion when it is read, before its claim is deleted)";
+        return Err(problem(key, at, message));
+    }
+
+    // The HTTPS metrics keys: an address and both files, or none of them.
+    let (http, http_at) = (&c.http, &at.http);
+    for (name, set, file_at) in [
+        (
+            "http.tls_cert_file",
+            http.tls_cert_file.is_some(),
+            &http_at.tls_cert_file,
+        ),
+        (
+            "http.tls_key_file",
+            http.tls_key_file.is_some(),
+            &http_at.tls_key_file,
+        ),
+    ] {
+        if http.secure_listen.is_some() != set {
+            let (blamed, at) = blame(
+                (name, file_at),
+                ("http.secure_listen", &http_at.secure_listen),
+            );
             let message = format!(
                 "http.secure_listen, http.tls_cert_file and http.tls_key_file are set together \
                  or not at all; {name} is {}",
-                if file.value.is_some() { "set" } else { "empty" }
+                if set { "set" } else { "empty" }
             );
             return Err(problem(blamed, at, message));
         }
     }
-    Ok(HttpConfig {
-        secure_listen: listen.value,
-        tls_cert_file: cert.value.map(PathBuf::from),
-        tls_key_file: key.value.map(PathBuf::from),
-        ..Config::default().http
-    })
-}
 
-/// Converts a raw value with `parse`, or takes the default; either way keeps the origin.
-fn take<R, T>(
-    slot: Slot<R>,
-    key: &'static str,
-    default: T,
-    parse: impl FnOnce(R) -> Result<T, String>,
-) -> Result<Val<T>, Problem> {
-    match slot {
-        None => Ok(Val {
-            value: default,
-            at: At::Default,
-        }),
-        Some(Val { value, at }) => match parse(value) {
-            Ok(value) => Ok(Val { value, at }),
-            Err(message) => Err(problem(key, &at, message)),
-        },
+    // Each water is a fraction in (0, 1], and low water below high water, or pressure would
+    // delete without ever reaching its goal.
+    let (quota, quota_at) = (&c.quota, &at.quota);
+    if quota.low_water >= quota.high_water {
+        let (key, at) = blame(
+            ("quota.low_water", &quota_at.low_water),
+            ("quota.high_water", &quota_at.high_water),
+        );
+        let message = format!(
+            "quota.low_water ({}) is not below quota.high_water ({}); expected \
+             0 < low_water < high_water <= 1",
+            quota.low_water, quota.high_water
+        );
+        return Err(problem(key, at, message));
     }
+    Ok(())
 }
 
 fn problem(key: &'static str, at: &At, message: impl Into<String>) -> Problem {
@@ -410,7 +150,7 @@ fn blame<'a>(
 
 // Each parser takes a raw value and returns the typed one, or what was wrong and what is expected.
 
-fn duration(raw: String) -> Result<Duration, String> {
+pub(super) fn duration(raw: String) -> Result<Duration, String> {
     let d = humantime::parse_duration(&raw).map_err(|e| {
         format!(
             "{raw:?} is not a duration ({e}); expected a number and a unit, \
@@ -424,7 +164,7 @@ fn duration(raw: String) -> Result<Duration, String> {
 }
 
 /// Empty: not set, another key's value applies.
-fn optional_duration(raw: String) -> Result<Option<Duration>, String> {
+pub(super) fn optional_duration(raw: String) -> Result<Option<Duration>, String> {
     if raw.is_empty() {
         return Ok(None);
     }
@@ -432,14 +172,14 @@ fn optional_duration(raw: String) -> Result<Option<Duration>, String> {
 }
 
 /// Empty: off.
-fn optional_positive_duration(raw: String) -> Result<Option<Duration>, String> {
+pub(super) fn optional_positive_duration(raw: String) -> Result<Option<Duration>, String> {
     if raw.is_empty() {
         return Ok(None);
     }
     positive_duration(raw).map(Some)
 }
 
-fn positive_duration(raw: String) -> Result<Duration, String> {
+pub(super) fn positive_duration(raw: String) -> Result<Duration, String> {
     let d = duration(raw.clone())?;
     if d.is_zero() {
         return Err(format!("{raw:?} must be greater than zero"));
@@ -449,7 +189,7 @@ fn positive_duration(raw: String) -> Result<Duration, String> {
 
 /// Zero allowed (a round for every re-check that finds none waiting); at most a minute, which
 /// would already hold each due claim that long.
-fn round_interval(raw: String) -> Result<Duration, String> {
+pub(super) fn round_interval(raw: String) -> Result<Duration, String> {
     let d = duration(raw.clone())?;
     if d > Duration::from_secs(60) {
         return Err(format!("{raw:?} is too long; expected at most 1m"));
@@ -458,7 +198,7 @@ fn round_interval(raw: String) -> Result<Duration, String> {
 }
 
 /// The Lease API counts whole seconds, and the renew deadline derived from it must be shorter.
-fn lease_seconds(raw: String) -> Result<Duration, String> {
+pub(super) fn lease_seconds(raw: String) -> Result<Duration, String> {
     let d = duration(raw.clone())?;
     if d.subsec_nanos() != 0 || !(2..=3600).contains(&d.as_secs()) {
         return Err(format!(
@@ -468,7 +208,7 @@ fn lease_seconds(raw: String) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn positive_rate(rate: f64) -> Result<f64, String> {
+pub(super) fn positive_rate(rate: f64) -> Result<f64, String> {
     if !(rate.is_finite() && rate > 0.0) {
         return Err(format!("{rate} must be a finite number greater than zero"));
     }
@@ -485,7 +225,7 @@ fn positive_rate(rate: f64) -> Result<f64, String> {
 }
 
 /// A share of a quota: greater than zero, at most one.
-fn fraction(value: f64) -> Result<f64, String> {
+pub(super) fn fraction(value: f64) -> Result<f64, String> {
     if value.is_finite() && value > 0.0 && value <= 1.0 {
         Ok(value)
     } else {
@@ -497,7 +237,7 @@ fn fraction(value: f64) -> Result<f64, String> {
 
 /// A number of failed builds to keep: a larger one is a typo, and would make every decision
 /// count that many newer failures.
-fn keep_count(keep: u32) -> Result<u32, String> {
+pub(super) fn keep_count(keep: u32) -> Result<u32, String> {
     if keep > MAX_KEEP_FAILED {
         return Err(format!(
             "{keep} is too many; expected at most {MAX_KEEP_FAILED} failed builds per namespace (0 turns keeping by count off)"
@@ -506,7 +246,7 @@ fn keep_count(keep: u32) -> Result<u32, String> {
     Ok(keep)
 }
 
-fn positive_cap(cap: u32) -> Result<u32, String> {
+pub(super) fn positive_cap(cap: u32) -> Result<u32, String> {
     match cap {
         0 => Err("0 must be at least 1; to delete nothing, set deletion.dry_run".to_owned()),
         cap => Ok(cap),
@@ -515,7 +255,7 @@ fn positive_cap(cap: u32) -> Result<u32, String> {
 
 /// A valid label selector that requires some label to be present: anything broader reaches
 /// claims the operator never created.
-fn tracking_selector(raw: String) -> Result<LabelSelector, String> {
+pub(super) fn tracking_selector(raw: String) -> Result<LabelSelector, String> {
     let selector: LabelSelector = raw.parse()?;
     if !selector.requires_a_label() {
         return Err(format!(
@@ -527,7 +267,7 @@ fn tracking_selector(raw: String) -> Result<LabelSelector, String> {
     Ok(selector)
 }
 
-fn namespace_list(list: Vec<String>) -> Result<Vec<String>, String> {
+pub(super) fn namespace_list(list: Vec<String>) -> Result<Vec<String>, String> {
     for ns in &list {
         dns1123_label(ns).map_err(|why| format!("{ns:?} is not a valid namespace name: {why}"))?;
     }
@@ -535,7 +275,7 @@ fn namespace_list(list: Vec<String>) -> Result<Vec<String>, String> {
 }
 
 /// Empty means "the pod's namespace".
-fn optional_namespace(ns: String) -> Result<Option<String>, String> {
+pub(super) fn optional_namespace(ns: String) -> Result<Option<String>, String> {
     if ns.is_empty() {
         return Ok(None);
     }
@@ -543,13 +283,13 @@ fn optional_namespace(ns: String) -> Result<Option<String>, String> {
     Ok(Some(ns))
 }
 
-fn subdomain_name(name: String) -> Result<String, String> {
+pub(super) fn subdomain_name(name: String) -> Result<String, String> {
     dns1123_subdomain(&name).map_err(|why| format!("{name:?} is not a valid Lease name: {why}"))?;
     Ok(name)
 }
 
 /// Empty means "the cluster's default class".
-fn optional_storage_class(class: String) -> Result<Option<String>, String> {
+pub(super) fn optional_storage_class(class: String) -> Result<Option<String>, String> {
     if class.is_empty() {
         return Ok(None);
     }
@@ -558,7 +298,20 @@ fn optional_storage_class(class: String) -> Result<Option<String>, String> {
     Ok(Some(class))
 }
 
-fn socket_address(raw: String) -> Result<SocketAddr, String> {
+/// Empty: off.
+pub(super) fn optional_socket_address(raw: String) -> Result<Option<SocketAddr>, String> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    socket_address(raw).map(Some)
+}
+
+/// Empty: none.
+pub(super) fn optional_path(raw: String) -> Result<Option<PathBuf>, String> {
+    Ok((!raw.is_empty()).then(|| PathBuf::from(raw)))
+}
+
+pub(super) fn socket_address(raw: String) -> Result<SocketAddr, String> {
     raw.parse().map_err(|_| {
         format!(
             "{raw:?} is not a socket address; expected IP:PORT, \
@@ -567,7 +320,7 @@ fn socket_address(raw: String) -> Result<SocketAddr, String> {
     })
 }
 
-fn log_format(raw: String) -> Result<LogFormat, String> {
+pub(super) fn log_format(raw: String) -> Result<LogFormat, String> {
     match raw.as_str() {
         "human" => Ok(LogFormat::Human),
         "json" => Ok(LogFormat::Json),
@@ -577,7 +330,7 @@ fn log_format(raw: String) -> Result<LogFormat, String> {
     }
 }
 
-fn log_filter(raw: String) -> Result<String, String> {
+pub(super) fn log_filter(raw: String) -> Result<String, String> {
     let example = "e.g. \"info\" or \"workspace_gc=debug,info\"";
     if raw.trim().is_empty() {
         return Err(format!(
@@ -602,7 +355,9 @@ fn label_map(labels: BTreeMap<String, String>) -> Result<BTreeMap<String, String
 }
 
 /// Extra labels for created claims; the ones `create` sets itself cannot be overridden.
-fn creator_labels(labels: BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+pub(super) fn creator_labels(
+    labels: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
     let fixed = labels::OPERATOR
         .iter()
         .map(|(key, _)| *key)
@@ -618,7 +373,9 @@ fn creator_labels(labels: BTreeMap<String, String>) -> Result<BTreeMap<String, S
 }
 
 /// Annotation values are free text; only the keys have a syntax.
-fn annotation_map(map: BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+pub(super) fn annotation_map(
+    map: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
     for key in map.keys() {
         label_key(key).map_err(|why| format!("{key:?} is not a valid annotation key: {why}"))?;
     }

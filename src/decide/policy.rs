@@ -8,7 +8,8 @@ use serde::Serialize;
 use crate::decide::annotations::{self, ClaimAnnotations};
 use crate::decide::facts::{Facts, FailedRank, OwnerState, Progress, Users};
 
-/// Cluster-wide policy; per-claim annotations refine it.
+/// Cluster-wide policy; per-claim annotations refine it. Its `Default` is the configuration's
+/// (`config::settings`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// How long a finished build's workspace is kept after the later completion time of its
@@ -51,19 +52,6 @@ impl Policy {
             self.ttl_after_failed
         } else {
             self.ttl_after_finished
-        }
-    }
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self {
-            ttl_after_finished: Duration::hours(1),
-            ttl_after_failed: Duration::hours(1),
-            orphan_grace: Duration::minutes(10),
-            max_age: Duration::days(7),
-            keep_failed: 0,
-            collection: Collection::On,
         }
     }
 }

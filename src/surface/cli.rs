@@ -313,6 +313,27 @@ mod tests {
         assert_eq!(args.service_account, "gc:daemon");
     }
 
+    /// The flag each row of the settings table names, as the origin of its value, is a flag of
+    /// the command line.
+    #[test]
+    fn every_flag_the_settings_table_names_exists() {
+        let cli = Cli::command();
+        let arguments = cli
+            .get_arguments()
+            .chain(cli.get_subcommands().flat_map(|sub| sub.get_arguments()));
+        let longs: Vec<String> = arguments
+            .filter_map(|argument| argument.get_long())
+            .map(|long| format!("--{long}"))
+            .collect();
+        let flags: Vec<&str> = (crate::config::settings().into_iter())
+            .filter_map(|setting| setting.flag)
+            .collect();
+        assert_eq!(flags.len(), 9);
+        for flag in flags {
+            assert!(longs.iter().any(|long| long == flag), "{flag} is no flag");
+        }
+    }
+
     #[test]
     fn absent_flags_override_nothing() {
         for args in [
