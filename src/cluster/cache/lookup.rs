@@ -1,6 +1,6 @@
 //! The [`Index`] as the linking's [`Lookup`]: a claim's owners and users as the cache holds
 //! them, `Unknown` where a kind has not listed or is not served. Apart from the index because
-//! it only reads it, through the rows [`entries`](super::entries) keeps.
+//! it only reads it, through the rows `entries.rs` keeps.
 
 use std::ops::Bound;
 

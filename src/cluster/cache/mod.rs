@@ -4,8 +4,8 @@
 //! affect. No I/O; the controller applies watcher events and schedules what comes back.
 //!
 //! This file holds the [`Index`] and how a change is applied to it. Apart from it:
-//! [`table`] (one kind's entries and the rows of a secondary index, the storage),
-//! [`entries`] (each kind's rows and the claims its change affects) and [`lookup`] (the index
+//! `table.rs` (one kind's entries and the rows of a secondary index, the storage),
+//! `entries.rs` (each kind's rows and the claims its change affects) and `lookup.rs` (the index
 //! answering the linking's questions).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
