@@ -1,7 +1,7 @@
 //! The bounded values of the metrics' labels: cache kinds, delete results, API operations and
 //! error categories, ledger faults, volume marks and revocations, each with the one string it
 //! writes. Apart from the families (`mod.rs`) because the daemon names these where it acts,
-//! and a label can only take a value listed here.
+//! and every label but a namespace or a quota's name takes a value listed here.
 
 use crate::contract::OwnerKind;
 
