@@ -175,7 +175,7 @@ const PER_NAMESPACE: [&str; 5] = [
 /// target's; every alert evaluates without error, and the only one pending is the quota alert,
 /// for the full namespace alone; every panel shows data, its series told apart by their
 /// legends, and the per-namespace panels show each namespace. (That every name they read is
-/// exported, including counters nothing here increments, is a unit test in src/observe/metrics.rs.)
+/// exported, including counters nothing here increments, is a unit test in src/observe/metrics/mod.rs.)
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_scrapes_the_daemon_and_evaluates_every_alert_and_panel() {
     let control_plane = ControlPlane::shared();

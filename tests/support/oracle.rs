@@ -1,6 +1,6 @@
 //! The safety rule, encoded once and apart from the implementation: which claims MAY be deleted
 //! at `now`, and which MUST be by now. It reads raw API objects (`serde_json::Value`) and shares
-//! nothing with `linking.rs`, `policy.rs`, `annotations.rs` or `resources.rs` but the plain
+//! nothing with `linking.rs`, `policy.rs`, `annotations.rs` or `resources/` but the plain
 //! [`Policy`] durations, so a mistake there cannot hide here.
 //!
 //! A claim MAY be deleted only when all hold:

@@ -2,26 +2,33 @@
 //! TaskRuns, pods and ResourceQuotas,
 //! with the secondary indices that map a change of any of them to exactly the claims it can
 //! affect. No I/O; the controller applies watcher events and schedules what comes back.
+//!
+//! This file holds the [`Index`] and how a change is applied to it. Apart from it:
+//! `table.rs` (one kind's entries and the rows of a secondary index, the storage),
+//! `entries.rs` (each kind's rows and the claims its change affects) and `lookup.rs` (the index
+//! answering the linking's questions).
 
-use std::borrow::Borrow;
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
-use std::ops::Bound;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::contract::OwnerKind;
 use crate::contract::annotations::NS_KEEP_FAILED;
-use crate::contract::{JOB_KIND, OwnerKind, RUN_KIND, TASK_RUN_KIND, naming};
-use std::collections::BTreeMap;
-
 use crate::decide::facts::{
-    ClaimFacts, JobEntry, MAX_KEEP_FAILED, NamespaceEntry, ObjectKey, PodEntry, PodUse, Progress,
-    RunEntry, VolumeClaims,
+    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, Progress, RunEntry,
 };
-use crate::decide::linking::{Found, Lookup};
+use crate::decide::linking::Found;
 use crate::decide::quota::QuotaEntry;
 use crate::observe::metrics::Kind;
+
+mod entries;
+mod lookup;
+mod table;
+
+pub use entries::Cached;
+pub use table::Table;
+use table::{Keyed, Row};
 
 /// The namespace one watch covers; `None` for a cluster-wide watch.
 pub type Scope = Option<String>;
@@ -63,99 +70,6 @@ pub enum Update {
     Unserved(OwnerKind, Scope, Option<String>),
 }
 
-/// One kind's entries, each stored under its own key: a map from key to entry would hold every
-/// key twice.
-#[derive(Debug)]
-pub struct Table<E> {
-    items: HashSet<Keyed<E>>,
-    /// Scopes that have not finished their first list.
-    unsynced: HashSet<Scope>,
-    /// Scopes whose kind is not served where it can be read, and why: nothing in them is
-    /// known (an owner kind's, [`Update::Unserved`]).
-    unknown: HashMap<Scope, String>,
-    relists: HashMap<Scope, HashSet<Keyed<E>>>,
-}
-
-/// An entry that hashes and compares as its key, so a set of them is looked up by key.
-#[derive(Debug)]
-struct Keyed<E>(E);
-
-impl<E: Cached> Borrow<ObjectKey> for Keyed<E> {
-    fn borrow(&self) -> &ObjectKey {
-        self.0.key()
-    }
-}
-
-impl<E: Cached> Hash for Keyed<E> {
-    // As the key hashes, which `Borrow` requires.
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.key().hash(state);
-    }
-}
-
-impl<E: Cached> PartialEq for Keyed<E> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key() == other.0.key()
-    }
-}
-
-impl<E: Cached> Eq for Keyed<E> {}
-
-impl<E> Table<E> {
-    fn new(scopes: &[Scope]) -> Self {
-        Self {
-            items: HashSet::new(),
-            unsynced: scopes.iter().cloned().collect(),
-            unknown: HashMap::new(),
-            relists: HashMap::new(),
-        }
-    }
-
-    fn synced(&self) -> bool {
-        self.unsynced.is_empty()
-    }
-
-    /// Why nothing of this kind is known in `namespace`, if so: its scope is unknown.
-    fn unknown_in(&self, namespace: &str) -> Option<&str> {
-        (self.unknown.iter())
-            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
-            .map(|(_, why)| why.as_str())
-    }
-
-    /// What the table says of the kind in `namespace` as a whole: unknown until listed, or
-    /// while not served where it can be read.
-    fn known_in(&self, namespace: &str, what: &str) -> Result<(), String> {
-        if !self.synced() {
-            return Err(format!("the {what} cache has not synced yet"));
-        }
-        match self.unknown_in(namespace) {
-            Some(why) => Err(why.to_owned()),
-            None => Ok(()),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    fn values(&self) -> impl Iterator<Item = &E> {
-        self.items.iter().map(|entry| &entry.0)
-    }
-}
-
-impl<E: Cached> Table<E> {
-    fn entry(&self, key: &ObjectKey) -> Option<&E> {
-        self.items.get(key).map(|entry| &entry.0)
-    }
-
-    fn get(&self, key: &ObjectKey, what: &str) -> Found<E> {
-        if let Err(why) = self.known_in(&key.namespace, what) {
-            return Found::Unknown(why);
-        }
-        self.entry(key).cloned().map_or(Found::No, Found::Yes)
-    }
-}
-
 /// The cache of everything decisions read.
 #[derive(Debug)]
 pub struct Index {
@@ -194,18 +108,6 @@ pub struct Index {
 
 /// One namespace's failed owners with a completion time: how many of each kind finished then.
 type Failures = BTreeMap<(OwnerKind, DateTime<Utc>), u32>;
-
-/// A cache entry kind: where it lives in the index and which claims it touches.
-pub trait Cached: Clone + PartialEq + Sized {
-    /// A name for messages ("PipelineRun").
-    const WHAT: &'static str;
-    fn key(&self) -> &ObjectKey;
-    fn table(index: &mut Index) -> &mut Table<Self>;
-    /// Adds (or removes) this entry's secondary-index rows.
-    fn index(&self, index: &mut Index, add: bool);
-    /// The claims whose facts depend on this entry.
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>);
-}
 
 impl Default for Index {
     /// An index fed by cluster-wide watches.
@@ -561,373 +463,10 @@ fn in_scope(scope: &Scope, key: &ObjectKey) -> bool {
         .is_none_or(|namespace| **namespace == *key.namespace)
 }
 
-/// One row of a secondary index: a sorted set with no spare capacity. A row holds one or two
-/// values (a claim's pods, the runs binding it), and there is a row per claim: a `BTreeSet`
-/// would allocate a whole node (eleven slots) for each, a `Vec` its growth headroom.
-type Row<V> = Box<[V]>;
-
-/// Adds or removes `value` under `key`, dropping empty rows so the maps do not grow forever.
-/// Rows change only when an object's links do, so re-allocating a row each time costs little.
-fn set_row<K, V>(map: &mut HashMap<K, Row<V>>, key: K, value: V, add: bool)
-where
-    K: std::hash::Hash + Eq,
-    V: Ord,
-{
-    if add {
-        let row = map.entry(key).or_default();
-        if let Err(at) = row.binary_search(&value) {
-            let mut values = std::mem::take(row).into_vec();
-            values.insert(at, value);
-            *row = values.into_boxed_slice();
-        }
-    } else if let Some(row) = map.get_mut(&key)
-        && let Ok(at) = row.binary_search(&value)
-    {
-        let mut values = std::mem::take(row).into_vec();
-        values.remove(at);
-        if values.is_empty() {
-            map.remove(&key);
-        } else {
-            *row = values.into_boxed_slice();
-        }
-    }
-}
-
 fn sibling(key: &ObjectKey, name: String) -> ObjectKey {
     ObjectKey {
         namespace: key.namespace.clone(),
         name,
-    }
-}
-
-impl Cached for ClaimFacts {
-    const WHAT: &'static str = "PersistentVolumeClaim";
-
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.claims
-    }
-
-    fn index(&self, index: &mut Index, add: bool) {
-        for reference in &self.owner_references {
-            set_row(
-                &mut index.claims_by_owner,
-                reference.uid.clone(),
-                self.key.clone(),
-                add,
-            );
-        }
-    }
-
-    fn affected(&self, _: &Index, out: &mut BTreeSet<ObjectKey>) {
-        // A claim's own change always counts, even its deletion (to drop its schedule).
-        out.insert(self.key.clone());
-    }
-}
-
-impl Cached for JobEntry {
-    const WHAT: &'static str = JOB_KIND;
-
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.jobs
-    }
-
-    fn index(&self, index: &mut Index, add: bool) {
-        index.count(&self.key, add);
-        index.count_failed(OwnerKind::Job, &self.key, &self.progress, add);
-        let name = self.key.name.clone();
-        match &self.volumes {
-            VolumeClaims::Named(claims) => {
-                for claim in claims {
-                    let claim = sibling(&self.key, claim.clone());
-                    set_row(&mut index.jobs_by_claim, claim, name.clone(), add);
-                }
-            }
-            VolumeClaims::Unreadable => {
-                let namespace = self.key.namespace.clone();
-                set_row(&mut index.unreadable_jobs, namespace, name, add);
-            }
-        }
-    }
-
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        index.tracked(sibling(&self.key, naming::claim(&self.key.name)), out);
-        index.owned_by(&self.uid, out);
-        ranked_below(&self.key, &self.progress, index, out);
-        match &self.volumes {
-            VolumeClaims::Named(claims) => {
-                for claim in claims {
-                    index.tracked(sibling(&self.key, claim.clone()), out);
-                }
-            }
-            VolumeClaims::Unreadable => {
-                out.extend((index.claims_in(&self.key.namespace)).map(|claim| claim.key.clone()))
-            }
-        }
-    }
-}
-
-impl Cached for RunEntry {
-    const WHAT: &'static str = RUN_KIND;
-
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.runs
-    }
-
-    fn index(&self, index: &mut Index, add: bool) {
-        index_bindings(self, index, add);
-    }
-
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        bound_claims(self, index, out);
-        ranked_below(&self.key, &self.progress, index, out);
-        if let Some(job) = naming::job_of_run(&self.key.name) {
-            index.tracked(sibling(&self.key, naming::claim(job)), out);
-        }
-    }
-}
-
-impl Cached for TaskRunEntry {
-    const WHAT: &'static str = TASK_RUN_KIND;
-
-    fn key(&self) -> &ObjectKey {
-        &self.0.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.task_runs
-    }
-
-    fn index(&self, index: &mut Index, add: bool) {
-        index_bindings(&self.0, index, add);
-    }
-
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        bound_claims(&self.0, index, out);
-        ranked_below(&self.0.key, &self.0.progress, index, out);
-    }
-}
-
-/// Adds (or removes) a run's rows in the claim → binding runs index, and counts it.
-fn index_bindings(run: &RunEntry, index: &mut Index, add: bool) {
-    index.count(&run.key, add);
-    index.count_failed(run.kind, &run.key, &run.progress, add);
-    for claim in &run.claims {
-        let claim = sibling(&run.key, claim.clone());
-        let row = (run.kind, run.key.name.clone());
-        set_row(&mut index.runs_by_claim, claim, row, add);
-    }
-}
-
-/// A failed owner with a completion time ranks every other failed build of its namespace: where
-/// claims may be kept by count (`Policy::keep_failed`), a new one may push one out, so each
-/// claim there is re-evaluated (once per change, see [`Index::expand`]).
-fn ranked_below(
-    key: &ObjectKey,
-    progress: &Progress,
-    index: &Index,
-    out: &mut BTreeSet<ObjectKey>,
-) {
-    if matches!(
-        progress,
-        Progress::Finished {
-            at: Some(_),
-            failed: true
-        }
-    ) && index.keeps_by_count(&key.namespace)
-    {
-        out.insert(ObjectKey::new(&key.namespace, ""));
-    }
-}
-
-/// The claims a run touches through its bindings and its UID.
-fn bound_claims(run: &RunEntry, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-    for claim in &run.claims {
-        index.tracked(sibling(&run.key, claim.clone()), out);
-    }
-    index.owned_by(&run.uid, out);
-}
-
-impl Cached for PodEntry {
-    const WHAT: &'static str = "Pod";
-
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.pods
-    }
-
-    fn index(&self, index: &mut Index, add: bool) {
-        index.count(&self.key, add);
-        for claim in &self.claims {
-            let claim = sibling(&self.key, claim.clone());
-            set_row(&mut index.pods_by_claim, claim, self.key.name.clone(), add);
-        }
-    }
-
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        for claim in &self.claims {
-            index.tracked(sibling(&self.key, claim.clone()), out);
-        }
-    }
-}
-
-impl Cached for QuotaEntry {
-    const WHAT: &'static str = "ResourceQuota";
-
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.quotas
-    }
-
-    fn index(&self, _: &mut Index, _: bool) {}
-
-    /// Pressure in a namespace may choose any of its claims.
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        out.extend(
-            index
-                .claims_in(&self.key.namespace)
-                .map(|claim| claim.key.clone()),
-        );
-    }
-}
-
-impl Cached for NamespaceEntry {
-    const WHAT: &'static str = "Namespace";
-
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-
-    fn table(index: &mut Index) -> &mut Table<Self> {
-        &mut index.namespaces
-    }
-
-    fn index(&self, _: &mut Index, _: bool) {}
-
-    /// Its settings apply to every claim in it.
-    fn affected(&self, index: &Index, out: &mut BTreeSet<ObjectKey>) {
-        out.extend(
-            index
-                .claims_in(&self.key.name)
-                .map(|claim| claim.key.clone()),
-        );
-    }
-}
-
-impl Lookup for Index {
-    fn job(&self, namespace: &str, name: &str) -> Found<JobEntry> {
-        self.jobs
-            .get(&ObjectKey::new(namespace, name), JobEntry::WHAT)
-    }
-
-    fn run(&self, kind: OwnerKind, namespace: &str, name: &str) -> Found<RunEntry> {
-        let key = ObjectKey::new(namespace, name);
-        match kind {
-            OwnerKind::TaskRun => self
-                .task_runs
-                .get(&key, TaskRunEntry::WHAT)
-                .map(|entry| entry.0),
-            OwnerKind::Run | OwnerKind::Job => self.runs.get(&key, RunEntry::WHAT),
-        }
-    }
-
-    fn runs_binding(&self, claim: &ObjectKey) -> Found<Vec<RunEntry>> {
-        let namespace = &claim.namespace;
-        for known in [
-            self.runs.known_in(namespace, RunEntry::WHAT),
-            self.task_runs.known_in(namespace, TaskRunEntry::WHAT),
-        ] {
-            if let Err(why) = known {
-                return Found::Unknown(why);
-            }
-        }
-        let runs = self.runs_by_claim.get(claim).into_iter().flatten();
-        Found::Yes(
-            runs.filter_map(|(kind, name)| {
-                let key = sibling(claim, name.clone());
-                match kind {
-                    OwnerKind::TaskRun => self.task_runs.entry(&key).map(|e| e.0.clone()),
-                    OwnerKind::Run | OwnerKind::Job => self.runs.entry(&key).cloned(),
-                }
-            })
-            .collect(),
-        )
-    }
-
-    fn jobs_naming(&self, claim: &ObjectKey) -> Found<Vec<JobEntry>> {
-        // Jobs not served where they can be read may name any claim of the namespace.
-        if let Err(why) = self.jobs.known_in(&claim.namespace, JobEntry::WHAT) {
-            return Found::Unknown(why);
-        }
-        let named = self.jobs_by_claim.get(claim).into_iter().flatten();
-        let unreadable = (self.unreadable_jobs.get(&*claim.namespace))
-            .into_iter()
-            .flatten();
-        Found::Yes(
-            named
-                .chain(unreadable)
-                .filter_map(|name| self.jobs.entry(&sibling(claim, name.clone())))
-                .cloned()
-                .collect(),
-        )
-    }
-
-    fn failed_after(&self, kind: OwnerKind, namespace: &str, at: DateTime<Utc>) -> Found<u32> {
-        let known = match kind {
-            OwnerKind::Job => self.jobs.known_in(namespace, JobEntry::WHAT),
-            OwnerKind::Run => self.runs.known_in(namespace, RunEntry::WHAT),
-            OwnerKind::TaskRun => self.task_runs.known_in(namespace, TaskRunEntry::WHAT),
-        };
-        if let Err(why) = known {
-            return Found::Unknown(why);
-        }
-        let Some(times) = self.failed_by_namespace.get(namespace) else {
-            return Found::Yes(0);
-        };
-        let later = (
-            Bound::Excluded((kind, at)),
-            Bound::Included((kind, DateTime::<Utc>::MAX_UTC)),
-        );
-        let mut newer = 0u32;
-        for count in times.range(later).map(|(_, n)| *n) {
-            newer = newer.saturating_add(count);
-            if newer >= MAX_KEEP_FAILED {
-                return Found::Yes(MAX_KEEP_FAILED);
-            }
-        }
-        Found::Yes(newer)
-    }
-
-    fn pods_using(&self, claim: &ObjectKey) -> Found<Vec<PodUse>> {
-        if !self.pods.synced() {
-            return Found::Unknown(format!("the {} cache has not synced yet", PodEntry::WHAT));
-        }
-        let pods = self.pods_by_claim.get(claim).into_iter().flatten();
-        Found::Yes(
-            pods.filter_map(|name| self.pods.entry(&sibling(claim, name.clone())))
-                .map(|pod| PodUse {
-                    name: pod.key.name.clone(),
-                    phase: pod.phase.clone(),
-                })
-                .collect(),
-        )
     }
 }
 
@@ -949,15 +488,14 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::OwnerKind;
-    use crate::decide::facts::{LinkRule, OwnerRef, OwnerState, Progress, Users};
-    use crate::decide::linking;
+    use crate::decide::facts::VolumeClaims;
+    use crate::decide::linking::Lookup;
 
-    fn claim(name: &str) -> ClaimFacts {
+    pub(super) fn claim(name: &str) -> ClaimFacts {
         ClaimFacts::example(name)
     }
 
-    fn job(name: &str, uid: &str) -> JobEntry {
+    pub(super) fn job(name: &str, uid: &str) -> JobEntry {
         JobEntry {
             key: ObjectKey::new("ml", name),
             uid: uid.into(),
@@ -966,7 +504,7 @@ mod tests {
         }
     }
 
-    fn run(name: &str, claims: &[&str]) -> RunEntry {
+    pub(super) fn run(name: &str, claims: &[&str]) -> RunEntry {
         RunEntry {
             kind: OwnerKind::Run,
             key: ObjectKey::new("ml", name),
@@ -976,7 +514,7 @@ mod tests {
         }
     }
 
-    fn pod(name: &str, claims: &[&str], phase: &str) -> PodEntry {
+    pub(super) fn pod(name: &str, claims: &[&str], phase: &str) -> PodEntry {
         PodEntry {
             key: ObjectKey::new("ml", name),
             phase: Some(phase.into()),
@@ -985,33 +523,14 @@ mod tests {
     }
 
     /// An index whose four kinds have listed once, empty.
-    fn synced() -> Index {
+    pub(super) fn synced() -> Index {
         let index = Index::listed_empty();
         assert!(index.synced());
         index
     }
 
-    fn keys(names: &[&str]) -> BTreeSet<ObjectKey> {
+    pub(super) fn keys(names: &[&str]) -> BTreeSet<ObjectKey> {
         names.iter().map(|n| ObjectKey::new("ml", n)).collect()
-    }
-
-    #[test]
-    fn unsynced_kinds_are_unknown_not_absent() {
-        let mut index = Index::default();
-        index.apply(Change::Apply(claim("a-build-workspace")));
-        let facts = linking::facts(
-            index
-                .claim(&ObjectKey::new("ml", "a-build-workspace"))
-                .unwrap(),
-            &index,
-        );
-        assert!(matches!(facts.users, Users::Unknown { .. }));
-        assert!(
-            facts
-                .owners
-                .iter()
-                .all(|o| matches!(o.state, OwnerState::Unknown { .. }))
-        );
     }
 
     #[test]
@@ -1111,200 +630,6 @@ mod tests {
     }
 
     #[test]
-    fn changes_affect_exactly_the_linked_claims() {
-        let mut index = synced();
-        for name in ["nb-build-workspace", "other-build-workspace", "shared"] {
-            assert_eq!(index.apply(Change::Apply(claim(name))), keys(&[name]));
-        }
-        // A job affects its conventional claim.
-        assert_eq!(
-            index.apply(Change::Apply(job("nb", "j1"))),
-            keys(&["nb-build-workspace"])
-        );
-        // A run affects the claims it binds and its conventional one.
-        assert_eq!(
-            index.apply(Change::Apply(run("nb-build", &["shared"]))),
-            keys(&["nb-build-workspace", "shared"])
-        );
-        // A pod affects the claims it mounts (untracked ones are dropped).
-        assert_eq!(
-            index.apply(Change::Apply(pod(
-                "p",
-                &["shared", "not-tracked"],
-                "Running"
-            ))),
-            keys(&["shared"])
-        );
-        // An unchanged object affects nothing.
-        assert!(
-            index
-                .apply(Change::Apply(pod(
-                    "p",
-                    &["shared", "not-tracked"],
-                    "Running"
-                )))
-                .is_empty()
-        );
-        // Re-binding affects the old and the new claim.
-        assert_eq!(
-            index.apply(Change::Apply(run("nb-build", &["other-build-workspace"]))),
-            keys(&["nb-build-workspace", "shared", "other-build-workspace"])
-        );
-        assert_eq!(
-            index.apply::<PodEntry>(Change::Delete(ObjectKey::new("ml", "p"))),
-            keys(&["shared"])
-        );
-    }
-
-    #[test]
-    fn a_job_reaches_the_claims_its_volumes_name() {
-        let mut index = synced();
-        for name in ["a-build-workspace", "other", "b-build-workspace"] {
-            index.apply(Change::Apply(claim(name)));
-        }
-        let mut b = job("b", "j2");
-        b.volumes = VolumeClaims::Named(vec!["a-build-workspace".into()]);
-        assert_eq!(
-            index.apply(Change::Apply(b.clone())),
-            keys(&["a-build-workspace", "b-build-workspace"])
-        );
-        let naming_a =
-            |index: &Index| index.jobs_naming(&ObjectKey::new("ml", "a-build-workspace"));
-        assert_eq!(naming_a(&index), Found::Yes(vec![b.clone()]));
-        assert_eq!(
-            index.jobs_naming(&ObjectKey::new("ml", "other")),
-            Found::Yes(vec![])
-        );
-        // It finishes: the claim it named is decided again.
-        let mut finished = b.clone();
-        finished.progress = Progress::Finished {
-            at: None,
-            failed: false,
-        };
-        assert_eq!(
-            index.apply(Change::Apply(finished)),
-            keys(&["a-build-workspace", "b-build-workspace"])
-        );
-        // Volumes that cannot be read may name any claim of the namespace.
-        let mut odd = job("odd", "j3");
-        odd.volumes = VolumeClaims::Unreadable;
-        assert_eq!(
-            index.apply(Change::Apply(odd.clone())),
-            keys(&["a-build-workspace", "other", "b-build-workspace"])
-        );
-        assert!(matches!(naming_a(&index), Found::Yes(jobs) if jobs.len() == 2));
-        assert_eq!(
-            index.apply::<JobEntry>(Change::Delete(ObjectKey::new("ml", "odd"))),
-            keys(&["a-build-workspace", "other", "b-build-workspace"])
-        );
-        index.apply::<JobEntry>(Change::Delete(ObjectKey::new("ml", "b")));
-        assert_eq!(naming_a(&index), Found::Yes(vec![]));
-        assert!(index.jobs_by_claim.is_empty() && index.unreadable_jobs.is_empty());
-    }
-
-    #[test]
-    fn owner_reference_changes_reach_the_owned_claim() {
-        let mut index = synced();
-        let mut owned = claim("custom-name");
-        owned.owner_references.push(OwnerRef {
-            api_version: "mlops.mlops.dev/v1alpha1".into(),
-            kind: "NotebookValidationJob".into(),
-            name: "nb".into(),
-            uid: "j1".into(),
-        });
-        index.apply(Change::Apply(owned.clone()));
-        assert_eq!(
-            index.apply(Change::Apply(job("nb", "j1"))),
-            keys(&["custom-name"])
-        );
-        let facts = linking::facts(&owned, &index);
-        assert_eq!(facts.owners.len(), 1);
-        assert_eq!(facts.owners[0].rule, LinkRule::OwnerReference);
-        assert!(matches!(facts.owners[0].state, OwnerState::Present { .. }));
-
-        // Re-created under the same name: a different owner, so the referenced one is gone.
-        index.apply::<JobEntry>(Change::Delete(ObjectKey::new("ml", "nb")));
-        index.apply(Change::Apply(job("nb", "j2")));
-        let facts = linking::facts(&owned, &index);
-        assert_eq!(facts.owners[0].state, OwnerState::Gone);
-    }
-
-    #[test]
-    fn every_rule_adds_its_owners() {
-        let mut index = synced();
-        let key = ObjectKey::new("ml", "nb-build-workspace");
-        index.apply(Change::Apply(claim("nb-build-workspace")));
-        index.apply(Change::Apply(job("nb", "j1")));
-        index.apply(Change::Apply(run("nb-build", &[])));
-        let owners = |index: &Index| {
-            let facts = linking::facts(index.claim(&key).unwrap(), index);
-            facts
-                .owners
-                .iter()
-                .map(|o| (o.kind, o.name.clone(), o.rule))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            owners(&index),
-            vec![
-                (OwnerKind::Job, "nb".into(), LinkRule::Naming),
-                (OwnerKind::Run, "nb-build".into(), LinkRule::Naming)
-            ]
-        );
-
-        // A re-run and a TaskRun that bind the claim add to the owners found by name; a TaskRun
-        // touches the claim it binds.
-        index.apply(Change::Apply(run("retry-7", &["nb-build-workspace"])));
-        let mut task_run = run("nb-build", &["nb-build-workspace"]);
-        task_run.kind = OwnerKind::TaskRun;
-        assert_eq!(
-            index.apply(Change::Apply(TaskRunEntry(task_run))),
-            keys(&["nb-build-workspace"])
-        );
-        assert_eq!(
-            owners(&index),
-            vec![
-                (OwnerKind::Run, "retry-7".into(), LinkRule::WorkspaceBinding),
-                (
-                    OwnerKind::TaskRun,
-                    "nb-build".into(),
-                    LinkRule::WorkspaceBinding
-                ),
-                (OwnerKind::Job, "nb".into(), LinkRule::Naming),
-                (OwnerKind::Run, "nb-build".into(), LinkRule::Naming)
-            ]
-        );
-    }
-
-    #[test]
-    fn a_quota_change_affects_every_claim_of_its_namespace_only() {
-        use crate::decide::quota::{Limit, QuotaEntry, Resource};
-        let mut index = synced();
-        let mut elsewhere = claim("b");
-        elsewhere.key.namespace = "other".into();
-        index.apply(Change::Apply(claim("a")));
-        index.apply(Change::Apply(claim("c")));
-        index.apply(Change::Apply(elsewhere));
-        let quota = |used| QuotaEntry {
-            key: ObjectKey::new("ml", "q"),
-            uid: "q".into(),
-            limits: vec![Limit {
-                resource: Resource::Claims,
-                hard: 10,
-                used,
-            }],
-        };
-        assert_eq!(index.apply(Change::Apply(quota(9))), keys(&["a", "c"]));
-        assert!(index.apply(Change::Apply(quota(9))).is_empty(), "unchanged");
-        assert_eq!(index.quotas_in("ml"), Found::Yes(vec![quota(9)]));
-        assert_eq!(index.quotas_in("other"), Found::Yes(vec![]));
-        assert_eq!(index.quota_namespaces(), ["ml".to_owned()].into());
-        let waiting = Index::default().with_quotas(&[None]);
-        assert!(!waiting.synced(), "waits for the quota watch to list");
-        assert!(matches!(waiting.quotas_in("ml"), Found::Unknown(_)));
-    }
-
-    #[test]
     fn a_relist_replaces_its_scope_and_reports_what_vanished() {
         let mut index = Index::new(&[Some("ml".into()), Some("other".into())]);
         let in_other = |name: &str| {
@@ -1342,7 +667,7 @@ mod tests {
         assert_eq!(index.claim(&ObjectKey::new("ml", "c")), Some(&changed));
     }
 
-    fn task_run(name: &str, claims: &[&str]) -> TaskRunEntry {
+    pub(super) fn task_run(name: &str, claims: &[&str]) -> TaskRunEntry {
         let mut run = run(name, claims);
         run.kind = OwnerKind::TaskRun;
         TaskRunEntry(run)

@@ -14,16 +14,27 @@
 //! seen to recount (its `used` went down by as much), subtracts it in the projection, and keeps
 //! every resource that reached high water pressed until it is projected at or below low water.
 //! The round is written to the Lease with each delete, so a restart or a hand-over resumes it.
+//!
+//! This file holds what a plan reads (quotas, claims, waters) and the rounds' accounting: what
+//! a round owes each quota resource, and the projection it makes of `used`. Apart from it:
+//! `plan.rs` (the choice itself, over a round's projection) and `lease.rs` (the rounds as written
+//! to the Lease and read back after a hand-over).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::decide::facts::{ClaimFacts, Facts, ObjectKey};
 use crate::decide::linking::{self, Lookup};
 use crate::decide::policy::{self, Policy, Reason, Verdict};
+
+mod lease;
+mod plan;
+
+pub use lease::{DOUBT, RoundsError};
+pub use plan::{Plan, Pressure, plan, pressure};
 
 /// The suffix of a class-scoped quota resource: `<class>.storageclass.storage.k8s.io/…`.
 const CLASS_SUFFIX: &str = ".storageclass.storage.k8s.io/";
@@ -399,157 +410,6 @@ impl Round {
     }
 }
 
-/// One quota resource under pressure: it reached high water in this round, or is at it now.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Pressure {
-    pub quota: ObjectKey,
-    pub quota_uid: String,
-    pub resource: Resource,
-    pub used: u64,
-    pub hard: u64,
-    /// `used` less what the round deleted and this quota has not recounted yet, and, in a
-    /// plan's `unrelieved`, less its victims.
-    pub projected: u64,
-}
-
-impl Pressure {
-    pub fn ratio(&self) -> f64 {
-        ratio(self.used, self.hard)
-    }
-}
-
-impl fmt::Display for Pressure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "quota {} {} at {:.0}% ({} of {})",
-            self.quota.name,
-            self.resource,
-            self.ratio() * 100.0,
-            self.used,
-            self.hard
-        )
-    }
-}
-
-/// What pressure asks for in one namespace.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Plan {
-    /// Every resource under pressure; empty when there is none.
-    pub pressed: Vec<Pressure>,
-    /// The claims to delete, oldest completion first.
-    pub victims: Vec<ObjectKey>,
-    /// Resources still projected at or above high water with every victim deleted: nothing
-    /// more may be deleted, and pressure remains.
-    pub unrelieved: Vec<Pressure>,
-}
-
-/// The resources of one namespace's quotas under pressure in its `round`: what a plan is for.
-/// It reads no claim, so a namespace without pressure (nearly all, nearly always) costs a look
-/// at its quotas, not at each of its claims.
-pub fn pressure(quotas: &[QuotaEntry], round: &Round, waters: Waters) -> Vec<Pressure> {
-    quotas
-        .iter()
-        .flat_map(|quota| quota.limits.iter().map(move |limit| (quota, limit)))
-        .filter_map(|(quota, limit)| {
-            let projected = round.projected(&quota.uid, limit);
-            let gauge = (quota.uid.clone(), limit.resource.clone());
-            let pressed = round.pressed.contains(&gauge) || waters.pressed(projected, limit.hard);
-            pressed.then(|| Pressure {
-                quota: quota.key.clone(),
-                quota_uid: quota.uid.clone(),
-                resource: limit.resource.clone(),
-                used: limit.used,
-                hard: limit.hard,
-                projected,
-            })
-        })
-        .collect()
-}
-
-/// Chooses the claims of one namespace to delete under pressure, given its `round` (the
-/// default for an instant's plan, as the audit makes). What the round deleted and a quota has
-/// not recounted is subtracted from that quota's `used`, and never chosen again; a resource
-/// that reached high water in the round stays pressed until projected at or below low water.
-pub fn plan(quotas: &[QuotaEntry], claims: &[Claim], round: &Round, waters: Waters) -> Plan {
-    let pressed = pressure(quotas, round, waters);
-    if pressed.is_empty() {
-        return Plan::default();
-    }
-    // A recount seen before the claims it recounted left the cache: they are subtracted twice
-    // until they do, a moment later; a plan now could take a claim the exact one would not.
-    if round.counts.values().any(|count| count.spare > 0) {
-        return Plan {
-            pressed,
-            ..Plan::default()
-        };
-    }
-    let mut candidates: Vec<(DateTime<Utc>, &Claim)> = claims
-        .iter()
-        .filter(|claim| !round.sent.iter().any(|s| s.uid == claim.uid))
-        .filter_map(|claim| Some((claim.eligible()?, claim)))
-        .collect();
-    candidates.sort_by(|(a, x), (b, y)| (a, &x.key).cmp(&(b, &y.key)));
-
-    let mut projected: Vec<u64> = pressed.iter().map(|p| p.projected).collect();
-    let mut victims = Vec::new();
-    for (_, claim) in candidates {
-        let taken = |p: &Pressure| p.resource.taken_by(claim.bytes, claim.class.as_deref());
-        let still_high = |(p, used): (&Pressure, &u64)| !waters.relieved(*used, p.hard);
-        if !pressed.iter().zip(&projected).any(still_high) {
-            break;
-        }
-        let helps = pressed
-            .iter()
-            .zip(&projected)
-            .any(|(p, used)| still_high((p, used)) && taken(p) > 0);
-        if !helps {
-            continue;
-        }
-        for (p, used) in pressed.iter().zip(projected.iter_mut()) {
-            *used = used.saturating_sub(taken(p));
-        }
-        victims.push(claim);
-    }
-    // A later victim may relieve what an earlier one was taken for (a claim of a class counts
-    // toward both the class's resource and the namespace's): newest first, a victim whose
-    // resources would all stay at or below low water without it is not needed. So the plan
-    // is the same whichever of its claims is deleted first.
-    for i in (0..victims.len()).rev() {
-        let claim = victims[i];
-        let taken = |p: &Pressure| p.resource.taken_by(claim.bytes, claim.class.as_deref());
-        let needed = pressed.iter().zip(&projected).any(|(p, used)| {
-            taken(p) > 0 && !waters.relieved(used.saturating_add(taken(p)), p.hard)
-        });
-        if !needed {
-            for (p, used) in pressed.iter().zip(projected.iter_mut()) {
-                *used = used.saturating_add(taken(p));
-            }
-            victims.remove(i);
-        }
-    }
-    let victims = victims.into_iter().map(|c| c.key.clone()).collect();
-    let unrelieved = pressed
-        .iter()
-        .zip(&projected)
-        .filter(|(p, used)| waters.pressed(**used, p.hard))
-        .map(|(p, used)| Pressure {
-            projected: *used,
-            ..p.clone()
-        })
-        .collect();
-    Plan {
-        pressed,
-        victims,
-        unrelieved,
-    }
-}
-
-/// How long a round read back from the Lease that could not be trusted holds pressure deletes
-/// back in a namespace whose quotas show no recount: kube-controller-manager's default
-/// `--resource-quota-sync-period`, by which every quota has been recounted at least once.
-pub const DOUBT: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
-
 /// The rounds of pressure per namespace, and whether they are in doubt after a hand-over.
 #[derive(Debug, Default)]
 pub struct Rounds {
@@ -557,14 +417,6 @@ pub struct Rounds {
     /// Until when the rounds are in doubt (what was on the Lease could not be read), and the
     /// namespaces recounted since, which are not.
     doubt: Option<(DateTime<Utc>, BTreeSet<String>)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RoundsError {
-    #[error("the quota rounds on the Lease do not parse: {0}")]
-    Parse(#[from] serde_json::Error),
-    #[error("the quota rounds on the Lease are not plausible: {0}")]
-    Implausible(String),
 }
 
 impl Rounds {
@@ -683,178 +535,6 @@ impl Rounds {
             self.namespaces.remove(namespace);
         }
     }
-
-    /// The rounds as written to the Lease with each delete (`annotations::QUOTA_ROUNDS`).
-    pub fn to_annotation(&self) -> String {
-        let saved = Saved {
-            rounds: (self.namespaces.iter())
-                .map(|(namespace, round)| (namespace.clone(), SavedRound::of(round)))
-                .collect(),
-            doubt_until: self
-                .doubt
-                .as_ref()
-                .map(|(until, _)| until.timestamp_millis()),
-        };
-        serde_json::to_string(&saved).unwrap_or_default()
-    }
-
-    /// Takes over the rounds found on the Lease just won (`None`: there were none). What does
-    /// not parse or is not plausible puts every namespace in doubt for [`DOUBT`], so a
-    /// round it may have held cannot be forgotten into one delete too many.
-    pub fn recover(&mut self, found: Option<&str>, now: DateTime<Utc>) -> Result<(), RoundsError> {
-        self.namespaces.clear();
-        self.doubt = None;
-        let Some(found) = found else {
-            return Ok(());
-        };
-        match Saved::parse(found, now) {
-            Ok((namespaces, doubt_until)) => {
-                self.namespaces = namespaces;
-                self.doubt = doubt_until.map(|until| (until, BTreeSet::new()));
-                Ok(())
-            }
-            Err(error) => {
-                self.doubt = Some((now + DOUBT, BTreeSet::new()));
-                Err(error)
-            }
-        }
-    }
-}
-
-/// What of the rounds goes on the Lease. Small: a round holds its deletes only until they
-/// leave the cache; then they are amounts per quota resource.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Saved {
-    rounds: BTreeMap<String, SavedRound>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    doubt_until: Option<i64>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SavedRound {
-    pressed: Vec<(String, String)>,
-    sent: Vec<SavedSent>,
-    counts: Vec<SavedCount>,
-    warned: bool,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SavedSent {
-    name: String,
-    uid: String,
-    bytes: Option<u64>,
-    class: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SavedCount {
-    quota: String,
-    resource: String,
-    used: u64,
-    owed: u64,
-    spare: u64,
-}
-
-impl SavedRound {
-    fn of(round: &Round) -> Self {
-        SavedRound {
-            pressed: (round.pressed.iter())
-                .map(|(uid, resource)| (uid.clone(), resource.to_string()))
-                .collect(),
-            sent: (round.sent.iter())
-                .map(|s| SavedSent {
-                    name: s.key.name.clone(),
-                    uid: s.uid.clone(),
-                    bytes: s.bytes,
-                    class: s.class.clone(),
-                })
-                .collect(),
-            counts: (round.counts.iter())
-                .map(|((uid, resource), count)| SavedCount {
-                    quota: uid.clone(),
-                    resource: resource.to_string(),
-                    used: count.used,
-                    owed: count.owed,
-                    spare: count.spare,
-                })
-                .collect(),
-            warned: round.warned,
-        }
-    }
-
-    fn round(self, namespace: &str) -> Result<Round, RoundsError> {
-        let implausible = |what: &str| RoundsError::Implausible(format!("{namespace}: {what}"));
-        let resource = |name: &str| Resource::parse(name).ok_or_else(|| implausible(name));
-        let uid = |uid: String| {
-            if uid.is_empty() {
-                Err(implausible("an empty uid"))
-            } else {
-                Ok(uid)
-            }
-        };
-        let mut round = Round {
-            warned: self.warned,
-            ..Round::default()
-        };
-        for (quota, name) in self.pressed {
-            round.pressed.insert((uid(quota)?, resource(&name)?));
-        }
-        for s in self.sent {
-            if s.name.is_empty() {
-                return Err(implausible("an empty claim name"));
-            }
-            round.sent.push(Sent {
-                key: ObjectKey::new(namespace, &s.name),
-                uid: uid(s.uid)?,
-                bytes: s.bytes,
-                class: s.class,
-            });
-        }
-        for c in self.counts {
-            let gauge = (uid(c.quota)?, resource(&c.resource)?);
-            let count = Count {
-                used: c.used,
-                owed: c.owed,
-                spare: c.spare,
-            };
-            if round.counts.insert(gauge, count).is_some() {
-                return Err(implausible("a quota resource counted twice"));
-            }
-        }
-        Ok(round)
-    }
-}
-
-/// The rounds read back from the Lease, and until when they are in doubt.
-type Recovered = (BTreeMap<String, Round>, Option<DateTime<Utc>>);
-
-impl Saved {
-    fn parse(found: &str, now: DateTime<Utc>) -> Result<Recovered, RoundsError> {
-        let saved: Saved = serde_json::from_str(found)?;
-        let mut namespaces = BTreeMap::new();
-        for (namespace, round) in saved.rounds {
-            if namespace.is_empty() {
-                return Err(RoundsError::Implausible("an empty namespace".into()));
-            }
-            let round = round.round(&namespace)?;
-            namespaces.insert(namespace, round);
-        }
-        // A doubt never lasts longer than it could have when it began.
-        let doubt_until = saved
-            .doubt_until
-            .map(|millis| {
-                DateTime::from_timestamp_millis(millis)
-                    .filter(|until| *until <= now + DOUBT)
-                    .ok_or_else(|| RoundsError::Implausible(format!("doubt until {millis}")))
-            })
-            .transpose()?
-            .filter(|until| now < *until);
-        Ok((namespaces, doubt_until))
-    }
 }
 
 #[cfg(test)]
@@ -863,17 +543,17 @@ mod tests {
     use chrono::{Duration, TimeZone};
     use proptest::prelude::*;
 
-    const GI: u64 = 1 << 30;
-    const WATERS: Waters = Waters {
+    pub(super) const GI: u64 = 1 << 30;
+    pub(super) const WATERS: Waters = Waters {
         high: 0.9,
         low: 0.8,
     };
 
-    fn t(minutes: i64) -> DateTime<Utc> {
+    pub(super) fn t(minutes: i64) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap() + Duration::minutes(minutes)
     }
 
-    fn quota(limits: Vec<(Resource, u64, u64)>) -> QuotaEntry {
+    pub(super) fn quota(limits: Vec<(Resource, u64, u64)>) -> QuotaEntry {
         QuotaEntry {
             key: ObjectKey::new("ml", "storage"),
             uid: "q1".into(),
@@ -888,7 +568,7 @@ mod tests {
         }
     }
 
-    fn within_ttl(name: &str, completed: i64) -> Claim {
+    pub(super) fn within_ttl(name: &str, completed: i64) -> Claim {
         Claim {
             key: ObjectKey::new("ml", name),
             uid: format!("{name}-uid"),
@@ -902,7 +582,7 @@ mod tests {
         }
     }
 
-    fn names(keys: &[ObjectKey]) -> Vec<&str> {
+    pub(super) fn names(keys: &[ObjectKey]) -> Vec<&str> {
         keys.iter().map(|k| k.name.as_str()).collect()
     }
 
@@ -927,75 +607,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn takes_the_oldest_completions_until_low_water() {
-        // 10 claims of 1Gi in a 10Gi quota: two must go to reach 80%.
-        let q = quota(vec![(Resource::Storage, 10 * GI, 10 * GI)]);
-        let mut claims: Vec<Claim> = (0..4).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
-        let mut running = within_ttl("running", -100);
-        running.verdict = Verdict::Keep {
-            reason: Reason::OwnerRunning,
-            recheck_at: None,
-        };
-        let mut kept = within_ttl("kept", -100);
-        kept.verdict = Verdict::Protected {
-            reason: Reason::KeepAnnotation,
-        };
-        claims.extend([running, kept]);
-        let plan = plan(&[q], &claims, &Round::default(), WATERS);
-        assert_eq!(names(&plan.victims), ["c3", "c2"]);
-        assert!(plan.unrelieved.is_empty());
-        assert_eq!(plan.pressed.len(), 1);
-    }
-
-    #[test]
-    fn what_the_round_deleted_counts_and_is_not_chosen_again() {
-        let q = quota(vec![(Resource::Storage, 10 * GI, 10 * GI)]);
-        let claims = vec![
-            within_ttl("a", -3),
-            within_ttl("b", -2),
-            within_ttl("c", -1),
-        ];
-        let round = Round {
-            sent: vec![Sent {
-                key: ObjectKey::new("ml", "a"),
-                uid: "a-uid".into(),
-                bytes: Some(GI),
-                class: None,
-            }],
-            ..Round::default()
-        };
-        assert_eq!(names(&plan(&[q], &claims, &round, WATERS).victims), ["b"]);
-    }
-
-    #[test]
-    fn class_scoped_pressure_takes_only_claims_of_that_class() {
-        let fast = |name: &str, at| Claim {
-            class: Some("fast".into()),
-            ..within_ttl(name, at)
-        };
-        let q = quota(vec![(Resource::ClassClaims("fast".into()), 4, 4)]);
-        let claims = vec![within_ttl("classless", -10), fast("f1", -2), fast("f2", -1)];
-        let plan = plan(&[q], &claims, &Round::default(), WATERS);
-        // 4 of 4 claims: one must go to reach 80%; the classless claim does not count.
-        assert_eq!(names(&plan.victims), ["f1"]);
-    }
-
-    #[test]
-    fn pressure_with_nothing_more_to_take_is_unrelieved() {
-        // 10 of 10 claims, one finished: deleting it leaves 90%, still at high water.
-        let q = quota(vec![(Resource::Claims, 10, 10)]);
-        let plan = plan(&[q], &[within_ttl("a", -1)], &Round::default(), WATERS);
-        assert_eq!(names(&plan.victims), ["a"]);
-        assert_eq!(plan.unrelieved.len(), 1);
-        assert_eq!(plan.unrelieved[0].projected, 9);
-        assert_eq!(
-            plan.unrelieved[0].to_string(),
-            "quota storage persistentvolumeclaims at 100% (10 of 10)"
-        );
-    }
-
-    fn present(claims: &[Claim], gone: &[&str]) -> Vec<Present> {
+    pub(super) fn present(claims: &[Claim], gone: &[&str]) -> Vec<Present> {
         (claims.iter())
             .filter(|c| !gone.contains(&c.key.name.as_str()))
             .map(|c| Present {
@@ -1015,7 +627,7 @@ mod tests {
         }
     }
 
-    fn victims(rounds: &Rounds, quotas: &[QuotaEntry], claims: &[Claim]) -> Vec<String> {
+    pub(super) fn victims(rounds: &Rounds, quotas: &[QuotaEntry], claims: &[Claim]) -> Vec<String> {
         let plan = rounds.plan("ml", quotas, claims, WATERS, t(0));
         names(&plan.victims)
             .into_iter()
@@ -1121,36 +733,6 @@ mod tests {
         assert!(rounds.first_warning("ml"), "a new round warns again");
     }
 
-    #[test]
-    fn rounds_on_the_lease_that_cannot_be_trusted_hold_pressure_back() {
-        let claims: Vec<Claim> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
-        let q = |used| quota(vec![(Resource::Storage, 6 * GI, used * GI)]);
-        let garbage = [
-            "not json",
-            r#"{"rounds":{"ml":{"pressed":[["q1","requests.cpu"]],"sent":[],"counts":[],"warned":false}}}"#,
-            r#"{"rounds":{},"doubtUntil":9223372036854775807}"#,
-            r#"{"rounds":{"ml":{"pressed":[],"sent":[{"name":"","uid":"u","bytes":1,"class":null}],"counts":[],"warned":false}}}"#,
-            r#"{"rounds":{},"extra":1}"#,
-        ];
-        for found in garbage {
-            let mut rounds = Rounds::default();
-            assert!(rounds.recover(Some(found), t(0)).is_err(), "{found}");
-            rounds.observe("ml", &[q(6)], &present(&claims, &[]), WATERS);
-            assert!(victims(&rounds, &[q(6)], &claims).is_empty(), "{found}");
-            // After DOUBT, or once a recount of the namespace was seen, pressure acts again.
-            let later = rounds.plan("ml", &[q(6)], &claims, WATERS, t(0) + DOUBT);
-            assert_eq!(names(&later.victims), ["c5", "c4"], "{found}");
-            rounds.observe("ml", &[q(5)], &present(&claims, &[]), WATERS);
-            assert_eq!(victims(&rounds, &[q(5)], &claims), ["c5"], "{found}");
-            // The doubt itself goes on the Lease, and comes back.
-            let mut again = Rounds::default();
-            again.recover(Some(&rounds.to_annotation()), t(1)).unwrap();
-            let other = rounds.plan("other", &[q(6)], &claims, WATERS, t(1));
-            let other_again = again.plan("other", &[q(6)], &claims, WATERS, t(1));
-            assert!(other.victims.is_empty() && other_again.victims.is_empty());
-        }
-    }
-
     fn any_verdict() -> impl Strategy<Value = Verdict> {
         (0..Reason::ALL.len(), 0..3u8).prop_map(|(r, state)| {
             let reason = Reason::ALL[r];
@@ -1168,7 +750,7 @@ mod tests {
         })
     }
 
-    fn any_claim() -> impl Strategy<Value = Claim> {
+    pub(super) fn any_claim() -> impl Strategy<Value = Claim> {
         (
             0..1000u32,
             any_verdict(),
@@ -1204,7 +786,7 @@ mod tests {
         ]
     }
 
-    fn any_quotas() -> impl Strategy<Value = Vec<QuotaEntry>> {
+    pub(super) fn any_quotas() -> impl Strategy<Value = Vec<QuotaEntry>> {
         prop::collection::vec((any_resource(), 1..40u64, 0..45u64), 1..4).prop_map(|limits| {
             vec![quota(
                 limits
@@ -1221,7 +803,7 @@ mod tests {
         })
     }
 
-    fn unique(claims: Vec<Claim>) -> Vec<Claim> {
+    pub(super) fn unique(claims: Vec<Claim>) -> Vec<Claim> {
         let mut seen = std::collections::HashSet::new();
         claims
             .into_iter()
@@ -1229,60 +811,13 @@ mod tests {
             .collect()
     }
 
-    fn any_waters() -> impl Strategy<Value = Waters> {
+    pub(super) fn any_waters() -> impl Strategy<Value = Waters> {
         (1..99u32, 1..100u32).prop_filter_map("low < high", |(low, high)| {
             (low < high).then(|| Waters {
                 high: f64::from(high) / 100.0,
                 low: f64::from(low) / 100.0,
             })
         })
-    }
-
-    /// Quotas, claims, what this round already deleted, and the waters.
-    #[derive(Debug)]
-    struct Scene {
-        quotas: Vec<QuotaEntry>,
-        claims: Vec<Claim>,
-        sent: Vec<Sent>,
-        waters: Waters,
-    }
-
-    impl Scene {
-        fn plan(&self) -> Plan {
-            let round = Round {
-                sent: self.sent.clone(),
-                ..Round::default()
-            };
-            plan(&self.quotas, &self.claims, &round, self.waters)
-        }
-
-        fn claim(&self, key: &ObjectKey) -> &Claim {
-            self.claims.iter().find(|c| &c.key == key).unwrap()
-        }
-    }
-
-    fn any_scene() -> impl Strategy<Value = Scene> {
-        let claims = prop::collection::vec(any_claim(), 0..30).prop_map(unique);
-        (any_quotas(), claims, any_waters(), any::<u32>()).prop_map(
-            |(quotas, claims, waters, picks)| {
-                // Some of the claims were deleted earlier in this round (still in the cache).
-                let sent = (claims.iter().enumerate())
-                    .filter(|(i, _)| picks >> (i % 32) & 1 == 1 && i % 4 == 0)
-                    .map(|(_, c)| Sent {
-                        key: c.key.clone(),
-                        uid: c.uid.clone(),
-                        bytes: c.bytes,
-                        class: c.class.clone(),
-                    })
-                    .collect();
-                Scene {
-                    quotas,
-                    claims,
-                    sent,
-                    waters,
-                }
-            },
-        )
     }
 
     /// What the adversary does next, in the simulation below.
@@ -1544,20 +1079,6 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn only_claims_within_their_ttl_and_not_yet_deleted_are_taken(scene in any_scene()) {
-            for victim in &scene.plan().victims {
-                let claim = scene.claim(victim);
-                let within_ttl = matches!(
-                    claim.verdict,
-                    Verdict::Keep { reason: Reason::WithinTtl, .. }
-                );
-                prop_assert!(within_ttl, "{claim:?}");
-                prop_assert!(claim.completed.is_some(), "{claim:?}");
-                prop_assert!(!scene.sent.iter().any(|s| s.uid == claim.uid), "{claim:?}");
-            }
-        }
-
         /// Whatever the order and timing of the recounts (per quota), of the claims leaving
         /// and of the daemon's watches, and across restarts that keep only what the Lease holds,
         /// the claims deleted are exactly those one plan at the start would take: never one
@@ -1594,55 +1115,5 @@ mod tests {
             prop_assert_eq!(world.rounds.round("ml").is_none(), relieved, "{:?}", last);
         }
 
-        #[test]
-        fn nothing_is_taken_without_pressure(scene in any_scene()) {
-            let plan = scene.plan();
-            if !scene.waters.under_pressure(&scene.quotas) {
-                prop_assert!(plan.victims.is_empty());
-                prop_assert!(plan.pressed.is_empty() && plan.unrelieved.is_empty());
-            }
-        }
-
-        #[test]
-        fn oldest_completions_go_first_and_it_stops_at_low_water(scene in any_scene()) {
-            let (plan, waters) = (scene.plan(), scene.waters);
-            let completed = |key: &ObjectKey| scene.claim(key).completed.unwrap();
-            // Oldest first: every victim finished no later than the next one.
-            for pair in plan.victims.windows(2) {
-                prop_assert!(completed(&pair[0]) <= completed(&pair[1]));
-            }
-            // Each victim was needed: before it, some pressed resource it counts toward was
-            // still projected above low water (what the round deleted already subtracted).
-            let mut projected: Vec<u64> = plan.pressed.iter().map(|p| p.projected).collect();
-            for victim in &plan.victims {
-                let claim = scene.claim(victim);
-                let taken = |p: &Pressure| p.resource.taken_by(claim.bytes, claim.class.as_deref());
-                let needed = plan.pressed.iter().zip(&projected).any(|(p, used)| {
-                    !waters.relieved(*used, p.hard) && taken(p) > 0
-                });
-                prop_assert!(needed, "{victim} was not needed");
-                for (p, used) in plan.pressed.iter().zip(projected.iter_mut()) {
-                    *used = used.saturating_sub(taken(p));
-                }
-            }
-            // It stops only at low water, or when no eligible claim is left that would help.
-            let relieved = plan.pressed.iter().zip(&projected)
-                .all(|(p, used)| waters.relieved(*used, p.hard));
-            if !relieved {
-                let left = scene.claims.iter().filter(|c| {
-                    c.eligible().is_some()
-                        && !plan.victims.contains(&c.key)
-                        && !scene.sent.iter().any(|s| s.uid == c.uid)
-                }).any(|c| plan.pressed.iter().zip(&projected).any(|(p, used)| {
-                    !waters.relieved(*used, p.hard)
-                        && p.resource.taken_by(c.bytes, c.class.as_deref()) > 0
-                }));
-                prop_assert!(!left, "an eligible claim that would help was left");
-            }
-            // Unrelieved is exactly what stays at high water.
-            let still_high = plan.pressed.iter().zip(&projected)
-                .filter(|(p, used)| waters.pressed(**used, p.hard)).count();
-            prop_assert_eq!(plan.unrelieved.len(), still_high);
-        }
     }
 }
