@@ -18,14 +18,14 @@ use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::progress::{self, Delivery};
 use crate::cluster::served::Served;
 use crate::cluster::server_clock::ServerClock;
-use crate::cluster::writer::{Mode, NotSent, Notice, Revocation, Writer};
+use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation, Writer};
 use crate::daemon::limiter::Counted;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::namespace::Invalid;
 use crate::decide::quota::{Pressure, QuotaEntry};
 use crate::decide::volumes::VolumeFacts;
-use crate::observe::metrics::{DeleteResult, Kind, Metrics};
+use crate::observe::metrics::{Kind, Metrics};
 
 /// The cluster as the controller sees it.
 pub trait Cluster: Send + Sync + 'static {
@@ -79,7 +79,7 @@ pub trait Cluster: Send + Sync + 'static {
         ledger: &Counted,
         deadline: Instant,
         metrics: &Metrics,
-    ) -> impl Future<Output = Result<DeleteResult, NotSent>> + Send;
+    ) -> impl Future<Output = Result<Answer, NotSent>> + Send;
 
     /// Revokes a DELETE without a definite answer by changing its claim (see
     /// [`Writer::revoke`]).
@@ -149,7 +149,7 @@ pub trait Cluster: Send + Sync + 'static {
         volume: &VolumeFacts,
         deadline: Instant,
         metrics: &Metrics,
-    ) -> impl Future<Output = Result<DeleteResult, NotSent>> + Send;
+    ) -> impl Future<Output = Result<Answer, NotSent>> + Send;
 
     /// Whether the API server answers at all.
     fn answers(&self) -> impl Future<Output = bool> + Send;
@@ -247,7 +247,7 @@ impl Cluster for KubeCluster {
         ledger: &Counted,
         deadline: Instant,
         metrics: &Metrics,
-    ) -> Result<DeleteResult, NotSent> {
+    ) -> Result<Answer, NotSent> {
         let text = ledger.ledger.to_annotation();
         let ledger = (text.as_str(), ledger.generation);
         self.writer.delete(claim, ledger, deadline, metrics).await
@@ -309,7 +309,7 @@ impl Cluster for KubeCluster {
         volume: &VolumeFacts,
         deadline: Instant,
         metrics: &Metrics,
-    ) -> Result<DeleteResult, NotSent> {
+    ) -> Result<Answer, NotSent> {
         self.writer.delete_volume(volume, deadline, metrics).await
     }
 

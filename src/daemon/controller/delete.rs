@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::cluster::leader::{FenceError, InFlight};
-use crate::cluster::writer::{Mode, NotSent, Notice};
+use crate::cluster::writer::{Answer, Mode, NotSent, Notice};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
 use crate::daemon::ports::{Clock, Cluster};
@@ -61,7 +61,7 @@ impl Deletes {
 }
 
 /// What the DELETE stage did: its result, or why nothing was sent.
-pub(super) type SendResult = Result<DeleteResult, NotSent>;
+pub(super) type SendResult = Result<Answer, NotSent>;
 
 impl<C: Cluster, K: Clock> Controller<C, K> {
     /// A deletion slot from the limiter, or the outcome that defers the claim: the cap is
@@ -133,11 +133,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     ) -> SendResult {
         let live_until = confirmed.live_until;
         let pressure = matches!(cause, Cause::Pressure);
-        let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
         // Every delete of ours in a namespace under pressure is counted in its round, and
         // goes on the Lease with the ledger (a would-delete only under pressure: nothing
-        // leaves then, so it would hold the round forever).
-        let recorded = pressure || !dry_run;
+        // leaves then, so it would hold the round forever). The one question of the mode:
+        // it is asked before the answer that tells a dry run from a real one.
+        let recorded = pressure || self.cluster.mode() == Mode::Delete;
         if recorded {
             self.record_round(claim);
         }
@@ -159,46 +159,46 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         // A delete that was refused frees nothing; one already gone, or unanswered (it may
         // have been carried out), may have: pressure then deletes fewer, never more.
+        let result = sent.as_ref().ok().map(|answer| answer.result());
         let not_freed = matches!(
-            sent,
-            Err(_) | Ok(DeleteResult::Conflict | DeleteResult::Throttled | DeleteResult::Denied)
+            result,
+            None | Some(DeleteResult::Conflict | DeleteResult::Throttled | DeleteResult::Denied)
         );
         if recorded && not_freed {
             self.rounds().withdraw(&claim.key, &claim.uid);
         }
-        match &sent {
+        // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
+        match result {
             // Received by the time it was answered, at the latest.
-            Ok(DeleteResult::Deleted) => {
+            Some(DeleteResult::Deleted) => {
                 self.lock_limiter()
                     .count_from(reservation, self.clock.server().1);
             }
             // It may have been carried out: it stays counted until its revocation says.
-            Ok(DeleteResult::Unanswered) => {}
-            Ok(_) | Err(_) => self.release(reservation),
+            Some(DeleteResult::Unanswered) => {}
+            _ => self.release(reservation),
         }
-        if matches!(self.cluster.mode(), Mode::Delete) {
-            match &sent {
-                Ok(DeleteResult::Deleted) => {
-                    self.lock_already_sent()
-                        .insert(claim.key.clone(), claim.uid.clone());
-                    self.mark(claim, confirmed).await;
-                }
-                Ok(DeleteResult::Unanswered) => {
-                    let delete = InFlight {
-                        namespace: claim.key.namespace.to_string(),
-                        name: claim.key.name.clone(),
-                        uid: claim.uid.clone(),
-                        resource_version: claim.resource_version.clone(),
-                    };
-                    let outstanding = Outstanding {
-                        delete,
-                        reservation: Some(reservation),
-                    };
-                    self.lock_outstanding()
-                        .insert(claim.key.clone(), outstanding);
-                }
-                _ => {}
+        match &sent {
+            Ok(Answer::Real(DeleteResult::Deleted)) => {
+                self.lock_already_sent()
+                    .insert(claim.key.clone(), claim.uid.clone());
+                self.mark(claim, confirmed).await;
             }
+            Ok(Answer::Real(DeleteResult::Unanswered)) => {
+                let delete = InFlight {
+                    namespace: claim.key.namespace.to_string(),
+                    name: claim.key.name.clone(),
+                    uid: claim.uid.clone(),
+                    resource_version: claim.resource_version.clone(),
+                };
+                let outstanding = Outstanding {
+                    delete,
+                    reservation: Some(reservation),
+                };
+                self.lock_outstanding()
+                    .insert(claim.key.clone(), outstanding);
+            }
+            _ => {}
         }
         sent
     }
@@ -243,8 +243,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let retained = volume
             .filter(|volume| volume.reclaim_policy.as_deref() == Some("Retain"))
             .map(|volume| volume.name);
-        let result = match sent {
-            Ok(result) => result,
+        let answer = match sent {
+            Ok(answer) => answer,
             Err(error) => {
                 info!(claim = %key, %error, "not deleted: deciding again");
                 return Outcome::Retry(match error {
@@ -253,28 +253,27 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 });
             }
         };
-        let dry_run = matches!(self.cluster.mode(), Mode::DryRun { .. });
-        if dry_run {
-            if result == DeleteResult::Deleted {
+        match answer {
+            Answer::Dry(DeleteResult::Deleted) => {
                 info!(claim = %key, %reason, "dry-run: would delete");
                 self.metrics.would_delete(&key.namespace, reason);
                 (self.cluster)
                     .notify(claim, Notice::WouldDelete(reason), &self.metrics)
                     .await;
+                return Outcome::Done;
             }
-        } else {
-            self.metrics.deletion(&key.namespace, reason, result);
+            Answer::Real(result) => self.metrics.deletion(&key.namespace, reason, result),
+            Answer::Dry(_) => {}
         }
-        match result {
+        match answer.result() {
+            // Real: a dry run's ended above.
             DeleteResult::Deleted => {
-                if !dry_run {
-                    let lag = due_at.map(|due| (self.clock.now() - due).as_seconds_f64());
-                    info!(claim = %key, %reason, lag_seconds = lag, "deleted");
-                    let bytes = claim.requested_bytes.unwrap_or(0);
-                    (self.metrics).reclaimed(bytes, retained.is_some(), lag);
-                    let notice = Notice::Deleted(reason, retained);
-                    self.cluster.notify(claim, notice, &self.metrics).await;
-                }
+                let lag = due_at.map(|due| (self.clock.now() - due).as_seconds_f64());
+                info!(claim = %key, %reason, lag_seconds = lag, "deleted");
+                let bytes = claim.requested_bytes.unwrap_or(0);
+                (self.metrics).reclaimed(bytes, retained.is_some(), lag);
+                let notice = Notice::Deleted(reason, retained);
+                self.cluster.notify(claim, notice, &self.metrics).await;
                 Outcome::Done
             }
             DeleteResult::NotFound => {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cluster::writer::Mode;
+use crate::cluster::writer::Answer;
 use crate::daemon::ports::{Clock, Cluster};
 use crate::decide::volumes::{self, Kept, VolumeVerdict};
 
@@ -66,10 +66,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     match sent.await {
                         // A dry run counts nothing (and marks nothing: only a mark left by an
                         // earlier real run makes a volume due then).
-                        Ok(result) if matches!(self.cluster.mode(), Mode::DryRun { .. }) => {
+                        Ok(Answer::Dry(result)) => {
                             info!(volume = %volume.name, result = result.as_str(), "dry-run: would delete Released volume");
                         }
-                        Ok(result) => {
+                        Ok(Answer::Real(result)) => {
                             self.metrics.volume_deletion(result);
                             info!(volume = %volume.name, claim_uid = volume.claim_uid.as_deref().unwrap_or(""), result = result.as_str(), "Released volume deleted");
                         }

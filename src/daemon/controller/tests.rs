@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::cluster::cache::{Change, Index, Scope, Update};
 use crate::cluster::leader::InFlight;
 use crate::cluster::watches::PROVEN;
-use crate::cluster::writer::{Mode, Notice, Revocation};
+use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
 use crate::config::Config;
 use crate::contract::annotations::NS_COLLECT;
 use crate::daemon::limiter::Counted;
@@ -70,7 +70,7 @@ struct FakeCluster {
     /// When each live re-check's first read was sent.
     reads: Mutex<Vec<Instant>>,
     /// The answers to the next DELETEs; `Deleted` once none is left.
-    answers: Mutex<VecDeque<SendResult>>,
+    answers: Mutex<VecDeque<Result<DeleteResult, NotSent>>>,
     sent: Mutex<Vec<Sent>>,
     notices: Mutex<Vec<Notice>>,
     dry_run: bool,
@@ -94,6 +94,17 @@ struct FakeCluster {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap()
+}
+
+impl FakeCluster {
+    /// A result as the writer answers it in this cluster's mode.
+    fn answer(&self, result: DeleteResult) -> Answer {
+        if self.dry_run {
+            Answer::Dry(result)
+        } else {
+            Answer::Real(result)
+        }
+    }
 }
 
 impl Cluster for FakeCluster {
@@ -151,9 +162,10 @@ impl Cluster for FakeCluster {
             uid: claim.uid.clone(),
             deadline,
         });
-        lock(&self.answers)
-            .pop_front()
+        let answer = lock(&self.answers).pop_front();
+        answer
             .unwrap_or(Ok(DeleteResult::Deleted))
+            .map(|result| self.answer(result))
     }
 
     async fn revoke(&self, delete: &InFlight, _: &Metrics) -> Revocation {
@@ -209,7 +221,7 @@ impl Cluster for FakeCluster {
 
     async fn delete_volume(&self, volume: &VolumeFacts, _: Instant, _: &Metrics) -> SendResult {
         lock(&self.volume_writes).push(format!("delete {}", volume.name));
-        Ok(DeleteResult::Deleted)
+        Ok(self.answer(DeleteResult::Deleted))
     }
 
     async fn answers(&self) -> bool {
