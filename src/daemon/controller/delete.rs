@@ -8,10 +8,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::cluster::leader::{FenceError, InFlight};
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
-use crate::daemon::ports::{Clock, Cluster};
 use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::volumes;
@@ -114,7 +114,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                         max: *max,
                         window: window.clone(),
                     };
-                    self.cluster.notify(claim, notice, &self.metrics).await;
+                    self.cluster.notify(claim, notice).await;
                 }
                 Err(Outcome::At(until))
             }
@@ -150,10 +150,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             .count_from(reservation, self.clock.server().1 + self.cluster.reach());
         let ledger = self.lock_limiter().ledger_for(reservation);
         let sent = match &ledger {
-            Some(ledger) => {
-                (self.cluster)
-                    .delete(claim, ledger, live_until, &self.metrics)
-                    .await
+            Some(counted) => {
+                let text = counted.ledger.to_annotation();
+                let ledger = (text.as_str(), counted.generation);
+                self.cluster.delete(claim, ledger, live_until).await
             }
             None => Err(NotSent::Fence(FenceError::NotLeading)),
         };
@@ -215,9 +215,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Some(volume) = volume.filter(|volume| volumes::to_mark(volume, &claim.uid)) else {
             return;
         };
-        let marked = (self.cluster)
-            .mark_volume(volume, &claim.uid, &self.metrics)
-            .await;
+        let marked = (self.cluster).mark_volume(volume, &claim.uid).await;
         if marked.is_some() {
             self.metrics.volume_mark(Mark::Marked);
         } else {
@@ -258,7 +256,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 info!(claim = %key, %reason, "dry-run: would delete");
                 self.metrics.would_delete(&key.namespace, reason);
                 (self.cluster)
-                    .notify(claim, Notice::WouldDelete(reason), &self.metrics)
+                    .notify(claim, Notice::WouldDelete(reason))
                     .await;
                 return Outcome::Done;
             }
@@ -273,7 +271,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 let bytes = claim.requested_bytes.unwrap_or(0);
                 (self.metrics).reclaimed(bytes, retained.is_some(), lag);
                 let notice = Notice::Deleted(reason, retained);
-                self.cluster.notify(claim, notice, &self.metrics).await;
+                self.cluster.notify(claim, notice).await;
                 Outcome::Done
             }
             DeleteResult::NotFound => {

@@ -12,8 +12,8 @@ use kube::runtime::watcher;
 use tracing::{info, warn};
 
 use crate::cluster::cache::{Change, Update};
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::decide::facts::ObjectKey;
 use crate::observe::http::{BEAT_EVERY, Health};
 use crate::observe::metrics::{ErrorCategory, Kind};

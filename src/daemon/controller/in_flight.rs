@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::cluster::leader::InFlight;
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::Revocation;
 use crate::daemon::limiter::Reservation;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
@@ -54,7 +54,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if !pending && !broken {
             return None;
         }
-        let outcome = match self.cluster.claim_state(&claim.key, &self.metrics).await {
+        let outcome = match self.cluster.claim_state(&claim.key).await {
             Found::Yes((uid, false)) if uid == claim.uid => None,
             Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
             _ => {
@@ -137,10 +137,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             // The Lease names it: whoever leads revokes it.
             return Some(Outcome::Done);
         }
-        let revocation = match self.cluster.revoke(&delete, &self.metrics).await {
+        let revocation = match self.cluster.revoke(&delete).await {
             // Refused: the claim may have been re-created, or a guard or RBAC refuses the
             // patch. Only a live read tells whether the DELETE can still land.
-            Revocation::Refused => match self.cluster.claim_state(key, &self.metrics).await {
+            Revocation::Refused => match self.cluster.claim_state(key).await {
                 Found::Yes((uid, false)) if uid == delete.uid => Revocation::Refused,
                 Found::Unknown(_) => Revocation::Unanswered,
                 _ => {

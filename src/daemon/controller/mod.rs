@@ -30,9 +30,9 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 use crate::cluster::cache::Index;
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches;
 use crate::config::Config;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::daemon::scheduler::Schedule;
 use crate::decide::namespace::Policies;
 use crate::decide::policy::Policy;

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::Notice;
 use crate::config::Config;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::policy::Reason;
 
@@ -79,9 +79,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             for problem in &invalid {
                 warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
             }
-            (self.cluster)
-                .notify_namespace(namespace, &invalid, &self.metrics)
-                .await;
+            (self.cluster).notify_namespace(namespace, &invalid).await;
         }
     }
 
@@ -128,7 +126,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             info!(claim = %claim.key, %due, %reason, "deletion scheduled");
             let at = due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
             let notice = Notice::DeletionScheduled { at, reason };
-            self.cluster.notify(claim, notice, &self.metrics).await;
+            self.cluster.notify(claim, notice).await;
         }
     }
 }

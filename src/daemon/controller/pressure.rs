@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use tracing::warn;
 
 use crate::cluster::cache::Index;
+use crate::cluster::ports::{Clock, Cluster};
 use crate::config::Config;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
 use crate::decide::policy::{Reason, Verdict};
@@ -165,9 +165,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 deleting = plan.victims.len(),
                 "quota pressure remains and no more finished workspaces may be deleted"
             );
-            self.cluster
-                .notify_quota_pressure(worst, &self.metrics)
-                .await;
+            self.cluster.notify_quota_pressure(worst).await;
         }
         let taken = plan.victims.contains(key);
         if !taken {
@@ -197,7 +195,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return false;
         };
         let namespace = &facts.claim.key.namespace;
-        let Found::Yes(quotas) = self.cluster.quotas(namespace, &self.metrics).await else {
+        let Found::Yes(quotas) = self.cluster.quotas(namespace).await else {
             return false;
         };
         let plan = {

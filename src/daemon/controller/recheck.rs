@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::cluster::cache::Scope;
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches::PROVEN;
 use crate::config::Config;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::daemon::proof::{self, PROOF_BOUND, Proofs, Recheck, Recorded};
 use crate::daemon::scheduler::Failure;
 use crate::decide::facts::ClaimFacts;
@@ -95,7 +95,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     (Recheck::Proven(Box::new(recorded)), read_at)
                 }
                 None => {
-                    let (live, read_at) = self.cluster.read_live(claim, &self.metrics).await;
+                    let (live, read_at) = self.cluster.read_live(claim).await;
                     (Recheck::Listed(live), read_at)
                 }
             };
@@ -105,7 +105,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 None => self.policies.cluster.clone(),
                 Some(_) => {
                     let namespace = &key.namespace;
-                    let notes = self.cluster.namespace_annotations(namespace, &self.metrics);
+                    let notes = self.cluster.namespace_annotations(namespace);
                     self.policies.for_namespace(notes.await.as_ref()).policy
                 }
             };
@@ -114,7 +114,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 .as_deref()
                 .filter(|_| self.rechecks.read_volumes)
             {
-                Some(name) => self.cluster.volume(name, &self.metrics).await,
+                Some(name) => self.cluster.volume(name).await,
                 None => None,
             };
             (live, read_at, policy, volume)
@@ -186,7 +186,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// Whether the cache holds every change of `kind` in `scope` up to its current
     /// resourceVersion, as `daemon::proof` proves it.
     pub(super) async fn prove_kind(&self, kind: Kind, scope: &Scope) -> bool {
-        let revision = match self.cluster.revision(kind, scope, &self.metrics).await {
+        let revision = match self.cluster.revision(kind, scope).await {
             Found::Yes(revision) => revision,
             // Its group serves it at no version (discovery, asked now): no such object exists;
             // one the cache still holds only keeps claims.
@@ -201,10 +201,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
         let span = (from, revision);
         let replayed = async {
-            let changes = self
-                .cluster
-                .changes(kind, scope, span, &self.metrics)
-                .await?;
+            let changes = self.cluster.changes(kind, scope, span).await?;
             // The watch delivers the same changes, moments later; the caller's bound ends the
             // wait.
             loop {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::Notice;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::daemon::scheduler::Outcome;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{self};
@@ -53,7 +53,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     let detail = decision.detail.unwrap_or_default();
                     warn!(claim = %key, %detail, "keeping a claim with an invalid annotation");
                     self.cluster
-                        .notify(&claim, Notice::InvalidAnnotation(detail), &self.metrics)
+                        .notify(&claim, Notice::InvalidAnnotation(detail))
                         .await;
                 }
                 let wake = self.wake_at(recheck_at, &scheduled);

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::Answer;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::decide::volumes::{self, Kept, VolumeVerdict};
 
 use super::Controller;
@@ -53,7 +53,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// UID and resourceVersion as listed as the DELETE's preconditions; one Released since a
     /// time not known is kept, with a warning once.
     pub(super) async fn sweep(&self, ttl: chrono::Duration) {
-        let Some(listed) = self.cluster.volumes(&self.metrics).await else {
+        let Some(listed) = self.cluster.volumes().await else {
             debug!("cannot list PersistentVolumes; Released volumes are looked at again later");
             return;
         };
@@ -62,7 +62,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             match volumes::judge(&volume, ttl, now) {
                 VolumeVerdict::Delete => {
                     let deadline = Instant::now() + LIVE_BOUND;
-                    let sent = self.cluster.delete_volume(&volume, deadline, &self.metrics);
+                    let sent = self.cluster.delete_volume(&volume, deadline);
                     match sent.await {
                         // A dry run counts nothing (and marks nothing: only a mark left by an
                         // earlier real run makes a volume due then).

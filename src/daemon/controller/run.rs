@@ -13,15 +13,16 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::cluster::adapter::KubeCluster;
 use crate::cluster::leader::Leadership;
 use crate::cluster::live::Snapshots;
+use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::served::Served;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, Writer};
 use crate::config::Config;
 use crate::daemon::limiter::Line;
-use crate::daemon::ports::{Clock, Cluster, KubeCluster};
 use crate::daemon::scheduler::Scheduler;
 use crate::decide::facts::ObjectKey;
 use crate::observe::access::Gate;
@@ -144,6 +145,7 @@ pub async fn run(
         snapshots: Snapshots::default(),
         served: served.clone(),
         client: client.clone(),
+        metrics: metrics.clone(),
     };
     let controller = Arc::new(Controller::new(
         &config,

@@ -12,12 +12,11 @@ use tokio::time::Instant;
 
 use crate::cluster::cache::{Change, Index, Scope, Update};
 use crate::cluster::leader::InFlight;
+use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
 use crate::cluster::watches::PROVEN;
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
 use crate::config::Config;
 use crate::contract::annotations::NS_COLLECT;
-use crate::daemon::limiter::Counted;
-use crate::daemon::ports::{Clock, Cluster};
 use crate::daemon::scheduler::{Failure, Outcome, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::facts::{NamespaceEntry, PodEntry};
@@ -107,10 +106,10 @@ impl FakeCluster {
     }
 }
 
-impl Cluster for FakeCluster {
+impl LiveReads for FakeCluster {
     type Live = Index;
 
-    async fn read_live(&self, claim: &ClaimFacts, _: &Metrics) -> (Index, Instant) {
+    async fn read_live(&self, claim: &ClaimFacts) -> (Index, Instant) {
         let read_at = Instant::now();
         lock(&self.reads).push(read_at);
         let takes = *lock(&self.read_takes);
@@ -119,7 +118,7 @@ impl Cluster for FakeCluster {
         (synced(std::slice::from_ref(claim), &pods), read_at)
     }
 
-    async fn revision(&self, _: Kind, _: &Scope, _: &Metrics) -> Found<u64> {
+    async fn revision(&self, _: Kind, _: &Scope) -> Found<u64> {
         match *lock(&self.revision) {
             Some(revision) => Found::Yes(revision),
             None => Found::Unknown("the fake cluster proves nothing".into()),
@@ -131,7 +130,6 @@ impl Cluster for FakeCluster {
         _: Kind,
         _: &Scope,
         _: (u64, u64),
-        _: &Metrics,
     ) -> Option<Vec<crate::cluster::progress::Delivery>> {
         if lock(&self.revision).is_some() {
             std::future::pending::<()>().await;
@@ -139,23 +137,35 @@ impl Cluster for FakeCluster {
         None
     }
 
-    async fn claim_state(&self, _: &ObjectKey, _: &Metrics) -> Found<(String, bool)> {
+    async fn claim_state(&self, _: &ObjectKey) -> Found<(String, bool)> {
         lock(&self.claim_state)
             .clone()
             .map_or(Found::No, Found::Yes)
     }
 
-    async fn quotas(&self, _: &str, _: &Metrics) -> Found<Vec<QuotaEntry>> {
+    async fn quotas(&self, _: &str) -> Found<Vec<QuotaEntry>> {
         Found::Yes(Vec::new())
     }
 
-    async fn delete(
-        &self,
-        claim: &ClaimFacts,
-        _: &Counted,
-        deadline: Instant,
-        _: &Metrics,
-    ) -> SendResult {
+    async fn namespace_annotations(&self, _: &str) -> Option<BTreeMap<String, String>> {
+        lock(&self.live_namespace).clone()
+    }
+
+    async fn volume(&self, _: &str) -> Option<VolumeFacts> {
+        lock(&self.volume).clone()
+    }
+
+    async fn volumes(&self) -> Option<Vec<VolumeFacts>> {
+        Some(lock(&self.volume).iter().cloned().collect())
+    }
+
+    async fn answers(&self) -> bool {
+        true
+    }
+}
+
+impl Writes for FakeCluster {
+    async fn delete(&self, claim: &ClaimFacts, _: (&str, u64), deadline: Instant) -> SendResult {
         lock(&self.volume_writes).push(format!("delete claim {}", claim.key.name));
         lock(&self.sent).push(Sent {
             claim: claim.key.clone(),
@@ -168,7 +178,7 @@ impl Cluster for FakeCluster {
             .map(|result| self.answer(result))
     }
 
-    async fn revoke(&self, delete: &InFlight, _: &Metrics) -> Revocation {
+    async fn revoke(&self, delete: &InFlight) -> Revocation {
         let write = format!("revoke claim {} {}", delete.name, delete.resource_version);
         lock(&self.volume_writes).push(write);
         lock(&self.revocations)
@@ -176,42 +186,15 @@ impl Cluster for FakeCluster {
             .unwrap_or(Revocation::Revoked)
     }
 
-    fn settle(&self, _: &InFlight) {}
-
-    fn found_in_flight(&self) -> Vec<InFlight> {
-        lock(&self.found).clone()
-    }
-
-    async fn notify(&self, _: &ClaimFacts, notice: Notice, _: &Metrics) {
+    async fn notify(&self, _: &ClaimFacts, notice: Notice) {
         lock(&self.notices).push(notice);
     }
 
-    async fn notify_quota_pressure(&self, _: &Pressure, _: &Metrics) {}
+    async fn notify_quota_pressure(&self, _: &Pressure) {}
 
-    async fn notify_namespace(&self, _: &str, _: &[Invalid], _: &Metrics) {}
+    async fn notify_namespace(&self, _: &str, _: &[Invalid]) {}
 
-    async fn namespace_annotations(
-        &self,
-        _: &str,
-        _: &Metrics,
-    ) -> Option<BTreeMap<String, String>> {
-        lock(&self.live_namespace).clone()
-    }
-
-    async fn volume(&self, _: &str, _: &Metrics) -> Option<VolumeFacts> {
-        lock(&self.volume).clone()
-    }
-
-    async fn volumes(&self, _: &Metrics) -> Option<Vec<VolumeFacts>> {
-        Some(lock(&self.volume).iter().cloned().collect())
-    }
-
-    async fn mark_volume(
-        &self,
-        volume: &VolumeFacts,
-        claim_uid: &str,
-        _: &Metrics,
-    ) -> Option<VolumeFacts> {
+    async fn mark_volume(&self, volume: &VolumeFacts, claim_uid: &str) -> Option<VolumeFacts> {
         lock(&self.volume_writes).push(format!("mark {} {claim_uid}", volume.name));
         Some(VolumeFacts {
             marked_claim_uid: Some(claim_uid.into()),
@@ -219,13 +202,9 @@ impl Cluster for FakeCluster {
         })
     }
 
-    async fn delete_volume(&self, volume: &VolumeFacts, _: Instant, _: &Metrics) -> SendResult {
+    async fn delete_volume(&self, volume: &VolumeFacts, _: Instant) -> SendResult {
         lock(&self.volume_writes).push(format!("delete {}", volume.name));
         Ok(self.answer(DeleteResult::Deleted))
-    }
-
-    async fn answers(&self) -> bool {
-        true
     }
 
     fn mode(&self) -> Mode {
@@ -234,6 +213,14 @@ impl Cluster for FakeCluster {
         } else {
             Mode::Delete
         }
+    }
+}
+
+impl LeaseRecords for FakeCluster {
+    fn settle(&self, _: &InFlight) {}
+
+    fn found_in_flight(&self) -> Vec<InFlight> {
+        lock(&self.found).clone()
     }
 
     fn reach(&self) -> Duration {
