@@ -359,7 +359,9 @@ async fn claim_recreated_between_decision_and_delete_survives() {
         .await;
     assert_eq!(
         result.ok(),
-        Some(workspace_gc::observe::metrics::DeleteResult::Conflict)
+        Some(workspace_gc::cluster::writer::Answer::Real(
+            workspace_gc::observe::metrics::DeleteResult::Conflict,
+        ))
     );
     let survivor = api.get("re-build-workspace").await.expect("the new claim");
     assert_eq!(survivor.metadata.uid, new.metadata.uid);
@@ -378,7 +380,9 @@ async fn claim_recreated_between_decision_and_delete_survives() {
         .await;
     assert_eq!(
         result.ok(),
-        Some(workspace_gc::observe::metrics::DeleteResult::Conflict)
+        Some(workspace_gc::cluster::writer::Answer::Real(
+            workspace_gc::observe::metrics::DeleteResult::Conflict,
+        ))
     );
     assert!(claim_exists(&ns, "re-build-workspace").await);
 }

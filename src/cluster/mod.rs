@@ -8,9 +8,11 @@
 //! cluster.
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
 
+pub mod adapter;
 pub mod cache;
 pub mod leader;
 pub mod live;
+pub mod ports;
 pub mod progress;
 pub mod resources;
 pub mod served;

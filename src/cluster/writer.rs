@@ -38,6 +38,28 @@ pub enum Mode {
     },
 }
 
+/// What a DELETE the writer was asked for came to. A dry run's answer is its own: nothing was
+/// deleted, whatever the API server said, so the caller matches on the answer and never asks
+/// the mode again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// A real DELETE, and what came of it.
+    Real(DeleteResult),
+    /// A dry run: `Deleted` is "would delete" (client side, nothing was sent; server side, the
+    /// API server accepted it with `dryRun=All`, RBAC and admission included); any other result
+    /// is the API server's refusal of the dry run.
+    Dry(DeleteResult),
+}
+
+impl Answer {
+    /// The result, real or dry.
+    pub fn result(self) -> DeleteResult {
+        match self {
+            Answer::Real(result) | Answer::Dry(result) => result,
+        }
+    }
+}
+
 /// What an event on a claim says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
@@ -115,7 +137,7 @@ impl Writer {
         ledger: (&str, u64),
         deadline: Instant,
         metrics: &Metrics,
-    ) -> Result<DeleteResult, NotSent> {
+    ) -> Result<Answer, NotSent> {
         let in_flight = InFlight {
             namespace: claim.key.namespace.to_string(),
             name: claim.key.name.clone(),
@@ -130,7 +152,7 @@ impl Writer {
             Mode::DryRun { server_side } => {
                 self.fence.check()?;
                 if !server_side {
-                    return Ok(DeleteResult::Deleted);
+                    return Ok(Answer::Dry(DeleteResult::Deleted));
                 }
                 true
             }
@@ -159,7 +181,11 @@ impl Writer {
         if result != DeleteResult::Unanswered {
             self.fence.settle(&claim.uid);
         }
-        Ok(result)
+        Ok(if server_dry_run {
+            Answer::Dry(result)
+        } else {
+            Answer::Real(result)
+        })
     }
 
     /// Revokes a claim DELETE that got no definite answer: changes the claim (its UID, in the
@@ -265,18 +291,18 @@ impl Writer {
 
     /// Deletes a `Released` volume as it was judged: its UID and resourceVersion are the
     /// DELETE's preconditions. Sent once, before `deadline`; in client-side dry-run, nothing is
-    /// sent and the result is `Deleted` as if it had been.
+    /// sent and the answer is a dry `Deleted`.
     pub async fn delete_volume(
         &self,
         volume: &VolumeFacts,
         deadline: Instant,
         metrics: &Metrics,
-    ) -> Result<DeleteResult, NotSent> {
+    ) -> Result<Answer, NotSent> {
         let dry_run = match self.mode {
             Mode::Delete => false,
             Mode::DryRun { server_side: false } => {
                 self.fence.check()?;
-                return Ok(DeleteResult::Deleted);
+                return Ok(Answer::Dry(DeleteResult::Deleted));
             }
             Mode::DryRun { server_side: true } => true,
         };
@@ -291,7 +317,12 @@ impl Writer {
         };
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let sent = tokio::time::timeout_at(deadline, api.delete(&volume.name, &params));
-        Ok(answered(sent.await, ("volume", &volume.name), metrics))
+        let result = answered(sent.await, ("volume", &volume.name), metrics);
+        Ok(if dry_run {
+            Answer::Dry(result)
+        } else {
+            Answer::Real(result)
+        })
     }
 
     /// Publishes an event on the claim, if this replica leads; failures are logged and counted,
@@ -545,7 +576,7 @@ mod tests {
 
     /// Sends one delete through a mock API server; returns the request's query and body and
     /// the writer's result for the given response status.
-    async fn delete_against(mode: Mode, status: u16) -> Option<(String, Value, DeleteResult)> {
+    async fn delete_against(mode: Mode, status: u16) -> Option<(String, Value, Answer)> {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writer = Writer::new(
             kube::Client::new(service, "default"),
@@ -612,7 +643,7 @@ mod tests {
     #[tokio::test]
     async fn deletes_carry_preconditions_and_background_propagation() {
         let (query, body, result) = delete_against(Mode::Delete, 200).await.unwrap();
-        assert_eq!(result, DeleteResult::Deleted);
+        assert_eq!(result, Answer::Real(DeleteResult::Deleted));
         assert!(!query.contains("dryRun"), "{query}");
         assert_eq!(
             body["preconditions"],
@@ -630,7 +661,7 @@ mod tests {
         let (query, body, result) = delete_against(Mode::DryRun { server_side: true }, 200)
             .await
             .unwrap();
-        assert_eq!(result, DeleteResult::Deleted);
+        assert_eq!(result, Answer::Dry(DeleteResult::Deleted));
         let dry_run = query.contains("dryRun=All") || body["dryRun"] == json!(["All"]);
         assert!(dry_run, "query {query}, body {body}");
         assert_eq!(body["preconditions"]["uid"], "uid-1");
@@ -639,9 +670,9 @@ mod tests {
     #[tokio::test]
     async fn conflict_and_not_found_are_told_apart() {
         let (_, _, result) = delete_against(Mode::Delete, 409).await.unwrap();
-        assert_eq!(result, DeleteResult::Conflict);
+        assert_eq!(result, Answer::Real(DeleteResult::Conflict));
         let (_, _, result) = delete_against(Mode::Delete, 404).await.unwrap();
-        assert_eq!(result, DeleteResult::NotFound);
+        assert_eq!(result, Answer::Real(DeleteResult::NotFound));
     }
 
     #[tokio::test]
@@ -656,7 +687,7 @@ mod tests {
         let metrics = Metrics::register(&mut Registry::default());
         // A delete sent by mistake would wait for an answer that never comes: fail on it.
         let result = bounded_wait(writer.delete(&claim(), (&ledger(), 1), soon(), &metrics)).await;
-        assert_eq!(result.ok(), Some(DeleteResult::Deleted));
+        assert_eq!(result.ok(), Some(Answer::Dry(DeleteResult::Deleted)));
         handle.allow(0);
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request())
@@ -670,14 +701,14 @@ mod tests {
     async fn throttling_and_denial_are_told_apart_and_a_server_error_may_have_been_carried_out() {
         // Each sent once (delete_against's server takes one request).
         let (_, _, result) = delete_against(Mode::Delete, 429).await.unwrap();
-        assert_eq!(result, DeleteResult::Throttled);
+        assert_eq!(result, Answer::Real(DeleteResult::Throttled));
         for status in [400, 403, 422] {
             let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
-            assert_eq!(result, DeleteResult::Denied, "{status}");
+            assert_eq!(result, Answer::Real(DeleteResult::Denied), "{status}");
         }
         for status in [500, 503, 504] {
             let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
-            assert_eq!(result, DeleteResult::Unanswered, "{status}");
+            assert_eq!(result, Answer::Real(DeleteResult::Unanswered), "{status}");
         }
     }
 
@@ -726,7 +757,7 @@ mod tests {
         let result = writer
             .delete(&claim(), (&ledger(), 1), deadline, &metrics)
             .await;
-        assert_eq!(result.ok(), Some(DeleteResult::Unanswered));
+        assert_eq!(result.ok(), Some(Answer::Real(DeleteResult::Unanswered)));
         assert_eq!(started.elapsed(), std::time::Duration::from_secs(3));
         server.abort();
     }
@@ -845,7 +876,7 @@ mod tests {
             status,
         )
         .await;
-        assert_eq!(result, Some(DeleteResult::Deleted));
+        assert_eq!(result, Some(Answer::Real(DeleteResult::Deleted)));
         assert_eq!(method, http::Method::DELETE);
         assert_eq!(path, "/api/v1/persistentvolumes/pv-1");
         assert_eq!(

@@ -6,6 +6,5 @@
 pub mod cap_ledger;
 pub mod controller;
 pub mod limiter;
-pub mod ports;
 pub mod proof;
 pub mod scheduler;

@@ -1,0 +1,185 @@
+//! The DELETEs already sent. One answered with success is checked live before anything is sent
+//! again for its claim; one without a definite answer is revoked before anything else is decided
+//! for it (RELIABILITY.md, "A late DELETE").
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tracing::{info, warn};
+
+use crate::cluster::leader::InFlight;
+use crate::cluster::ports::{Clock, Cluster};
+use crate::cluster::writer::Revocation;
+use crate::daemon::limiter::Reservation;
+use crate::daemon::scheduler::{Failure, Outcome};
+use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::linking::Found;
+use crate::observe::metrics::Revoked;
+
+use super::Controller;
+
+/// A claim DELETE without a definite answer, and its slot of the cap while it may land: a
+/// revocation that proves it never can frees the slot. `None` for one the Lease named when
+/// this replica won it (the ledger recovered from the Lease counts it).
+#[derive(Debug, Clone)]
+pub(super) struct Outstanding {
+    pub(super) delete: InFlight,
+    pub(super) reservation: Option<Reservation>,
+}
+
+/// What is known of the DELETEs already sent.
+#[derive(Default)]
+pub(super) struct InFlightDeletes {
+    /// Claims (by UID) whose DELETE was answered with success: until the watch shows them
+    /// gone, the claim is read live before anything is sent again, since a cache the watch
+    /// has not caught up on still shows it as it was decided.
+    already_sent: Mutex<HashMap<ObjectKey, String>>,
+    /// Whether the claims' watch has failed and delivered nothing since: its cache may still
+    /// show a claim that is gone (deleted by the replica that led before, while this one's
+    /// watch was down), so every claim is read live before its DELETE until it delivers again.
+    claims_watch_broken: std::sync::atomic::AtomicBool,
+    /// Claims whose DELETE got no definite answer: it may still reach the API server, so the
+    /// claim is revoked (changed) before anything else is decided for it.
+    outstanding: Mutex<HashMap<ObjectKey, Outstanding>>,
+}
+
+impl<C: Cluster, K: Clock> Controller<C, K> {
+    /// After a DELETE of this claim answered with success: whether the claim is gone or being
+    /// deleted, read live, before anything is sent again. `None` to go on: none was sent, or
+    /// the claim is there unchanged and not being deleted.
+    pub(super) async fn after_earlier_delete(&self, claim: &ClaimFacts) -> Option<Outcome> {
+        let pending = self.lock_already_sent().get(&claim.key) == Some(&claim.uid);
+        let broken =
+            (self.in_flight.claims_watch_broken).load(std::sync::atomic::Ordering::Relaxed);
+        if !pending && !broken {
+            return None;
+        }
+        let outcome = match self.cluster.claim_state(&claim.key).await {
+            Found::Yes((uid, false)) if uid == claim.uid => None,
+            Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
+            _ => {
+                info!(claim = %claim.key, "the claim is gone or being deleted (an earlier delete was carried out); none is sent again");
+                Some(Outcome::Done)
+            }
+        };
+        if pending {
+            self.lock_already_sent().remove(&claim.key);
+        }
+        outcome
+    }
+
+    pub(super) fn claims_watch_broken(&self, broken: bool) {
+        (self.in_flight.claims_watch_broken).store(broken, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(super) fn lock_already_sent(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
+        self.in_flight
+            .already_sent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn lock_outstanding(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Outstanding>> {
+        self.in_flight
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// On winning the lease: every DELETE the Lease names in flight (sent by whoever led
+    /// before, maybe still held somewhere on its way) is revoked before this replica decides
+    /// anything for its claim; one not revoked yet is tried again at its claim's reconcile.
+    pub(super) async fn revoke_found(&self) {
+        let found = self.cluster.found_in_flight();
+        if found.is_empty() {
+            return;
+        }
+        info!(
+            count = found.len(),
+            "revoking the deletes the lease names in flight"
+        );
+        let keys: Vec<ObjectKey> = {
+            let mut outstanding = self.lock_outstanding();
+            (found.into_iter())
+                .map(|delete| {
+                    let key = delete.key();
+                    let found = Outstanding {
+                        delete,
+                        reservation: None,
+                    };
+                    outstanding.insert(key.clone(), found);
+                    key
+                })
+                .collect()
+        };
+        let resolved = keys.iter().map(|key| self.resolve_outstanding(key));
+        let outcomes = futures::future::join_all(resolved).await;
+        for (key, outcome) in keys.into_iter().zip(outcomes) {
+            if let Some(Outcome::Retry(_)) = outcome {
+                self.schedule.now(key);
+            }
+        }
+    }
+
+    /// Revokes this claim's DELETE that got no definite answer, before anything else is
+    /// decided for it: until the revocation is answered, the claim is kept and nothing else
+    /// is sent for it. `None` when no such DELETE is outstanding.
+    pub(super) async fn resolve_outstanding(&self, key: &ObjectKey) -> Option<Outcome> {
+        let Outstanding {
+            delete,
+            reservation,
+        } = self.lock_outstanding().get(key).cloned()?;
+        if !self.is_leader() {
+            // The Lease names it: whoever leads revokes it.
+            return Some(Outcome::Done);
+        }
+        let revocation = match self.cluster.revoke(&delete).await {
+            // Refused: the claim may have been re-created, or a guard or RBAC refuses the
+            // patch. Only a live read tells whether the DELETE can still land.
+            Revocation::Refused => match self.cluster.claim_state(key).await {
+                Found::Yes((uid, false)) if uid == delete.uid => Revocation::Refused,
+                Found::Unknown(_) => Revocation::Unanswered,
+                _ => {
+                    self.cluster.settle(&delete);
+                    Revocation::Landed
+                }
+            },
+            other => other,
+        };
+        match revocation {
+            Revocation::Revoked => {
+                // It can never land: its slot of the cap goes to another claim.
+                if let Some(reservation) = reservation {
+                    self.release(reservation);
+                }
+                self.metrics.revocation(Revoked::Revoked);
+                info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again");
+            }
+            Revocation::Landed => {
+                // Until the watch shows it gone, a live read comes before any other DELETE.
+                self.lock_already_sent()
+                    .insert(key.clone(), delete.uid.clone());
+                self.metrics.delete_late();
+                warn!(claim = %key, uid = %delete.uid, "a delete without an answer was carried out after all (it, or another, reached the API server); its volume, if kept by a Retain policy, is not marked and workspace-gc never deletes it");
+            }
+            Revocation::Refused | Revocation::Unanswered => {
+                self.metrics.revocation(Revoked::NotRevoked);
+                warn!(claim = %key, "a delete without an answer is not revoked yet; the claim is kept and nothing else is sent for it");
+                return Some(Outcome::Retry(Failure::Unanswered));
+            }
+        }
+        let mut outstanding = self.lock_outstanding();
+        if outstanding
+            .get(key)
+            .is_some_and(|o| o.delete.uid == delete.uid)
+        {
+            outstanding.remove(key);
+        }
+        // Revoked, the claim's change brings it back through the watch; landed, it goes.
+        Some(Outcome::Done)
+    }
+}

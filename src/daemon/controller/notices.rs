@@ -1,0 +1,132 @@
+//! What the daemon tells users as Events and warnings, once each: a deletion coming up
+//! (`deletion.notice_before`), and namespace settings it does not understand.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use tracing::{info, warn};
+
+use crate::cluster::ports::{Clock, Cluster};
+use crate::cluster::writer::Notice;
+use crate::config::Config;
+use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::policy::Reason;
+
+use super::Controller;
+
+/// When a kept claim becomes due and why, with the notice's lead time.
+pub(super) type Scheduled = Option<((DateTime<Utc>, Reason), chrono::Duration)>;
+
+/// What has been told, so that each notice is told once.
+pub(super) struct Notices {
+    /// How long before a claim becomes due its `DeletionScheduled` event is written; `None`: never.
+    before: Option<chrono::Duration>,
+    /// Per claim, the UID and due instant last announced (leader only): once per deadline.
+    noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
+    /// Per namespace, the annotations last warned about (leader only): told once per change.
+    warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
+}
+
+impl Notices {
+    pub(super) fn new(config: &Config) -> Self {
+        Notices {
+            before: (config.deletion.notice_before)
+                .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
+            noticed: Mutex::default(),
+            warned: Mutex::default(),
+        }
+    }
+
+    /// How long ahead of its deadline a claim's deletion is announced; `None`: never.
+    pub(super) fn lead(&self) -> Option<chrono::Duration> {
+        self.before
+    }
+
+    /// Forgets a claim that is gone: a claim re-created under its name is told again.
+    pub(super) fn forget_claim(&self, key: &ObjectKey) {
+        (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
+    }
+
+    /// Forgets the namespace warnings on standing by: the next leader tells them again.
+    pub(super) fn forget_warnings(&self) {
+        (self.warned.lock().unwrap_or_else(|e| e.into_inner())).clear();
+    }
+}
+
+impl<C: Cluster, K: Clock> Controller<C, K> {
+    /// As the leader, warns on a Namespace whose workspace-gc annotations are not understood (its
+    /// claims are kept): once per change of them.
+    pub(super) async fn warn_namespace(&self, namespace: &str) {
+        if self.policies.namespaces.is_none() || !self.is_leader() {
+            return;
+        }
+        let Some(annotations) = self.read_index().namespace_annotations(namespace).cloned() else {
+            return;
+        };
+        let invalid = self.policies.for_namespace(Some(&annotations)).problems;
+        let first = {
+            let mut warned = self
+                .notices
+                .warned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let known = warned.get(namespace) == Some(&annotations);
+            warned.insert(namespace.to_owned(), annotations);
+            !known
+        };
+        if first && !invalid.is_empty() {
+            for problem in &invalid {
+                warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
+            }
+            (self.cluster).notify_namespace(namespace, &invalid).await;
+        }
+    }
+
+    /// When a kept claim wakes next: at its recheck instant, or earlier, when its deletion is
+    /// to be announced `notice_before` ahead.
+    pub(super) fn wake_at(
+        &self,
+        recheck_at: Option<DateTime<Utc>>,
+        scheduled: &Scheduled,
+    ) -> Option<DateTime<Utc>> {
+        match scheduled {
+            Some(((due, _), lead)) => {
+                let notice_at = due.checked_sub_signed(*lead).unwrap_or(*due);
+                if self.clock.now() < notice_at {
+                    Some(notice_at)
+                } else {
+                    recheck_at
+                }
+            }
+            None => recheck_at,
+        }
+    }
+
+    /// Writes the `DeletionScheduled` event of a kept claim whose notice time has come: once
+    /// per claim and deadline, by the leader.
+    pub(super) async fn announce_deletion(&self, claim: &ClaimFacts, scheduled: Scheduled) {
+        let Some(((due, reason), lead)) = scheduled else {
+            return;
+        };
+        let notice_at = due.checked_sub_signed(lead).unwrap_or(due);
+        if self.clock.now() < notice_at || !self.is_leader() {
+            return;
+        }
+        let first = {
+            let mut noticed = self
+                .notices
+                .noticed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let this = (claim.uid.clone(), due);
+            noticed.insert(claim.key.clone(), this.clone()) != Some(this)
+        };
+        if first {
+            info!(claim = %claim.key, %due, %reason, "deletion scheduled");
+            let at = due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let notice = Notice::DeletionScheduled { at, reason };
+            self.cluster.notify(claim, notice).await;
+        }
+    }
+}

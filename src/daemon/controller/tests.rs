@@ -1,0 +1,826 @@
+//! The controller against a fake cluster and a fake clock (tokio's paused time): what each
+//! stage sends, in what order, and what the reconcile asks the scheduler for next.
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::cluster::cache::{Change, Index, Scope, Update};
+use crate::cluster::leader::InFlight;
+use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
+use crate::cluster::watches::PROVEN;
+use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
+use crate::config::Config;
+use crate::contract::annotations::NS_COLLECT;
+use crate::daemon::scheduler::{Failure, Outcome, Scheduler};
+use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::facts::{NamespaceEntry, PodEntry};
+use crate::decide::linking::Found;
+use crate::decide::namespace::Invalid;
+use crate::decide::policy::Reason;
+use crate::decide::quota::{Pressure, QuotaEntry};
+use crate::decide::volumes::{self, VolumeFacts};
+use crate::observe::metrics::{DeleteResult, Kind, Metrics};
+
+use super::delete::SendResult;
+use super::recheck::PROVE_FROM;
+use super::released::sweep_every;
+use super::*;
+
+/// A synced index holding `claims` and `pods`, as the watches would leave it.
+fn synced(claims: &[ClaimFacts], pods: &[PodEntry]) -> Index {
+    let mut index = Index::listed_empty();
+    for claim in claims {
+        index.update(Update::Claim(Change::Apply(claim.clone())));
+    }
+    for pod in pods {
+        index.update(Update::Pod(Change::Apply(pod.clone())));
+    }
+    index
+}
+
+fn pod_mounting(claim: &str) -> PodEntry {
+    PodEntry {
+        key: ObjectKey::new("ml", "build-pod"),
+        phase: Some("Running".into()),
+        claims: vec![claim.into()],
+    }
+}
+
+/// One DELETE the controller sent.
+#[derive(Debug, Clone, PartialEq)]
+struct Sent {
+    claim: ObjectKey,
+    uid: String,
+    deadline: Instant,
+}
+
+#[derive(Default)]
+struct FakeCluster {
+    /// The pods the live re-check finds.
+    live_pods: Mutex<Vec<PodEntry>>,
+    /// How long a live re-check takes.
+    read_takes: Mutex<Duration>,
+    /// When each live re-check's first read was sent.
+    reads: Mutex<Vec<Instant>>,
+    /// The answers to the next DELETEs; `Deleted` once none is left.
+    answers: Mutex<VecDeque<Result<DeleteResult, NotSent>>>,
+    sent: Mutex<Vec<Sent>>,
+    notices: Mutex<Vec<Notice>>,
+    dry_run: bool,
+    /// The claim as a live GET finds it (after an unanswered DELETE); `None`: gone.
+    claim_state: Mutex<Option<(String, bool)>>,
+    /// The one PersistentVolume there is, read and listed.
+    volume: Mutex<Option<VolumeFacts>>,
+    /// The writes, in order: `delete claim NAME`, `revoke claim NAME RV`,
+    /// `mark NAME UID`, `delete NAME` (a volume).
+    volume_writes: Mutex<Vec<String>>,
+    /// The answers to the next revocations; `Revoked` once none is left.
+    revocations: Mutex<VecDeque<Revocation>>,
+    /// The DELETEs in flight the Lease named when won.
+    found: Mutex<Vec<InFlight>>,
+    /// The claims' Namespace's annotations as a live read finds them; `None`: unreadable.
+    live_namespace: Mutex<Option<BTreeMap<String, String>>>,
+    /// Every kind's resourceVersion as a consistent read finds it; `None`: unknown. Its
+    /// replays never get their bookmark.
+    revision: Mutex<Option<u64>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap()
+}
+
+impl FakeCluster {
+    /// A result as the writer answers it in this cluster's mode.
+    fn answer(&self, result: DeleteResult) -> Answer {
+        if self.dry_run {
+            Answer::Dry(result)
+        } else {
+            Answer::Real(result)
+        }
+    }
+}
+
+impl LiveReads for FakeCluster {
+    type Live = Index;
+
+    async fn read_live(&self, claim: &ClaimFacts) -> (Index, Instant) {
+        let read_at = Instant::now();
+        lock(&self.reads).push(read_at);
+        let takes = *lock(&self.read_takes);
+        tokio::time::sleep(takes).await;
+        let pods = lock(&self.live_pods).clone();
+        (synced(std::slice::from_ref(claim), &pods), read_at)
+    }
+
+    async fn revision(&self, _: Kind, _: &Scope) -> Found<u64> {
+        match *lock(&self.revision) {
+            Some(revision) => Found::Yes(revision),
+            None => Found::Unknown("the fake cluster proves nothing".into()),
+        }
+    }
+
+    async fn changes(
+        &self,
+        _: Kind,
+        _: &Scope,
+        _: (u64, u64),
+    ) -> Option<Vec<crate::cluster::progress::Delivery>> {
+        if lock(&self.revision).is_some() {
+            std::future::pending::<()>().await;
+        }
+        None
+    }
+
+    async fn claim_state(&self, _: &ObjectKey) -> Found<(String, bool)> {
+        lock(&self.claim_state)
+            .clone()
+            .map_or(Found::No, Found::Yes)
+    }
+
+    async fn quotas(&self, _: &str) -> Found<Vec<QuotaEntry>> {
+        Found::Yes(Vec::new())
+    }
+
+    async fn namespace_annotations(&self, _: &str) -> Option<BTreeMap<String, String>> {
+        lock(&self.live_namespace).clone()
+    }
+
+    async fn volume(&self, _: &str) -> Option<VolumeFacts> {
+        lock(&self.volume).clone()
+    }
+
+    async fn volumes(&self) -> Option<Vec<VolumeFacts>> {
+        Some(lock(&self.volume).iter().cloned().collect())
+    }
+
+    async fn answers(&self) -> bool {
+        true
+    }
+}
+
+impl Writes for FakeCluster {
+    async fn delete(&self, claim: &ClaimFacts, _: (&str, u64), deadline: Instant) -> SendResult {
+        lock(&self.volume_writes).push(format!("delete claim {}", claim.key.name));
+        lock(&self.sent).push(Sent {
+            claim: claim.key.clone(),
+            uid: claim.uid.clone(),
+            deadline,
+        });
+        let answer = lock(&self.answers).pop_front();
+        answer
+            .unwrap_or(Ok(DeleteResult::Deleted))
+            .map(|result| self.answer(result))
+    }
+
+    async fn revoke(&self, delete: &InFlight) -> Revocation {
+        let write = format!("revoke claim {} {}", delete.name, delete.resource_version);
+        lock(&self.volume_writes).push(write);
+        lock(&self.revocations)
+            .pop_front()
+            .unwrap_or(Revocation::Revoked)
+    }
+
+    async fn notify(&self, _: &ClaimFacts, notice: Notice) {
+        lock(&self.notices).push(notice);
+    }
+
+    async fn notify_quota_pressure(&self, _: &Pressure) {}
+
+    async fn notify_namespace(&self, _: &str, _: &[Invalid]) {}
+
+    async fn mark_volume(&self, volume: &VolumeFacts, claim_uid: &str) -> Option<VolumeFacts> {
+        lock(&self.volume_writes).push(format!("mark {} {claim_uid}", volume.name));
+        Some(VolumeFacts {
+            marked_claim_uid: Some(claim_uid.into()),
+            ..volume.clone()
+        })
+    }
+
+    async fn delete_volume(&self, volume: &VolumeFacts, _: Instant) -> SendResult {
+        lock(&self.volume_writes).push(format!("delete {}", volume.name));
+        Ok(self.answer(DeleteResult::Deleted))
+    }
+
+    fn mode(&self) -> Mode {
+        if self.dry_run {
+            Mode::DryRun { server_side: false }
+        } else {
+            Mode::Delete
+        }
+    }
+}
+
+impl LeaseRecords for FakeCluster {
+    fn settle(&self, _: &InFlight) {}
+
+    fn found_in_flight(&self) -> Vec<InFlight> {
+        lock(&self.found).clone()
+    }
+
+    fn reach(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    fn found_ledger(&self) -> Option<String> {
+        None
+    }
+
+    fn found_rounds(&self) -> Option<String> {
+        None
+    }
+
+    fn stage_rounds(&self, _: String) {}
+}
+
+/// Wall time that moves with tokio's (paused) clock, from a fixed start.
+struct FakeClock {
+    start: Instant,
+    wall: DateTime<Utc>,
+}
+
+impl Clock for FakeClock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = chrono::Duration::from_std(self.start.elapsed()).unwrap();
+        self.wall + elapsed
+    }
+
+    fn server(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        (self.now(), self.now())
+    }
+
+    fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {
+        Instant::now() + (deadline - self.now()).to_std().unwrap_or(Duration::ZERO)
+    }
+}
+
+/// The claims are orphans long past the orphan grace: due.
+fn due(name: &str) -> ClaimFacts {
+    ClaimFacts::example(name)
+}
+
+/// A leading controller on `cluster`, with at most `cap` deletions an hour, whose cache
+/// holds `claims`.
+fn controller(
+    cluster: FakeCluster,
+    cap: u32,
+    claims: &[ClaimFacts],
+    leading: bool,
+) -> Arc<Controller<FakeCluster, FakeClock>> {
+    controller_with(cluster, cap, claims, leading, |_| {})
+}
+
+/// [`controller`], with `edit` applied to its configuration.
+fn controller_with(
+    cluster: FakeCluster,
+    cap: u32,
+    claims: &[ClaimFacts],
+    leading: bool,
+    edit: impl FnOnce(&mut Config),
+) -> Arc<Controller<FakeCluster, FakeClock>> {
+    let mut config = Config::default();
+    edit(&mut config);
+    config.deletion.max_deletions_per_window = cap;
+    config.deletion.window = Duration::from_secs(3600);
+    config.deletion.deletes_per_second = 1000.0;
+    config.quota.enabled = false;
+    let clock = FakeClock {
+        start: Instant::now(),
+        wall: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+    };
+    let (schedule, _scheduler) = Scheduler::new();
+    let (_, leading) = watch::channel(leading);
+    let metrics = Arc::new(Metrics::register(&mut Registry::default()));
+    let controller = Controller::new(&config, cluster, clock, metrics, schedule, leading);
+    *controller.write_index() = synced(claims, &[]);
+    controller.recover_cap();
+    Arc::new(controller)
+}
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey::new("ml", name)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_due_claim_is_deleted_once_before_its_live_re_check_is_too_old() {
+    let c = controller(FakeCluster::default(), 10, &[due("a")], true);
+    let outcome = c.clone().reconcile(key("a")).await;
+    assert_eq!(outcome, Outcome::Done);
+    let sent = lock(&c.cluster.sent).clone();
+    let reads = lock(&c.cluster.reads).clone();
+    assert_eq!(reads.len(), 1);
+    assert_eq!(
+        sent,
+        vec![Sent {
+            claim: key("a"),
+            uid: "a-uid".into(),
+            deadline: reads[0] + LIVE_BOUND,
+        }]
+    );
+    assert_eq!(
+        lock(&c.cluster.notices).clone(),
+        vec![Notice::Deleted(Reason::Orphaned, None)]
+    );
+}
+
+/// A kind whose own watch delivers past the revision read for the proof is proven then,
+/// without waiting for the replay's bookmark (here one that never comes): the re-check
+/// rests on the proven cache and lists nothing.
+#[tokio::test(start_paused = true)]
+async fn a_watch_delivering_past_the_revision_proves_its_kind_without_the_bookmark() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.revision) = Some(100);
+    let c = controller(cluster, 10, &[due("a")], true);
+    {
+        let mut index = c.write_index();
+        for n in 0..PROVE_FROM {
+            let mut pod = pod_mounting("other");
+            pod.key.name = format!("pod-{n}");
+            index.update(Update::Pod(Change::Apply(pod)));
+        }
+        for kind in PROVEN {
+            index.update(Update::Delivered(kind, None, 90));
+        }
+    }
+    let watches = c.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut index = watches.write_index();
+        for kind in PROVEN {
+            index.update(Update::Delivered(kind, None, 101));
+        }
+    });
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert!(lock(&c.cluster.reads).is_empty(), "nothing listed");
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_user_the_live_re_check_finds_keeps_the_claim_and_frees_its_slot() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.live_pods).push(pod_mounting("a"));
+    let c = controller(cluster, 1, &[due("a"), due("b")], true);
+    let outcome = c.clone().reconcile(key("a")).await;
+    assert_eq!(outcome, Outcome::Retry(Failure::LiveDisagrees));
+    assert!(lock(&c.cluster.sent).is_empty());
+    // The slot `a` took is free again: `b` (whose live view has no user) gets the cap's one.
+    lock(&c.cluster.live_pods).clear();
+    assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+/// A Namespace annotation not understood, as the live re-check reads it, keeps a claim the
+/// cache found due; once it is fixed, the claim goes.
+#[tokio::test(start_paused = true)]
+async fn namespace_settings_not_understood_in_the_live_read_keep_the_claim() {
+    let cluster = FakeCluster::default();
+    let helm = BTreeMap::from([(NS_COLLECT.to_owned(), "False".to_owned())]);
+    *lock(&cluster.live_namespace) = Some(helm);
+    let c = controller_with(cluster, 10, &[due("a")], true, |config| {
+        config.namespace_policy.enabled = true;
+    });
+    c.write_index()
+        .update(Update::Namespace(Change::Apply(NamespaceEntry {
+            key: ObjectKey::new("", "ml"),
+            annotations: BTreeMap::new(),
+        })));
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::LiveDisagrees)
+    );
+    assert!(lock(&c.cluster.sent).is_empty());
+    *lock(&c.cluster.live_namespace) = Some(BTreeMap::new());
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_delete_goes_back_through_the_whole_path() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Denied));
+    let c = controller(cluster, 1, &[due("a")], true);
+    let outcome = c.clone().reconcile(key("a")).await;
+    assert_eq!(outcome, Outcome::Retry(Failure::Denied));
+    assert_eq!(lock(&c.cluster.sent).len(), 1, "sent once, never re-sent");
+    // The retry admits it again within the cap of one (the refusal was not counted) and
+    // re-checks it live before the second DELETE.
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.reads).len(), 2);
+    assert_eq!(lock(&c.cluster.sent).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_re_check_slower_than_its_bound_is_not_live() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.read_takes) = LIVE_BOUND + Duration::from_secs(1);
+    let c = controller(cluster, 10, &[due("a")], true);
+    let outcome = c.clone().reconcile(key("a")).await;
+    assert_eq!(outcome, Outcome::Retry(Failure::LiveTooSlow));
+    assert!(lock(&c.cluster.sent).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_delete_stays_counted_against_the_cap_until_revoked() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).push_back(Revocation::Unanswered);
+    let c = controller(cluster, 1, &[due("a"), due("b")], true);
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::Unanswered)
+    );
+    // It may still land: the cap of one holds `b` back.
+    let outcome = c.clone().reconcile(key("b")).await;
+    assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+    // Revoked, it never can: its slot goes to `b`.
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delete_that_landed_late_stays_counted_against_the_cap() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).push_back(Revocation::Landed);
+    *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+    let c = controller(cluster, 1, &[due("a"), due("b")], true);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    let outcome = c.clone().reconcile(key("b")).await;
+    assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+/// The claim's writes so far, as the fake cluster logged them.
+fn writes(c: &Controller<FakeCluster, FakeClock>) -> Vec<String> {
+    lock(&c.cluster.volume_writes).clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_delete_is_revoked_before_anything_else_is_sent() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).push_back(Revocation::Unanswered);
+    let c = controller(cluster, 10, &[due("a")], true);
+    // Revoked at once, in the same reconcile; no answer to that either: kept, retried.
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::Unanswered)
+    );
+    assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
+    // Whatever the cache says, the revocation comes first, and nothing else is sent.
+    lock(&c.cluster.live_pods).push(pod_mounting("a"));
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(
+        writes(&c),
+        ["delete claim a", "revoke claim a 1", "revoke claim a 1"]
+    );
+    assert_eq!(lock(&c.cluster.sent).len(), 1, "no DELETE sent meanwhile");
+    // Revoked: the claim is decided again from the start (here a build uses it).
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::LiveDisagrees)
+    );
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revocation_that_finds_the_delete_landed_sends_nothing_again() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).push_back(Revocation::Landed);
+    // Being deleted, as the revocation found it; the cache has not caught up.
+    *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+    let c = controller(cluster, 10, &[due("a")], true);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_revocation_is_read_live() {
+    // Refused, and the claim is there as it was: the DELETE may still land. Kept, retried.
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).push_back(Revocation::Refused);
+    *lock(&cluster.claim_state) = Some(("a-uid".into(), false));
+    let c = controller(cluster, 10, &[due("a")], true);
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::Unanswered)
+    );
+    // Refused because the claim was re-created under its name: the DELETE (with the old
+    // UID) can land on nothing.
+    lock(&c.cluster.revocations).push_back(Revocation::Refused);
+    *lock(&c.cluster.claim_state) = Some(("new-uid".into(), false));
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert!(c.lock_outstanding().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standby_leaves_the_revocation_to_the_leader() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).push_back(Revocation::Unanswered);
+    let c = controller(cluster, 10, &[due("a")], true);
+    c.clone().reconcile(key("a")).await;
+    let standby = Controller {
+        leading: watch::channel(false).1,
+        ..Arc::into_inner(c).unwrap()
+    };
+    let standby = Arc::new(standby);
+    assert_eq!(standby.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(writes(&standby), ["delete claim a", "revoke claim a 1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deletes_the_lease_names_are_revoked_on_winning() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.found).push(InFlight {
+        namespace: "ml".into(),
+        name: "a".into(),
+        uid: "a-uid".into(),
+        resource_version: "1".into(),
+    });
+    let c = controller(cluster, 10, &[due("a")], true);
+    c.revoke_found().await;
+    assert_eq!(writes(&c), ["revoke claim a 1"]);
+    assert!(c.lock_outstanding().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delete_carried_out_is_not_sent_again_while_the_cache_still_shows_the_claim() {
+    let cluster = FakeCluster::default();
+    // The DELETE was answered 200; the claim is being deleted (its finalizer holds it).
+    *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+    let c = controller(cluster, 10, &[due("a")], true);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    // A watch that has not caught up still shows the claim as decided: deciding it again
+    // reads it live instead of sending the same DELETE a second time.
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
+}
+
+#[tokio::test]
+async fn while_the_claims_watch_is_broken_a_claim_is_read_live_before_its_delete() {
+    let cluster = FakeCluster::default();
+    // The replica that led before deleted it; this one's watch is down and still shows it.
+    *lock(&cluster.claim_state) = None;
+    let c = controller(cluster, 10, &[due("a"), due("b")], true);
+    c.claims_watch_broken(true);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert!(
+        lock(&c.cluster.sent).is_empty(),
+        "nothing sent for a gone claim"
+    );
+    // Once the watch delivers again, the cache is trusted as before.
+    c.claims_watch_broken(false);
+    assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+/// An orphan created `seconds` after the epoch: the later, the later it is due.
+fn due_later(name: &str, seconds: i64) -> ClaimFacts {
+    let mut claim = due(name);
+    claim.created = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(seconds);
+    claim
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_a_saturated_cap_a_freed_slot_goes_to_the_claim_due_first() {
+    let claims = [
+        due_later("first", 0),
+        due_later("a", 3),
+        due_later("b", 2),
+        due_later("c", 1),
+    ];
+    let c = controller(FakeCluster::default(), 1, &claims, true);
+    for name in ["first", "a", "b", "c"] {
+        c.clone().reconcile(key(name)).await;
+    }
+    tokio::time::advance(Duration::from_secs(3700)).await;
+    // `a` and `b` retry first, but `c` has waited longest for its slot.
+    for name in ["a", "b"] {
+        let outcome = c.clone().reconcile(key(name)).await;
+        assert!(matches!(outcome, Outcome::At(_)), "{name}: {outcome:?}");
+    }
+    assert_eq!(c.clone().reconcile(key("c")).await, Outcome::Done);
+    let sent: Vec<ObjectKey> = lock(&c.cluster.sent)
+        .iter()
+        .map(|s| s.claim.clone())
+        .collect();
+    assert_eq!(sent, vec![key("first"), key("c")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_no_longer_due_leaves_the_line() {
+    let claims = [due_later("first", 0), due_later("a", 2), due_later("b", 1)];
+    let c = controller(FakeCluster::default(), 1, &claims, true);
+    for name in ["first", "a", "b"] {
+        c.clone().reconcile(key(name)).await;
+    }
+    tokio::time::advance(Duration::from_secs(3700)).await;
+    // `b` is gone before its turn: `a` is next.
+    *c.write_index() = synced(&[due_later("first", 0), due_later("a", 2)], &[]);
+    assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_claim_held_back_by_the_cap_is_told_once() {
+    let claims = [due("a"), due("b"), due("c")];
+    let c = controller(FakeCluster::default(), 1, &claims, true);
+    for name in ["a", "b", "c", "b", "c", "b"] {
+        c.clone().reconcile(key(name)).await;
+    }
+    let capped = lock(&c.cluster.notices)
+        .iter()
+        .filter(|notice| matches!(notice, Notice::CapReached { .. }))
+        .count();
+    assert_eq!(capped, 2);
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_held_back_is_told_once_however_the_window_moves() {
+    let claims = [due("a"), due("b"), due("c"), due("d"), due("e")];
+    let c = controller(FakeCluster::default(), 2, &claims, true);
+    for name in ["a", "b", "c", "d", "e"] {
+        c.clone().reconcile(key(name)).await;
+    }
+    // The window moves past both deletions at once: two slots open together, `e` waits on.
+    tokio::time::advance(Duration::from_secs(3700)).await;
+    for name in ["c", "d", "e"] {
+        c.clone().reconcile(key(name)).await;
+    }
+    let capped = lock(&c.cluster.notices)
+        .iter()
+        .filter(|notice| matches!(notice, Notice::CapReached { .. }))
+        .count();
+    assert_eq!(capped, 3, "c, d and e, once each");
+    assert_eq!(lock(&c.cluster.sent).len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_reports_would_delete_and_never_deleted() {
+    let cluster = FakeCluster {
+        dry_run: true,
+        ..FakeCluster::default()
+    };
+    let c = controller(cluster, 10, &[due("a")], true);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(
+        lock(&c.cluster.notices).clone(),
+        vec![Notice::WouldDelete(Reason::Orphaned)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standby_decides_but_sends_nothing() {
+    let c = controller(FakeCluster::default(), 10, &[due("a")], false);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert!(lock(&c.cluster.reads).is_empty());
+    assert!(lock(&c.cluster.sent).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_in_use_in_the_cache_is_never_re_checked_or_sent() {
+    let c = controller(FakeCluster::default(), 10, &[due("a")], true);
+    c.write_index()
+        .update(Update::Pod(Change::Apply(pod_mounting("a"))));
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert!(lock(&c.cluster.reads).is_empty());
+    assert!(lock(&c.cluster.sent).is_empty());
+}
+
+/// A claim bound to volume `pv-1`, and that volume: `Retain`, bound to it.
+fn bound_to_a_retain_volume() -> (ClaimFacts, VolumeFacts) {
+    let claim = ClaimFacts {
+        volume_name: Some("pv-1".into()),
+        ..due("a")
+    };
+    let volume = VolumeFacts {
+        phase: Some("Bound".into()),
+        marked_claim_uid: None,
+        ..VolumeFacts::example(&claim.uid)
+    };
+    (claim, volume)
+}
+
+fn releasing(config: &mut Config) {
+    config.deletion.read_volumes = true;
+    config.deletion.released_volume_ttl = Some(Duration::from_secs(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retain_volume_is_marked_once_its_claims_delete_succeeded() {
+    let (claim, volume) = bound_to_a_retain_volume();
+    let cluster = FakeCluster::default();
+    *lock(&cluster.volume) = Some(volume);
+    let c = controller_with(cluster, 10, &[claim], true, releasing);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(writes(&c), ["delete claim a", "mark pv-1 a-uid"]);
+    // Reported as kept, as with read_volumes alone.
+    assert_eq!(
+        lock(&c.cluster.notices).clone(),
+        vec![Notice::Deleted(Reason::Orphaned, Some("pv-1".into()))]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_ttl_nothing_is_marked() {
+    let (claim, volume) = bound_to_a_retain_volume();
+    let cluster = FakeCluster::default();
+    *lock(&cluster.volume) = Some(volume);
+    let c = controller_with(cluster, 10, &[claim], true, |config| {
+        config.deletion.read_volumes = true;
+    });
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete claim a"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_delete_not_known_to_have_been_carried_out_marks_nothing() {
+    for (answer, revocation) in [
+        (DeleteResult::Denied, None),
+        (DeleteResult::Conflict, None),
+        (DeleteResult::NotFound, None),
+        (DeleteResult::Unanswered, Some(Revocation::Revoked)),
+        // It landed late: carried out, but whether by this DELETE is not known.
+        (DeleteResult::Unanswered, Some(Revocation::Landed)),
+    ] {
+        let (claim, volume) = bound_to_a_retain_volume();
+        let cluster = FakeCluster::default();
+        *lock(&cluster.volume) = Some(volume);
+        lock(&cluster.answers).push_back(Ok(answer));
+        lock(&cluster.revocations).extend(revocation);
+        let c = controller_with(cluster, 10, &[claim], true, releasing);
+        c.clone().reconcile(key("a")).await;
+        let marks = writes(&c).into_iter().filter(|w| w.starts_with("mark"));
+        assert_eq!(marks.count(), 0, "{answer:?} {revocation:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweep_deletes_only_what_the_judgement_lets_go() {
+    let (_, volume) = bound_to_a_retain_volume();
+    let c = controller_with(FakeCluster::default(), 10, &[], true, releasing);
+    let now = c.clock.now();
+    let released = VolumeFacts {
+        phase: Some("Released".into()),
+        marked_claim_uid: volume.claim_uid.clone(),
+        transition: volumes::Transition::At(now - chrono::Duration::minutes(2)),
+        ..volume
+    };
+    let ttl = chrono::Duration::minutes(1);
+    for (kept, why) in [
+        (
+            VolumeFacts {
+                marked_claim_uid: None,
+                ..released.clone()
+            },
+            "its claim deleted by someone else",
+        ),
+        (
+            VolumeFacts {
+                transition: volumes::Transition::Missing,
+                ..released.clone()
+            },
+            "released since when is not known",
+        ),
+        (
+            VolumeFacts {
+                transition: volumes::Transition::At(now),
+                ..released.clone()
+            },
+            "within its TTL",
+        ),
+    ] {
+        *lock(&c.cluster.volume) = Some(kept);
+        c.sweep(ttl).await;
+        assert!(lock(&c.cluster.volume_writes).is_empty(), "{why}");
+    }
+    *lock(&c.cluster.volume) = Some(released);
+    c.sweep(ttl).await;
+    assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete pv-1"]);
+}
+
+#[test]
+fn the_sweep_runs_at_half_the_ttl_within_bounds() {
+    assert_eq!(
+        sweep_every(Duration::from_millis(10)),
+        Duration::from_secs(1)
+    );
+    assert_eq!(sweep_every(Duration::from_secs(10)), Duration::from_secs(5));
+    assert_eq!(
+        sweep_every(Duration::from_secs(86_400)),
+        Duration::from_secs(60)
+    );
+}
