@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::contract::OwnerKind;
 use crate::observe::http::Health;
-use crate::observe::metrics::{Kind, Metrics};
+use crate::observe::metrics::{Kind, Metrics, ServedState as State};
 
 /// How an owner kind is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,33 +33,6 @@ pub enum Serving {
     Unreadable(Vec<String>),
     /// Its group serves it at no version.
     Absent,
-}
-
-/// The bounded summary of a [`Serving`]: the `state` label of `workspace_gc_kind_served`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Preferred,
-    OtherVersion,
-    Unreadable,
-    Absent,
-}
-
-impl State {
-    pub const ALL: [State; 4] = [
-        State::Preferred,
-        State::OtherVersion,
-        State::Unreadable,
-        State::Absent,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Preferred => "preferred",
-            State::OtherVersion => "other-version",
-            State::Unreadable => "unreadable",
-            State::Absent => "absent",
-        }
-    }
 }
 
 impl Serving {

@@ -10,8 +10,10 @@
 //! rejection names the key and points at the value's origin, a file line included.
 
 mod layers;
+mod parse;
 mod settings;
 mod validate;
+mod value;
 
 pub mod labels;
 pub mod quantity;

@@ -16,14 +16,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::layers::{At, FromEnv, Problem, Slot, Val};
-use super::validate::{
+use super::parse::{
     annotation_map, creator_labels, duration, fraction, keep_count, lease_seconds, log_filter,
     log_format, namespace_list, optional_duration, optional_namespace, optional_path,
     optional_positive_duration, optional_socket_address, optional_storage_class, positive_cap,
     positive_duration, positive_rate, round_interval, socket_address, subdomain_name,
     tracking_selector,
 };
+use super::value::{At, FromEnv, Problem, Slot, Val};
 use super::{LabelSelector, LogFormat, Quantity};
 use crate::contract::labels::BUILD_WORKSPACE;
 

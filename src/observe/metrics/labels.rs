@@ -239,6 +239,34 @@ impl Mark {
     }
 }
 
+/// How an owner kind is served (`cluster::served`): the `state` label of
+/// `workspace_gc_kind_served`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedState {
+    Preferred,
+    OtherVersion,
+    Unreadable,
+    Absent,
+}
+
+impl ServedState {
+    pub const ALL: [ServedState; 4] = [
+        ServedState::Preferred,
+        ServedState::OtherVersion,
+        ServedState::Unreadable,
+        ServedState::Absent,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServedState::Preferred => "preferred",
+            ServedState::OtherVersion => "other-version",
+            ServedState::Unreadable => "unreadable",
+            ServedState::Absent => "absent",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,9 @@ use crate::decide::facts::ObjectKey;
 mod labels;
 mod record;
 
-pub use labels::{DeleteResult, ErrorCategory, Kind, LedgerFault, Mark, Operation, Revoked};
+pub use labels::{
+    DeleteResult, ErrorCategory, Kind, LedgerFault, Mark, Operation, Revoked, ServedState,
+};
 
 /// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
 /// namespace fills up.
@@ -353,8 +355,8 @@ pub fn classic_text(openmetrics: &str) -> String {
 mod tests {
     use prometheus_client::encoding::text::encode;
 
+    use super::ServedState as Served;
     use super::*;
-    use crate::cluster::served::State as Served;
     use crate::decide::policy::{Reason, Verdict};
     use crate::decide::quota::QuotaEntry;
 

@@ -5,12 +5,12 @@
 
 use std::collections::HashMap;
 
+use super::ServedState as Served;
 use super::{
     ApiErrorLabels, BoundLabels, CategoryLabels, ClaimLabels, DeleteResult, DeletionLabels,
     ErrorCategory, Kind, KindLabels, LedgerFault, LedgerFaultLabels, Mark, Metrics, Operation,
     QuotaLabels, RecheckLabels, ResultLabels, Revoked, ServedLabels, Tracked, WouldDeleteLabels,
 };
-use crate::cluster::served::State as Served;
 use crate::decide::facts::ObjectKey;
 use crate::decide::policy::{Reason, Verdict};
 use crate::decide::quota::QuotaEntry;
