@@ -118,7 +118,8 @@ pub fn quotas(
             continue;
         };
         let policy = policies.for_namespace(index.namespace_annotations(&namespace));
-        let claims = quota::Claim::all_of(index.claims_in(&namespace), index, &policy.policy, now);
+        let claims =
+            quota::Candidate::all_of(index.claims_in(&namespace), index, &policy.policy, now);
         let plan = quota::plan(&quotas, &claims, &quota::Round::default(), waters);
         for row in rows.iter_mut().filter(|r| r.namespace == namespace) {
             let taken = plan.victims.iter().any(|key| key.name == row.name);

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
 use crate::decide::policy::{Reason, Verdict};
-use crate::decide::quota::{self, Plan, Present, Rounds, Sent, Waters};
+use crate::decide::quota::{self, Deleting, Plan, Present, Rounds, Waters};
 
 use super::Controller;
 
@@ -49,7 +49,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return;
         }
         let mut rounds = self.rounds();
-        rounds.record(Sent::of(claim));
+        rounds.record(Deleting::of(claim));
         self.cluster.stage_rounds(rounds.to_annotation());
     }
 
@@ -107,7 +107,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if rounds.round(namespace).is_none() || !self.is_leader() {
             return;
         }
-        let claims = quota::Claim::all_of(
+        let claims = quota::Candidate::all_of(
             index.claims_in(namespace),
             index,
             &self.policy_in(index, namespace),
@@ -131,7 +131,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if !self.rounds().pressed(namespace, &quotas, waters) {
             return None;
         }
-        let claims = quota::Claim::all_of(
+        let claims = quota::Candidate::all_of(
             index.claims_in(namespace),
             &*index,
             &self.policy_in(&index, namespace),
@@ -200,14 +200,14 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         let plan = {
             let index = self.read_index();
-            let mut claims = quota::Claim::all_of(
+            let mut claims = quota::Candidate::all_of(
                 index.claims_in(namespace),
                 &*index,
                 &self.policy_in(&index, namespace),
                 self.clock.now(),
             );
             claims.retain(|claim| claim.key != facts.claim.key);
-            claims.push(quota::Claim::of(facts, verdict));
+            claims.push(quota::Candidate::of(facts, verdict));
             let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
             // The round's pressed resources and what it owes, over the quotas listed live.
             let rounds = self.rounds();

@@ -54,7 +54,7 @@ fn pod_mounting(claim: &str) -> PodEntry {
 
 /// One DELETE the controller sent.
 #[derive(Debug, Clone, PartialEq)]
-struct Sent {
+struct SentDelete {
     claim: ObjectKey,
     uid: String,
     deadline: Instant,
@@ -70,7 +70,7 @@ struct FakeCluster {
     reads: Mutex<Vec<Instant>>,
     /// The answers to the next DELETEs; `Deleted` once none is left.
     answers: Mutex<VecDeque<Result<DeleteResult, NotSent>>>,
-    sent: Mutex<Vec<Sent>>,
+    sent: Mutex<Vec<SentDelete>>,
     notices: Mutex<Vec<Notice>>,
     dry_run: bool,
     /// The claim as a live GET finds it (after an unanswered DELETE); `None`: gone.
@@ -167,7 +167,7 @@ impl LiveReads for FakeCluster {
 impl Writes for FakeCluster {
     async fn delete(&self, claim: &ClaimFacts, _: (&str, u64), deadline: Instant) -> SendResult {
         lock(&self.volume_writes).push(format!("delete claim {}", claim.key.name));
-        lock(&self.sent).push(Sent {
+        lock(&self.sent).push(SentDelete {
             claim: claim.key.clone(),
             uid: claim.uid.clone(),
             deadline,
@@ -316,7 +316,7 @@ async fn a_due_claim_is_deleted_once_before_its_live_re_check_is_too_old() {
     assert_eq!(reads.len(), 1);
     assert_eq!(
         sent,
-        vec![Sent {
+        vec![SentDelete {
             claim: key("a"),
             uid: "a-uid".into(),
             deadline: reads[0] + LIVE_BOUND,

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Count, Resource, Round, Rounds, Sent};
+use super::{Count, Deleting, Resource, Round, Rounds};
 use crate::decide::facts::ObjectKey;
 
 /// How long a round read back from the Lease that could not be trusted holds pressure deletes
@@ -148,7 +148,7 @@ impl SavedRound {
             if s.name.is_empty() {
                 return Err(implausible("an empty claim name"));
             }
-            round.sent.push(Sent {
+            round.sent.push(Deleting {
                 key: ObjectKey::new(namespace, &s.name),
                 uid: uid(s.uid)?,
                 bytes: s.bytes,
@@ -202,11 +202,11 @@ impl Saved {
 mod tests {
     use super::super::tests::{GI, WATERS, names, present, quota, t, victims, within_ttl};
     use super::*;
-    use crate::decide::quota::{Claim, Resource};
+    use crate::decide::quota::{Candidate, Resource};
 
     #[test]
     fn rounds_on_the_lease_that_cannot_be_trusted_hold_pressure_back() {
-        let claims: Vec<Claim> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
+        let claims: Vec<Candidate> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
         let q = |used| quota(vec![(Resource::Storage, 6 * GI, used * GI)]);
         let garbage = [
             "not json",

@@ -184,9 +184,10 @@ impl Waters {
     }
 }
 
-/// A claim as pressure sees it: its verdict and what it takes up.
+/// A claim as pressure sees it, a candidate for an early delete: its verdict and what it takes
+/// up.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
+pub struct Candidate {
     pub key: ObjectKey,
     pub uid: String,
     pub verdict: Verdict,
@@ -196,7 +197,7 @@ pub struct Claim {
     pub class: Option<String>,
 }
 
-impl Claim {
+impl Candidate {
     /// Each of `claims` (a namespace's), linked through `lookup` and decided at `now`.
     pub fn all_of<'a>(
         claims: impl IntoIterator<Item = &'a ClaimFacts>,
@@ -208,13 +209,13 @@ impl Claim {
             .into_iter()
             .map(|claim| {
                 let facts = linking::facts(claim, lookup);
-                Claim::of(&facts, policy::decide(&facts, policy, now).verdict)
+                Candidate::of(&facts, policy::decide(&facts, policy, now).verdict)
             })
             .collect()
     }
 
     pub fn of(facts: &Facts, verdict: Verdict) -> Self {
-        Claim {
+        Candidate {
             key: facts.claim.key.clone(),
             uid: facts.claim.uid.clone(),
             verdict,
@@ -240,16 +241,16 @@ impl Claim {
 /// A claim this daemon deleted in a namespace under pressure (recorded before the DELETE, for
 /// any cause): until it leaves the cache, every quota of the namespace may still count it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sent {
+pub struct Deleting {
     pub key: ObjectKey,
     pub uid: String,
     pub bytes: Option<u64>,
     pub class: Option<String>,
 }
 
-impl Sent {
+impl Deleting {
     pub fn of(claim: &ClaimFacts) -> Self {
-        Sent {
+        Deleting {
             key: claim.key.clone(),
             uid: claim.uid.clone(),
             bytes: claim.requested_bytes,
@@ -304,7 +305,7 @@ pub struct Round {
     /// The resources that reached high water in this round: hysteresis.
     pressed: BTreeSet<Gauge>,
     /// Deletes recorded and not yet seen to leave the cache.
-    sent: Vec<Sent>,
+    sent: Vec<Deleting>,
     counts: BTreeMap<Gauge, Count>,
     /// The tracked claims when last observed (uid → what they take up), to tell which left.
     /// Not persisted: after a restart only the round's own deletes are known to have left.
@@ -438,7 +439,7 @@ impl Rounds {
         &self,
         namespace: &str,
         quotas: &[QuotaEntry],
-        claims: &[Claim],
+        claims: &[Candidate],
         waters: Waters,
         now: DateTime<Utc>,
     ) -> Plan {
@@ -463,7 +464,7 @@ impl Rounds {
         namespace: &str,
         live: &[QuotaEntry],
         present: &[Present],
-        claims: &[Claim],
+        claims: &[Candidate],
         waters: Waters,
         now: DateTime<Utc>,
     ) -> Plan {
@@ -485,7 +486,7 @@ impl Rounds {
     /// Records a delete about to be sent, before it is, in a namespace under pressure (for any
     /// cause: the round must know every claim of ours that leaves): a claim must never be gone
     /// from the cache without being counted here, or the next plan would take one more.
-    pub fn record(&mut self, sent: Sent) {
+    pub fn record(&mut self, sent: Deleting) {
         let Some(round) = self.namespaces.get_mut(&*sent.key.namespace) else {
             return;
         };
@@ -568,8 +569,8 @@ mod tests {
         }
     }
 
-    pub(super) fn within_ttl(name: &str, completed: i64) -> Claim {
-        Claim {
+    pub(super) fn within_ttl(name: &str, completed: i64) -> Candidate {
+        Candidate {
             key: ObjectKey::new("ml", name),
             uid: format!("{name}-uid"),
             verdict: Verdict::Keep {
@@ -607,7 +608,7 @@ mod tests {
         }
     }
 
-    pub(super) fn present(claims: &[Claim], gone: &[&str]) -> Vec<Present> {
+    pub(super) fn present(claims: &[Candidate], gone: &[&str]) -> Vec<Present> {
         (claims.iter())
             .filter(|c| !gone.contains(&c.key.name.as_str()))
             .map(|c| Present {
@@ -618,8 +619,8 @@ mod tests {
             .collect()
     }
 
-    fn sent(claim: &Claim) -> Sent {
-        Sent {
+    fn sent(claim: &Candidate) -> Deleting {
+        Deleting {
             key: claim.key.clone(),
             uid: claim.uid.clone(),
             bytes: claim.bytes,
@@ -627,7 +628,11 @@ mod tests {
         }
     }
 
-    pub(super) fn victims(rounds: &Rounds, quotas: &[QuotaEntry], claims: &[Claim]) -> Vec<String> {
+    pub(super) fn victims(
+        rounds: &Rounds,
+        quotas: &[QuotaEntry],
+        claims: &[Candidate],
+    ) -> Vec<String> {
         let plan = rounds.plan("ml", quotas, claims, WATERS, t(0));
         names(&plan.victims)
             .into_iter()
@@ -639,7 +644,7 @@ mod tests {
     /// second, which still counts what was deleted.
     #[test]
     fn each_quota_owes_its_own_recount() {
-        let claims: Vec<Claim> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
+        let claims: Vec<Candidate> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
         let storage = |used| QuotaEntry {
             uid: "q-storage".into(),
             ..quota(vec![(Resource::Storage, 6 * GI, used * GI)])
@@ -672,7 +677,7 @@ mod tests {
     /// recount still needs the second delete.
     #[test]
     fn pressure_lasts_until_low_water() {
-        let claims: Vec<Claim> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
+        let claims: Vec<Candidate> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
         let q = |used| quota(vec![(Resource::Storage, 6 * GI, used * GI)]);
         let mut rounds = Rounds::default();
         rounds.observe("ml", &[q(6)], &present(&claims, &[]), WATERS);
@@ -691,7 +696,7 @@ mod tests {
     /// matched when it does; a restart from what the Lease holds resumes the round.
     #[test]
     fn a_recount_ahead_of_the_cache_and_a_restart_count_once() {
-        let claims: Vec<Claim> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
+        let claims: Vec<Candidate> = (0..6).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
         let q = |used| quota(vec![(Resource::Storage, 6 * GI, used * GI)]);
         let mut rounds = Rounds::default();
         rounds.observe("ml", &[q(6)], &present(&claims, &[]), WATERS);
@@ -750,7 +755,7 @@ mod tests {
         })
     }
 
-    pub(super) fn any_claim() -> impl Strategy<Value = Claim> {
+    pub(super) fn any_claim() -> impl Strategy<Value = Candidate> {
         (
             0..1000u32,
             any_verdict(),
@@ -759,7 +764,7 @@ mod tests {
             prop::option::of(prop::sample::select(vec!["fast", "slow"])),
             any::<bool>(),
         )
-            .prop_map(|(id, verdict, completed, gib, class, likely)| Claim {
+            .prop_map(|(id, verdict, completed, gib, class, likely)| Candidate {
                 key: ObjectKey::new("ml", &format!("c{id}")),
                 uid: format!("u{id}"),
                 // Most generated claims are within their TTL, so the interesting cases arise.
@@ -803,7 +808,7 @@ mod tests {
         })
     }
 
-    pub(super) fn unique(claims: Vec<Claim>) -> Vec<Claim> {
+    pub(super) fn unique(claims: Vec<Candidate>) -> Vec<Candidate> {
         let mut seen = std::collections::HashSet::new();
         claims
             .into_iter()
@@ -856,7 +861,7 @@ mod tests {
     /// time, from its own informer, while the daemon's two watches each lag on their own.
     struct World {
         waters: Waters,
-        claims: Vec<Claim>,
+        claims: Vec<Candidate>,
         /// Per quota: its key and uid, and per resource hard and what untracked claims take.
         quotas: Vec<(QuotaEntry, Vec<u64>)>,
         /// Claims deleted (DELETE answered), in order; those still on the server.
@@ -878,7 +883,11 @@ mod tests {
     }
 
     impl World {
-        fn new(claims: Vec<Claim>, quotas: Vec<(QuotaEntry, Vec<u64>)>, waters: Waters) -> Self {
+        fn new(
+            claims: Vec<Candidate>,
+            quotas: Vec<(QuotaEntry, Vec<u64>)>,
+            waters: Waters,
+        ) -> Self {
             let mut world = World {
                 waters,
                 claims,
@@ -917,9 +926,9 @@ mod tests {
         }
 
         /// The claims in the daemon's cache; a deleted one is terminating there, not eligible.
-        fn cache(&self) -> (Vec<Claim>, Vec<Present>) {
+        fn cache(&self) -> (Vec<Candidate>, Vec<Present>) {
             let gone = &self.left[..self.daemon_saw];
-            let claims: Vec<&Claim> = (self.claims.iter())
+            let claims: Vec<&Candidate> = (self.claims.iter())
                 .filter(|c| !gone.contains(&c.uid))
                 .collect();
             let present = (claims.iter())
@@ -1035,7 +1044,7 @@ mod tests {
     }
 
     /// A world's claims, quotas (with what untracked claims take up of each resource), waters.
-    type Setting = (Vec<Claim>, Vec<(QuotaEntry, Vec<u64>)>, Waters);
+    type Setting = (Vec<Candidate>, Vec<(QuotaEntry, Vec<u64>)>, Waters);
 
     fn any_world() -> impl Strategy<Value = Setting> {
         let claims = prop::collection::vec(any_claim(), 1..14).prop_map(unique);

@@ -8,7 +8,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{Claim, QuotaEntry, Resource, Round, Waters, ratio};
+use super::{Candidate, QuotaEntry, Resource, Round, Waters, ratio};
 use crate::decide::facts::ObjectKey;
 
 /// One quota resource under pressure: it reached high water in this round, or is at it now.
@@ -83,7 +83,7 @@ pub fn pressure(quotas: &[QuotaEntry], round: &Round, waters: Waters) -> Vec<Pre
 /// default for an instant's plan, as the audit makes). What the round deleted and a quota has
 /// not recounted is subtracted from that quota's `used`, and never chosen again; a resource
 /// that reached high water in the round stays pressed until projected at or below low water.
-pub fn plan(quotas: &[QuotaEntry], claims: &[Claim], round: &Round, waters: Waters) -> Plan {
+pub fn plan(quotas: &[QuotaEntry], claims: &[Candidate], round: &Round, waters: Waters) -> Plan {
     let pressed = pressure(quotas, round, waters);
     if pressed.is_empty() {
         return Plan::default();
@@ -96,7 +96,7 @@ pub fn plan(quotas: &[QuotaEntry], claims: &[Claim], round: &Round, waters: Wate
             ..Plan::default()
         };
     }
-    let mut candidates: Vec<(DateTime<Utc>, &Claim)> = claims
+    let mut candidates: Vec<(DateTime<Utc>, &Candidate)> = claims
         .iter()
         .filter(|claim| !round.sent.iter().any(|s| s.uid == claim.uid))
         .filter_map(|claim| Some((claim.eligible()?, claim)))
@@ -166,13 +166,13 @@ mod tests {
     };
     use super::*;
     use crate::decide::policy::{Reason, Verdict};
-    use crate::decide::quota::Sent;
+    use crate::decide::quota::Deleting;
 
     #[test]
     fn takes_the_oldest_completions_until_low_water() {
         // 10 claims of 1Gi in a 10Gi quota: two must go to reach 80%.
         let q = quota(vec![(Resource::Storage, 10 * GI, 10 * GI)]);
-        let mut claims: Vec<Claim> = (0..4).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
+        let mut claims: Vec<Candidate> = (0..4).map(|i| within_ttl(&format!("c{i}"), -i)).collect();
         let mut running = within_ttl("running", -100);
         running.verdict = Verdict::Keep {
             reason: Reason::OwnerRunning,
@@ -198,7 +198,7 @@ mod tests {
             within_ttl("c", -1),
         ];
         let round = Round {
-            sent: vec![Sent {
+            sent: vec![Deleting {
                 key: ObjectKey::new("ml", "a"),
                 uid: "a-uid".into(),
                 bytes: Some(GI),
@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn class_scoped_pressure_takes_only_claims_of_that_class() {
-        let fast = |name: &str, at| Claim {
+        let fast = |name: &str, at| Candidate {
             class: Some("fast".into()),
             ..within_ttl(name, at)
         };
@@ -240,8 +240,8 @@ mod tests {
     #[derive(Debug)]
     struct Scene {
         quotas: Vec<QuotaEntry>,
-        claims: Vec<Claim>,
-        sent: Vec<Sent>,
+        claims: Vec<Candidate>,
+        sent: Vec<Deleting>,
         waters: Waters,
     }
 
@@ -254,7 +254,7 @@ mod tests {
             plan(&self.quotas, &self.claims, &round, self.waters)
         }
 
-        fn claim(&self, key: &ObjectKey) -> &Claim {
+        fn claim(&self, key: &ObjectKey) -> &Candidate {
             self.claims.iter().find(|c| &c.key == key).unwrap()
         }
     }
@@ -266,7 +266,7 @@ mod tests {
                 // Some of the claims were deleted earlier in this round (still in the cache).
                 let sent = (claims.iter().enumerate())
                     .filter(|(i, _)| picks >> (i % 32) & 1 == 1 && i % 4 == 0)
-                    .map(|(_, c)| Sent {
+                    .map(|(_, c)| Deleting {
                         key: c.key.clone(),
                         uid: c.uid.clone(),
                         bytes: c.bytes,
