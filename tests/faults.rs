@@ -598,9 +598,11 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         .replace("workspace-gc", &PostParams::default(), &daemon_role(true))
         .await
         .expect("grant delete");
-    // The daemon retries a failed delete every 10 s.
+    // A refused delete is retried with a backoff that doubles from 1 s (up to 5 min): refused
+    // at about 0, 1, 3, 7, 15, 31, 63 s, so a grant up to two minutes after the first refusal
+    // is acted on within about a minute.
     assert!(
-        wait_until(secs(25), || deleted(&ns, "denied-build-workspace")).await,
+        wait_until(secs(90), || deleted(&ns, "denied-build-workspace")).await,
         "deleted once allowed:\n{}",
         daemon.logs()
     );
