@@ -1301,3 +1301,22 @@ fn every_setting_is_read_from_the_variable_the_table_names() {
         }
     }
 }
+
+/// A proof round costs four consistent reads and short watches: below half a second between
+/// rounds a burst starts one round per due claim and overloads the API server, so the interval
+/// has a floor, named with the key.
+#[test]
+fn proof_rounds_are_at_least_half_a_second_apart() {
+    for short in ["0s", "100ms", "499ms"] {
+        rejected(
+            file(&format!("[deletion]\nproof_round_interval = \"{short}\"\n")),
+            "config.toml:2: deletion.proof_round_interval: ",
+            "too short; expected at least 500ms",
+        );
+    }
+    let config = vars(&[("WORKSPACE_GC_DELETION_PROOF_ROUND_INTERVAL", "500ms")]).unwrap();
+    assert_eq!(
+        config.deletion.proof_round_interval,
+        std::time::Duration::from_millis(500)
+    );
+}

@@ -52,8 +52,18 @@ pub(super) fn positive_duration(raw: String) -> Result<Duration, String> {
 
 /// Zero allowed (a round for every re-check that finds none waiting); at most a minute, which
 /// would already hold each due claim that long.
+/// The least time between proof rounds: at least half a second, since every round costs four
+/// consistent reads and replay watches, and without a floor a burst starts one round per due
+/// claim (at 0 the benchmark's API server answered the reads 500 and 429, and 572 of 636 due
+/// claims were not reclaimed: docs/performance.md, "Lag against reads").
 pub(super) fn round_interval(raw: String) -> Result<Duration, String> {
     let d = duration(raw.clone())?;
+    if d < Duration::from_millis(500) {
+        return Err(format!(
+            "{raw:?} is too short; expected at least 500ms: each round costs four reads and \
+             short watches, and shorter rounds overload the API server in a burst"
+        ));
+    }
     if d > Duration::from_secs(60) {
         return Err(format!("{raw:?} is too long; expected at most 1m"));
     }
