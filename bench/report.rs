@@ -157,13 +157,17 @@ fn command_line(options: &Options) -> String {
             line.push_str(&arg);
         }
     }
-    // Other builds are named by label; their paths are this machine's.
+    // Other builds are named by label, with the settings they ran with; their paths are this
+    // machine's.
     for (flag, specs) in [
         ("--variant", &options.variants),
         ("--churn-compare", &options.churn_compare),
     ] {
         for spec in specs {
             line.push_str(&format!(" {flag} {},PATH", spec.label));
+            for (key, value) in &spec.env {
+                line.push_str(&format!(",{key}={value}"));
+            }
         }
     }
     line
