@@ -27,6 +27,7 @@ mod replicas;
 mod scrape;
 mod script;
 mod shapes;
+mod witness;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
@@ -80,6 +81,8 @@ pub use replicas::{
 };
 #[allow(unused_imports)]
 pub use scrape::{free_port, http_get, metric, metric_sum};
+#[allow(unused_imports)]
+pub use witness::{decided, decided_since, reconciles};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
