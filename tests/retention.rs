@@ -13,8 +13,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, Proxy, Rule, TestNamespace, claim_exists, daemon_role, finished_build,
-    load_config, metric, policy_rule, service_account, wait_until,
+    PipelineRunBuilder, Proxy, Rule, TestNamespace, claim_exists, daemon_role, decided,
+    finished_build, load_config, metric, policy_rule, service_account, wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::Config;
@@ -75,6 +75,15 @@ async fn a_failed_build_is_kept_for_ttl_after_failed() {
         })
         .await,
         "the succeeded build's workspace goes at once"
+    );
+    // The witness: the daemon decided both failed builds' claims within their TTL.
+    assert!(
+        wait_until(secs(10), || async {
+            decided(&daemon.metrics().await, ns.name(), "keep", "within-ttl") == 2.0
+        })
+        .await,
+        "the daemon decided the failed builds' claims: {}",
+        daemon.metrics().await
     );
     // Until its TTL has passed, every look finds the failed build's workspace.
     let kept_until = done + chrono::Duration::seconds(14);
@@ -503,7 +512,21 @@ async fn deletion_is_announced_once_per_deadline() {
         "never repeated: {events:#?}"
     );
     annotate_claim(&ns, annotations::KEEP, "true").await;
-    tokio::time::sleep(secs(10)).await;
+    // The witness: the daemon decided the claim again, protected by the annotation (a verdict
+    // that no time changes).
+    assert!(
+        wait_until(secs(10), || async {
+            decided(
+                &daemon.metrics().await,
+                ns.name(),
+                "protected",
+                "keep-annotation",
+            ) == 1.0
+        })
+        .await,
+        "the daemon decided the kept claim: {}",
+        daemon.metrics().await
+    );
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept as the notice says"
@@ -727,7 +750,8 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
         volume(&ns, &ours).await
     );
     assert!(!claim_exists(&ns, "freed-build-workspace").await);
-    // One more sweep (every 3 s) for anything else it might take.
+    // Real time: two more sweeps (every 3 s) for anything else it might take. No witness: a
+    // sweep that deletes nothing leaves no metric.
     tokio::time::sleep(secs(7)).await;
     for kept in [&theirs, &bound, &unknown] {
         // Not deleted at all: a bound volume's pv-protection finalizer would hide a DELETE.

@@ -77,7 +77,7 @@ pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use replicas::{
     binary_vars, capped, daemon_role, deleted, deleted_count, elected_role, elected_vars,
-    leads_within_the_cap, log_dir, overdue_under_a_cap, replica_through, set_var,
+    leads_within_the_cap, log_dir, overdue_under_a_cap, replica_through, set_var, warned,
 };
 #[allow(unused_imports)]
 pub use scrape::{free_port, http_get, metric, metric_sum};
