@@ -84,6 +84,17 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
         wait_until(secs(10), || has_event(&ns, "nb-build-workspace", "Deleted")).await,
         "a Deleted event explains it"
     );
+    // The witness: every claim the daemon read is dealt with, none left in its cache (the
+    // unlabelled one, had it been read, would be there).
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = daemon.metrics().await;
+            metric(&metrics, "workspace_gc_cached_objects", "kind=\"claims\"") == 0.0
+        })
+        .await,
+        "the daemon's cache holds no claim left: {}",
+        daemon.metrics().await
+    );
     assert!(
         claim_exists(&ns, "nb-user-data").await,
         "unlabelled claim untouched"
@@ -324,6 +335,20 @@ async fn keep_annotation_and_malformed_annotations_keep_the_claim() {
             .unwrap_or("")
             .contains(annotations::TTL)
     );
+    // The witness for the kept claim: the daemon decided it protected by its annotation.
+    assert!(
+        wait_until(secs(5), || async {
+            decided(
+                &daemon.metrics().await,
+                ns.name(),
+                "protected",
+                "keep-annotation",
+            ) == 1.0
+        })
+        .await,
+        "the daemon decided the kept claim: {}",
+        daemon.metrics().await
+    );
     assert!(claim_exists(&ns, "kept-build-workspace").await);
     assert!(claim_exists(&ns, "odd-build-workspace").await);
     daemon.stop().await;
@@ -342,6 +367,14 @@ async fn max_age_deletes_a_claim_whose_run_never_finishes() {
     let mut config = ns.config();
     config.policy.max_age = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "maxage").await;
+    assert!(
+        wait_until(secs(2), || async {
+            decided(&daemon.metrics().await, ns.name(), "keep", "owner-running") == 1.0
+        })
+        .await,
+        "the daemon decided the claim of the running build before max_age: {}",
+        daemon.metrics().await
+    );
     assert!(claim_exists(&ns, "stuck-build-workspace").await);
     assert!(
         wait_until(secs(6), || gone(&ns, "stuck-build-workspace")).await,

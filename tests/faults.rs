@@ -204,6 +204,17 @@ async fn apiserver_restart_mid_run() {
     );
     assert!(deleted_at(&ns, "after-build-workspace").await >= after_due);
 
+    // The witness: after the outage, the daemon decided both claims protected.
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = daemon.metrics().await;
+            decided(&metrics, ns.name(), "protected", "keep-annotation") == 1.0
+                && decided(&metrics, ns.name(), "protected", "in-use") == 1.0
+        })
+        .await,
+        "the daemon decided the protected claims: {}",
+        daemon.metrics().await
+    );
     for name in ["kept-build-workspace", "busy-build-workspace"] {
         assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
     }
@@ -319,6 +330,20 @@ async fn etcd_compaction_forces_410_gone_and_a_relist() {
         daemon.logs()
     );
     assert!(deleted_at(&ns, "before-build-workspace").await >= before_due);
+    // The witness: the daemon's verdict on the kept claim, the latest it made, is protected.
+    assert!(
+        wait_until(secs(10), || async {
+            decided(
+                &daemon.metrics().await,
+                ns.name(),
+                "protected",
+                "keep-annotation",
+            ) == 1.0
+        })
+        .await,
+        "the daemon decided the kept claim: {}",
+        daemon.metrics().await
+    );
     assert_eq!(fate(&ns, "kept-build-workspace").await, Fate::Live);
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");

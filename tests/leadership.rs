@@ -18,7 +18,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::PostParams;
 use support::{
     AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, Fault, PodBuilder,
-    Process, Proxy, Rule, TestNamespace, capped, deleted, deleted_count, deleted_events,
+    Process, Proxy, Rule, TestNamespace, capped, decided, deleted, deleted_count, deleted_events,
     elected_role, elected_vars, events, expiring, fate, forward_held_delete, in_secs,
     invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap, read_audit,
     reconciles, replica_through, revoked, service_account, wait_until, warned,
@@ -135,6 +135,17 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
             "{name}, due {due}, deleted by the leader"
         );
     }
+    // The witness: the new leader decided both claims protected.
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = b.metrics().await;
+            decided(&metrics, ns.name(), "protected", "keep-annotation") == 1.0
+                && decided(&metrics, ns.name(), "protected", "in-use") == 1.0
+        })
+        .await,
+        "replica-b decided the protected claims: {}",
+        b.metrics().await
+    );
     for name in ["kept-build-workspace", "busy-build-workspace"] {
         assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
         assert!(deleted_events(&ns, name).await.is_empty());

@@ -299,6 +299,20 @@ async fn namespace_annotations_choose_when_claims_are_due() {
         .await,
         "removing the annotation makes the claim due"
     );
+    // The witness: the daemon decided the claim where collection is off.
+    assert!(
+        wait_until(secs(10), || async {
+            decided(
+                &daemon.metrics().await,
+                off.name(),
+                "keep",
+                "collection-off",
+            ) == 1.0
+        })
+        .await,
+        "the daemon decided the claim where collection is off: {}",
+        daemon.metrics().await
+    );
     assert!(claim_exists(&off, "nb-build-workspace").await);
     daemon.stop().await;
 }
