@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, TestNamespace,
-    claim_exists, decided, decided_since, free_port, http_get, metric, policy_rule, wait_until,
+    assert_decided, claim_exists, free_port, http_get, metric, policy_rule, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 use workspace_gc::cluster::leader::Fence;
@@ -143,12 +143,9 @@ async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
     config.policy.ttl_after_finished = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "running").await;
 
-    let running = ("keep", "owner-running", 1.0);
-    assert!(
-        decided_since(|| daemon.metrics(), 0.0, ns.name(), running).await,
-        "the daemon decided the claim of the running build: {}",
-        daemon.metrics().await
-    );
+    // The witness: the daemon decided the claim of the running build.
+    let verdict = ("keep", "owner-running", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept while running"
@@ -173,14 +170,8 @@ async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
         .expect("finish the run");
 
     // A new verdict: the daemon saw the build finish.
-    assert!(
-        wait_until(secs(2), || async {
-            decided(&daemon.metrics().await, ns.name(), "keep", "within-ttl") == 1.0
-        })
-        .await,
-        "the daemon decided the finished build's claim within its TTL: {}",
-        daemon.metrics().await
-    );
+    let verdict = ("keep", "within-ttl", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept within the TTL"
@@ -206,19 +197,9 @@ async fn orphan_is_deleted_after_its_grace_and_a_young_one_is_kept() {
     let mut config = ns.config();
     config.policy.orphan_grace = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "orphan").await;
-    assert!(
-        wait_until(secs(2), || async {
-            decided(
-                &daemon.metrics().await,
-                ns.name(),
-                "keep",
-                "within-orphan-grace",
-            ) == 1.0
-        })
-        .await,
-        "the daemon decided the young orphan: {}",
-        daemon.metrics().await
-    );
+    // The witness: the daemon decided the orphan, young (the grace is 3 s).
+    let verdict = ("keep", "within-orphan-grace", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "leftover-build-workspace").await,
         "young orphan kept"
@@ -238,12 +219,9 @@ async fn young_orphan_is_kept() {
         .create(&ns)
         .await;
     let daemon = Daemon::start(ns.client().clone(), ns.config(), "young").await;
-    let young = ("keep", "within-orphan-grace", 1.0);
-    assert!(
-        decided_since(|| daemon.metrics(), 0.0, ns.name(), young).await,
-        "the daemon decided the young orphan: {}",
-        daemon.metrics().await
-    );
+    // The witness: the daemon decided the orphan, young.
+    let verdict = ("keep", "within-orphan-grace", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(claim_exists(&ns, "fresh-build-workspace").await);
     daemon.stop().await;
 }
@@ -266,12 +244,9 @@ async fn in_use_claim_is_kept_however_old_until_its_pod_finishes() {
     // first decided, as a protected verdict is not decided again as time passes.
     tokio::time::sleep(secs(2)).await;
     let daemon = Daemon::start(ns.client().clone(), config, "inuse").await;
-    let in_use = ("protected", "in-use", 1.0);
-    assert!(
-        decided_since(|| daemon.metrics(), 0.0, ns.name(), in_use).await,
-        "the daemon decided the claim in use: {}",
-        daemon.metrics().await
-    );
+    // The witness: the daemon decided the claim in use, past max_age.
+    let verdict = ("protected", "in-use", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "busy-build-workspace").await,
         "in use: kept"
@@ -336,19 +311,8 @@ async fn keep_annotation_and_malformed_annotations_keep_the_claim() {
             .contains(annotations::TTL)
     );
     // The witness for the kept claim: the daemon decided it protected by its annotation.
-    assert!(
-        wait_until(secs(5), || async {
-            decided(
-                &daemon.metrics().await,
-                ns.name(),
-                "protected",
-                "keep-annotation",
-            ) == 1.0
-        })
-        .await,
-        "the daemon decided the kept claim: {}",
-        daemon.metrics().await
-    );
+    let verdict = ("protected", "keep-annotation", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(claim_exists(&ns, "kept-build-workspace").await);
     assert!(claim_exists(&ns, "odd-build-workspace").await);
     daemon.stop().await;
@@ -367,14 +331,9 @@ async fn max_age_deletes_a_claim_whose_run_never_finishes() {
     let mut config = ns.config();
     config.policy.max_age = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "maxage").await;
-    assert!(
-        wait_until(secs(2), || async {
-            decided(&daemon.metrics().await, ns.name(), "keep", "owner-running") == 1.0
-        })
-        .await,
-        "the daemon decided the claim of the running build before max_age: {}",
-        daemon.metrics().await
-    );
+    // The witness: the daemon decided the claim of the running build, before max_age.
+    let verdict = ("keep", "owner-running", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(claim_exists(&ns, "stuck-build-workspace").await);
     assert!(
         wait_until(secs(6), || gone(&ns, "stuck-build-workspace")).await,

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 use support::graph::rfc3339;
 use support::{
     ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fate, Fault, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
-    capped, daemon_role, decided, deleted, deleted_count, deleted_events, elected_vars, events,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, assert_decided, binary,
+    binary_vars, capped, daemon_role, deleted, deleted_count, deleted_events, elected_vars, events,
     expiring, fate, finished_build, forward_held_delete, in_secs, log_dir, metric, metric_sum,
     notebook_validation_job_resource, overdue_under_a_cap, pipeline_run_resource, replica_through,
     revoked, set_var, wait_until,
@@ -205,16 +205,12 @@ async fn apiserver_restart_mid_run() {
     assert!(deleted_at(&ns, "after-build-workspace").await >= after_due);
 
     // The witness: after the outage, the daemon decided both claims protected.
-    assert!(
-        wait_until(secs(10), || async {
-            let metrics = daemon.metrics().await;
-            decided(&metrics, ns.name(), "protected", "keep-annotation") == 1.0
-                && decided(&metrics, ns.name(), "protected", "in-use") == 1.0
-        })
-        .await,
-        "the daemon decided the protected claims: {}",
-        daemon.metrics().await
-    );
+    for verdict in [
+        ("protected", "keep-annotation", 1.0),
+        ("protected", "in-use", 1.0),
+    ] {
+        assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
+    }
     for name in ["kept-build-workspace", "busy-build-workspace"] {
         assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
     }
@@ -331,19 +327,8 @@ async fn etcd_compaction_forces_410_gone_and_a_relist() {
     );
     assert!(deleted_at(&ns, "before-build-workspace").await >= before_due);
     // The witness: the daemon's verdict on the kept claim, the latest it made, is protected.
-    assert!(
-        wait_until(secs(10), || async {
-            decided(
-                &daemon.metrics().await,
-                ns.name(),
-                "protected",
-                "keep-annotation",
-            ) == 1.0
-        })
-        .await,
-        "the daemon decided the kept claim: {}",
-        daemon.metrics().await
-    );
+    let verdict = ("protected", "keep-annotation", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert_eq!(fate(&ns, "kept-build-workspace").await, Fate::Live);
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
@@ -492,15 +477,8 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
         .await;
     // The witness that the deadline has passed in the daemon's view: it decided the claim due,
     // from a cache that still has no pod.
-    let wait = (due - Utc::now()).to_std().unwrap_or_default() + secs(10);
-    assert!(
-        wait_until(wait, || async {
-            decided(&daemon.metrics().await, ns.name(), "delete", "expired") == 1.0
-        })
-        .await,
-        "the daemon decided the claim due from its cache:\n{}",
-        daemon.metrics().await
-    );
+    let verdict = ("delete", "expired", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(

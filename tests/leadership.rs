@@ -18,10 +18,10 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::PostParams;
 use support::{
     AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, Fault, PodBuilder,
-    Process, Proxy, Rule, TestNamespace, capped, decided, deleted, deleted_count, deleted_events,
-    elected_role, elected_vars, events, expiring, fate, forward_held_delete, in_secs,
-    invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap, read_audit,
-    reconciles, replica_through, revoked, service_account, wait_until, warned,
+    Process, Proxy, Rule, TestNamespace, assert_decided, capped, deleted, deleted_count,
+    deleted_events, elected_role, elected_vars, events, expiring, fate, forward_held_delete,
+    in_secs, invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap,
+    read_audit, reconciles, replica_through, revoked, service_account, wait_until, warned,
 };
 use workspace_gc::contract::annotations;
 use workspace_gc::daemon::controller::LIVE_BOUND;
@@ -136,16 +136,12 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
         );
     }
     // The witness: the new leader decided both claims protected.
-    assert!(
-        wait_until(secs(10), || async {
-            let metrics = b.metrics().await;
-            decided(&metrics, ns.name(), "protected", "keep-annotation") == 1.0
-                && decided(&metrics, ns.name(), "protected", "in-use") == 1.0
-        })
-        .await,
-        "replica-b decided the protected claims: {}",
-        b.metrics().await
-    );
+    for verdict in [
+        ("protected", "keep-annotation", 1.0),
+        ("protected", "in-use", 1.0),
+    ] {
+        assert_decided(|| b.metrics(), 0.0, ns.name(), verdict).await;
+    }
     for name in ["kept-build-workspace", "busy-build-workspace"] {
         assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
         assert!(deleted_events(&ns, name).await.is_empty());

@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, Proxy, Rule, TestNamespace, claim_exists, daemon_role, decided,
+    PipelineRunBuilder, Proxy, Rule, TestNamespace, assert_decided, claim_exists, daemon_role,
     finished_build, load_config, metric, policy_rule, service_account, wait_until,
 };
 use workspace_gc::cluster::watches;
@@ -77,14 +77,8 @@ async fn a_failed_build_is_kept_for_ttl_after_failed() {
         "the succeeded build's workspace goes at once"
     );
     // The witness: the daemon decided both failed builds' claims within their TTL.
-    assert!(
-        wait_until(secs(10), || async {
-            decided(&daemon.metrics().await, ns.name(), "keep", "within-ttl") == 2.0
-        })
-        .await,
-        "the daemon decided the failed builds' claims: {}",
-        daemon.metrics().await
-    );
+    let verdict = ("keep", "within-ttl", 2.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     // Until its TTL has passed, every look finds the failed build's workspace.
     let kept_until = done + chrono::Duration::seconds(14);
     while Utc::now() < kept_until {
@@ -300,19 +294,8 @@ async fn namespace_annotations_choose_when_claims_are_due() {
         "removing the annotation makes the claim due"
     );
     // The witness: the daemon decided the claim where collection is off.
-    assert!(
-        wait_until(secs(10), || async {
-            decided(
-                &daemon.metrics().await,
-                off.name(),
-                "keep",
-                "collection-off",
-            ) == 1.0
-        })
-        .await,
-        "the daemon decided the claim where collection is off: {}",
-        daemon.metrics().await
-    );
+    let verdict = ("keep", "collection-off", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, off.name(), verdict).await;
     assert!(claim_exists(&off, "nb-build-workspace").await);
     daemon.stop().await;
 }
@@ -528,19 +511,8 @@ async fn deletion_is_announced_once_per_deadline() {
     annotate_claim(&ns, annotations::KEEP, "true").await;
     // The witness: the daemon decided the claim again, protected by the annotation (a verdict
     // that no time changes).
-    assert!(
-        wait_until(secs(10), || async {
-            decided(
-                &daemon.metrics().await,
-                ns.name(),
-                "protected",
-                "keep-annotation",
-            ) == 1.0
-        })
-        .await,
-        "the daemon decided the kept claim: {}",
-        daemon.metrics().await
-    );
+    let verdict = ("protected", "keep-annotation", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept as the notice says"

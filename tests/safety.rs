@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, Proxy,
-    TestNamespace, claim_exists, decided_since, metric, metric_sum, reconciles, task_run_resource,
+    TestNamespace, assert_decided, claim_exists, metric, metric_sum, reconciles, task_run_resource,
     wait_until,
 };
 use workspace_gc::cluster::watches;
@@ -76,11 +76,7 @@ async fn survives(
     since: f64,
     verdict: (&str, &str, f64),
 ) {
-    assert!(
-        decided_since(|| daemon.metrics(), since, ns.name(), verdict).await,
-        "the daemon decided {claim} {verdict:?} after reconcile {since}: {}",
-        daemon.metrics().await
-    );
+    assert_decided(|| daemon.metrics(), since, ns.name(), verdict).await;
     assert!(
         claim_exists(ns, claim).await,
         "{claim} must be kept, yet it was deleted"

@@ -82,7 +82,7 @@ pub use replicas::{
 #[allow(unused_imports)]
 pub use scrape::{free_port, http_get, metric, metric_sum};
 #[allow(unused_imports)]
-pub use witness::{decided, decided_since, reconciles};
+pub use witness::{assert_decided, decided, decided_since, reconciles};
 
 use std::future::Future;
 use std::time::{Duration, Instant};

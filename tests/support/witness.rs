@@ -39,3 +39,16 @@ where
     })
     .await
 }
+
+/// Asserts [`decided_since`]; a failure shows the daemon's metrics.
+pub async fn assert_decided<F, Fut>(scrape: F, since: f64, ns: &str, verdict: (&str, &str, f64))
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = String>,
+{
+    assert!(
+        decided_since(&scrape, since, ns, verdict).await,
+        "no witness: {verdict:?} in {ns} after {since} reconciles:\n{}",
+        scrape().await
+    );
+}
