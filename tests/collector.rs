@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, TestNamespace,
-    claim_exists, free_port, http_get, metric, policy_rule, wait_until,
+    assert_decided, claim_exists, free_port, http_get, metric, policy_rule, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 use workspace_gc::cluster::leader::Fence;
@@ -84,6 +84,17 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
         wait_until(secs(10), || has_event(&ns, "nb-build-workspace", "Deleted")).await,
         "a Deleted event explains it"
     );
+    // The witness: every claim the daemon read is dealt with, none left in its cache (the
+    // unlabelled one, had it been read, would be there).
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = daemon.metrics().await;
+            metric(&metrics, "workspace_gc_cached_objects", "kind=\"claims\"") == 0.0
+        })
+        .await,
+        "the daemon's cache holds no claim left: {}",
+        daemon.metrics().await
+    );
     assert!(
         claim_exists(&ns, "nb-user-data").await,
         "unlabelled claim untouched"
@@ -132,7 +143,9 @@ async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
     config.policy.ttl_after_finished = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "running").await;
 
-    tokio::time::sleep(secs(2)).await;
+    // The witness: the daemon decided the claim of the running build.
+    let verdict = ("keep", "owner-running", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept while running"
@@ -156,7 +169,9 @@ async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
         .await
         .expect("finish the run");
 
-    tokio::time::sleep(secs(1)).await;
+    // A new verdict: the daemon saw the build finish.
+    let verdict = ("keep", "within-ttl", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept within the TTL"
@@ -182,6 +197,9 @@ async fn orphan_is_deleted_after_its_grace_and_a_young_one_is_kept() {
     let mut config = ns.config();
     config.policy.orphan_grace = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "orphan").await;
+    // The witness: the daemon decided the orphan, young (the grace is 3 s).
+    let verdict = ("keep", "within-orphan-grace", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "leftover-build-workspace").await,
         "young orphan kept"
@@ -201,18 +219,10 @@ async fn young_orphan_is_kept() {
         .create(&ns)
         .await;
     let daemon = Daemon::start(ns.client().clone(), ns.config(), "young").await;
-    tokio::time::sleep(secs(3)).await;
+    // The witness: the daemon decided the orphan, young.
+    let verdict = ("keep", "within-orphan-grace", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(claim_exists(&ns, "fresh-build-workspace").await);
-    let metrics = daemon.metrics().await;
-    assert_eq!(
-        metric(
-            &metrics,
-            "workspace_gc_claims",
-            "state=\"keep\",reason=\"within-orphan-grace\""
-        ),
-        1.0,
-        "{metrics}"
-    );
     daemon.stop().await;
 }
 
@@ -230,8 +240,13 @@ async fn in_use_claim_is_kept_however_old_until_its_pod_finishes() {
     let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
     config.policy.max_age = secs(1);
+    // Real time: the claim must be past max_age and the grace (whole-second timestamps) when
+    // first decided, as a protected verdict is not decided again as time passes.
+    tokio::time::sleep(secs(2)).await;
     let daemon = Daemon::start(ns.client().clone(), config, "inuse").await;
-    tokio::time::sleep(secs(3)).await;
+    // The witness: the daemon decided the claim in use, past max_age.
+    let verdict = ("protected", "in-use", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "busy-build-workspace").await,
         "in use: kept"
@@ -295,6 +310,9 @@ async fn keep_annotation_and_malformed_annotations_keep_the_claim() {
             .unwrap_or("")
             .contains(annotations::TTL)
     );
+    // The witness for the kept claim: the daemon decided it protected by its annotation.
+    let verdict = ("protected", "keep-annotation", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(claim_exists(&ns, "kept-build-workspace").await);
     assert!(claim_exists(&ns, "odd-build-workspace").await);
     daemon.stop().await;
@@ -313,6 +331,9 @@ async fn max_age_deletes_a_claim_whose_run_never_finishes() {
     let mut config = ns.config();
     config.policy.max_age = secs(3);
     let daemon = Daemon::start(ns.client().clone(), config, "maxage").await;
+    // The witness: the daemon decided the claim of the running build, before max_age.
+    let verdict = ("keep", "owner-running", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(claim_exists(&ns, "stuck-build-workspace").await);
     assert!(
         wait_until(secs(6), || gone(&ns, "stuck-build-workspace")).await,
@@ -454,7 +475,22 @@ async fn dry_run_deletes_nothing_and_reports_exactly_what_real_mode_deletes() {
         "dry-run reports the due claims: {:?}",
         would().await
     );
-    tokio::time::sleep(secs(1)).await;
+    // The witness: the due claims went through the delete path as far as dry-run goes, where a
+    // real delete would have been sent.
+    let would_delete = format!("claim_namespace=\"{}\"", ns.name());
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = daemon.metrics().await;
+            metric(
+                &metrics,
+                "workspace_gc_dry_run_would_delete_total",
+                &would_delete,
+            ) >= due.len() as f64
+        })
+        .await,
+        "counted as would-deletes: {}",
+        daemon.metrics().await
+    );
     assert_eq!(claim_names(&ns).await, before, "dry-run mutated nothing");
     daemon.stop().await;
 
@@ -486,14 +522,22 @@ async fn blast_radius_cap_stops_deletions_at_the_cap() {
         wait_until(secs(10), || async { claim_names(&ns).await.len() == 3 }).await,
         "two deleted"
     );
-    tokio::time::sleep(secs(2)).await;
+    // The witness: each of the three left was decided due and held back by the cap, and says so
+    // (once per claim and episode of the cap).
+    let held_back = || async {
+        let claims: BTreeSet<String> = (ns.events().await.into_iter())
+            .filter(|e| e.reason.as_deref() == Some("BlastRadiusCapReached"))
+            .filter_map(|e| e.regarding?.name)
+            .collect();
+        claims.len()
+    };
+    assert!(
+        wait_until(secs(10), || async { held_back().await == 3 }).await,
+        "three claims held back by the cap say so: {}",
+        held_back().await
+    );
     let left = claim_names(&ns).await;
     assert_eq!(left.len(), 3, "the cap holds: {left:?}");
-    let mut capped_event = false;
-    for name in &left {
-        capped_event |= has_event(&ns, name, "BlastRadiusCapReached").await;
-    }
-    assert!(capped_event, "a claim held back by the cap says so");
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(&metrics, "workspace_gc_blast_radius_capped", ""),

@@ -195,6 +195,21 @@ async fn claim_mounted_by_a_pod() {
         .delete("busy-build-workspace", &DeleteParams::default())
         .await
         .expect("delete claim");
+    // The witness that the delete was taken: the claim is Terminating, held by its finalizer.
+    let terminating = || async {
+        let claim = claims.get("busy-build-workspace").await.expect("get claim");
+        let finalizers = claim.metadata.finalizers.unwrap_or_default();
+        claim.metadata.deletion_timestamp.is_some()
+            && finalizers
+                .iter()
+                .any(|f| f == "kubernetes.io/pvc-protection")
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), terminating).await,
+        "the claim is Terminating under kubernetes.io/pvc-protection"
+    );
+    // Real time for the PVC-protection controller, whose decision to keep the finalizer leaves
+    // no witness this test can read.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(claim_exists(&ns, "busy-build-workspace").await);
     // Grace period 0: no kubelet would confirm a graceful deletion of a scheduled pod.

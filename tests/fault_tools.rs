@@ -388,7 +388,11 @@ async fn the_fault_proxy_breaks_what_its_rules_name_against_the_real_api_server(
         let maps = maps.clone();
         async move { maps.get("plain").await }
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The witness: the proxy holds the GET.
+    assert!(
+        wait_until(Duration::from_secs(10), || async { proxy.hits(stall) == 1 }).await,
+        "the GET reached the proxy"
+    );
     assert!(!stalled.is_finished(), "the stalled GET waits");
     proxy.remove(stall);
     tokio::time::timeout(Duration::from_secs(20), stalled)

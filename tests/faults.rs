@@ -26,9 +26,9 @@ use serde_json::{Value, json};
 use support::graph::rfc3339;
 use support::{
     ClaimBuilder, ControlPlane, ControlPlaneOptions, Daemon, Fate, Fault, JobBuilder,
-    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, binary, binary_vars,
-    capped, daemon_role, deleted, deleted_count, deleted_events, elected_vars, events, expiring,
-    fate, finished_build, forward_held_delete, in_secs, log_dir, metric, metric_sum,
+    PipelineRunBuilder, PodBuilder, Process, Proxy, Rule, TestNamespace, assert_decided, binary,
+    binary_vars, capped, daemon_role, deleted, deleted_count, deleted_events, elected_vars, events,
+    expiring, fate, finished_build, forward_held_delete, in_secs, log_dir, metric, metric_sum,
     notebook_validation_job_resource, overdue_under_a_cap, pipeline_run_resource, replica_through,
     revoked, set_var, wait_until,
 };
@@ -205,6 +205,13 @@ async fn apiserver_restart_mid_run() {
     );
     assert!(deleted_at(&ns, "after-build-workspace").await >= after_due);
 
+    // The witness: after the outage, the daemon decided both claims protected.
+    for verdict in [
+        ("protected", "keep-annotation", 1.0),
+        ("protected", "in-use", 1.0),
+    ] {
+        assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
+    }
     for name in ["kept-build-workspace", "busy-build-workspace"] {
         assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
     }
@@ -320,6 +327,9 @@ async fn etcd_compaction_forces_410_gone_and_a_relist() {
         daemon.logs()
     );
     assert!(deleted_at(&ns, "before-build-workspace").await >= before_due);
+    // The witness: the daemon's verdict on the kept claim, the latest it made, is protected.
+    let verdict = ("protected", "keep-annotation", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert_eq!(fate(&ns, "kept-build-workspace").await, Fate::Live);
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
@@ -466,9 +476,10 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
         .phase("Running")
         .create(&ns)
         .await;
-    // Past the deadline and the first live re-check: the cache still has no pod.
-    let wait = (due - Utc::now()).to_std().unwrap_or_default() + secs(4);
-    tokio::time::sleep(wait).await;
+    // The witness that the deadline has passed in the daemon's view: it decided the claim due,
+    // from a cache that still has no pod.
+    let verdict = ("delete", "expired", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(
@@ -478,11 +489,6 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
         ),
         0.0,
         "the stalled pod watch has not delivered the pod"
-    );
-    assert_eq!(
-        fate(&ns, "stale-build-workspace").await,
-        Fate::Live,
-        "the claim in use survived its deadline"
     );
     // A round that cannot be proven ends at its bound (3 s), and the re-check then lists: on
     // a loaded machine that may come after the deadline's wait, so wait for it, still stalled.
@@ -504,7 +510,25 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
         0.0,
         "a stalled watch is never proven fresh\n{metrics}"
     );
-    assert_eq!(fate(&ns, "stale-build-workspace").await, Fate::Live);
+    // The witness: the live re-check found the pod and called the delete off.
+    assert!(
+        wait_until(secs(15), || async {
+            let labels = "category=\"live-disagrees\"";
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_reconcile_retries_total",
+                labels,
+            ) >= 1.0
+        })
+        .await,
+        "the live re-check disagreed with the cache:\n{}",
+        daemon.metrics().await
+    );
+    assert_eq!(
+        fate(&ns, "stale-build-workspace").await,
+        Fate::Live,
+        "the claim in use survived its deadline"
+    );
 
     proxy.unstall();
     assert!(
@@ -1148,7 +1172,8 @@ async fn a_throttled_delete_is_never_sent_again_for_the_same_decision() {
         "the daemon sees the new user:\n{}",
         daemon.logs()
     );
-    // Past the Retry-After and kube's backoff, when the old client had sent it again.
+    // Real time, past the Retry-After and kube's backoff, when the old client had sent it
+    // again; the witness that the daemon decided again is the in-use verdict above.
     tokio::time::sleep(secs(6)).await;
     assert_eq!(fate(&ns, "busy-build-workspace").await, Fate::Live);
     assert_eq!(proxy.hits(passed), 0, "no DELETE was sent again");

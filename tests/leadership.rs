@@ -19,10 +19,10 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::PostParams;
 use support::{
     AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, Fault, PodBuilder,
-    Process, Proxy, Rule, TestNamespace, capped, deleted, deleted_count, deleted_events,
-    elected_role, elected_vars, events, expiring, fate, forward_held_delete, in_secs,
-    invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap, read_audit,
-    replica_through, revoked, service_account, wait_until,
+    Process, Proxy, Rule, TestNamespace, assert_decided, capped, deleted, deleted_count,
+    deleted_events, elected_role, elected_vars, events, expiring, fate, forward_held_delete,
+    in_secs, invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap,
+    read_audit, reconciles, replica_through, revoked, service_account, wait_until, warned,
 };
 use workspace_gc::contract::annotations;
 use workspace_gc::daemon::controller::LIVE_BOUND;
@@ -91,6 +91,7 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
         );
     }
 
+    // Real time: the kill lands at `kill_at`, between the wave's deadlines.
     let wait = (kill_at - Utc::now()).to_std().expect("the kill is ahead");
     tokio::time::sleep(wait).await;
     let killed = Instant::now();
@@ -135,6 +136,13 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
             "{name}, due {due}, deleted by the leader"
         );
     }
+    // The witness: the new leader decided both claims protected.
+    for verdict in [
+        ("protected", "keep-annotation", 1.0),
+        ("protected", "in-use", 1.0),
+    ] {
+        assert_decided(|| b.metrics(), 0.0, ns.name(), verdict).await;
+    }
     for name in ["kept-build-workspace", "busy-build-workspace"] {
         assert_eq!(fate(&ns, name).await, Fate::Live, "{name} is protected");
         assert!(deleted_events(&ns, name).await.is_empty());
@@ -173,8 +181,13 @@ async fn the_cap_holds_across_restarts_and_hand_overs() {
     );
 
     // Each of the 4 claims held back is told about once per episode of the cap, however often
-    // it is retried (once a warning and an event rewrite at every bucket's expiry).
-    tokio::time::sleep(secs(3)).await;
+    // it is retried (once a warning and an event rewrite at every bucket's expiry). The
+    // witness: each of the 4 was decided due and held back, and said so.
+    assert!(
+        wait_until(secs(15), || async { warned(&a.logs(), &ns, &names) == 4 }).await,
+        "each claim held back is warned about:\n{}",
+        a.logs()
+    );
     let warnings = a.logs().matches("blast-radius cap reached").count();
     assert!(warnings <= 4, "{warnings} cap warnings:\n{}", a.logs());
 
@@ -238,6 +251,15 @@ async fn only_the_leader_writes_events() {
         .await,
         "the leader explains the kept claim"
     );
+    // The witness that the standby's decision is carried out, whatever it did: its reconcile
+    // count moves once what a decision does is done.
+    assert!(
+        wait_until(secs(10), || async { reconciles(&b.metrics().await) >= 1.0 }).await,
+        "the standby finished its reconcile: {}",
+        b.metrics().await
+    );
+    // Real time: several of the standby's Lease reads (every half second), for the count of
+    // its "standing by" lines below.
     tokio::time::sleep(secs(2)).await;
     let by: Vec<Option<String>> = events(&ns, "odd-build-workspace", "InvalidAnnotation")
         .await
@@ -323,6 +345,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         );
     }
 
+    // Real time: the cut lands at `cut_at`, amid the deadlines.
     tokio::time::sleep((cut_at - Utc::now()).to_std().unwrap_or_default()).await;
     proxy.cut();
     let cut = Instant::now();
@@ -332,6 +355,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         b.logs()
     );
     eprintln!("fencing: replica-b leads {:?} after the cut", cut.elapsed());
+    // Real time: a second with two replicas that each may think they lead, one cut off.
     tokio::time::sleep(secs(1)).await;
     proxy.heal();
     let last = names.last().expect("claims");
@@ -340,8 +364,11 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
         "the new leader deletes the last claim:\n{}",
         b.logs()
     );
-    tokio::time::sleep(secs(3)).await;
-    assert!(!a.leading().await, "the old leader stood down");
+    assert!(
+        wait_until(secs(10), || async { !a.leading().await }).await,
+        "the old leader stood down:\n{}",
+        a.logs()
+    );
     // The standby first, so that no release hands the lease back to it.
     for replica in [a, b] {
         let status = replica.terminate().await;

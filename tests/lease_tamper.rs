@@ -217,7 +217,8 @@ async fn a_lease_deleted_while_leading_keeps_the_cap() {
 
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-    // A few rounds of the standby reading the Lease (every half second).
+    // Real time: a few rounds of the standby reading the Lease (every half second), so that it
+    // knows the ledger. No witness: nothing the standby exposes says it read one.
     tokio::time::sleep(secs(2)).await;
     a.kill().await;
     delete_the_lease(&ns, "replica-b", &b).await;

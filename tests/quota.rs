@@ -24,7 +24,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, PipelineRunBuilder, Process, TestNamespace, claim_exists,
-    metric, wait_until,
+    decided, metric, reconciles, wait_until,
 };
 use workspace_gc::contract::annotations;
 
@@ -106,8 +106,24 @@ fn same_amount(a: &str, b: &str) -> bool {
     workspace_gc::config::quantity::amount(a) == workspace_gc::config::quantity::amount(b)
 }
 
-/// Waits until exactly `deleted` are gone, then checks for a few seconds that `kept` stay.
-async fn exactly_deleted(ns: &TestNamespace, deleted: &[&str], kept: &[&str]) {
+/// The daemon's `workspace_gc_quota_used_ratio` of quota `quota` in `ns`.
+fn ratio(metrics: &str, ns: &TestNamespace, quota: &str) -> f64 {
+    let labels = format!("claim_namespace=\"{}\",quota=\"{quota}\"", ns.name());
+    metric(metrics, "workspace_gc_quota_used_ratio", &labels)
+}
+
+/// Whether the daemon's ratio of quota `quota` is `expected`: it has seen the quota's recount.
+async fn sees_ratio(daemon: &Daemon, ns: &TestNamespace, quota: &str, expected: f64) -> bool {
+    (ratio(&daemon.metrics().await, ns, quota) - expected).abs() < 1e-9
+}
+
+/// Waits until exactly `deleted` are gone and `witness` holds (the daemon has seen what the
+/// deletes did to the quota: its own view of the pressure now), then checks that `kept` stay.
+async fn exactly_deleted<F, Fut>(ns: &TestNamespace, deleted: &[&str], kept: &[&str], witness: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let all_gone = || async {
         for job in deleted {
             if claim_exists(ns, &format!("{job}-build-workspace")).await {
@@ -120,7 +136,10 @@ async fn exactly_deleted(ns: &TestNamespace, deleted: &[&str], kept: &[&str]) {
         wait_until(Duration::from_secs(30), all_gone).await,
         "{deleted:?} are deleted under pressure"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        wait_until(Duration::from_secs(30), witness).await,
+        "the daemon saw the quota recounted after the deletes"
+    );
     for job in kept {
         assert!(
             claim_exists(ns, &format!("{job}-build-workspace")).await,
@@ -160,10 +179,13 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
     let mut config = ns.config();
     config.deletion.deletes_per_second = 0.25;
     let daemon = Daemon::start(ns.client().clone(), config, "quota-storage").await;
+    // 4 of 6 left: below low water in the daemon's own view, so it takes no more.
+    let recounted = || sees_ratio(&daemon, &ns, "storage", 4.0 / 6.0);
     exactly_deleted(
         &ns,
         &["older", "old"],
         &["newer", "recent", "busy", "debug"],
+        recounted,
     )
     .await;
 
@@ -176,19 +198,6 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
         metric(&metrics, "workspace_gc_deletions_total", &deleted),
         2.0,
         "{metrics}"
-    );
-    let ratio = format!(
-        "claim_namespace=\"{}\",quota=\"storage\",resource=\"requests.storage\"",
-        ns.name()
-    );
-    let recounted = || async {
-        let metrics = daemon.metrics().await;
-        (metric(&metrics, "workspace_gc_quota_used_ratio", &ratio) - 4.0 / 6.0).abs() < 1e-9
-    };
-    assert!(
-        wait_until(Duration::from_secs(30), recounted).await,
-        "the ratio follows the recount: {}",
-        daemon.metrics().await
     );
     assert!(events(&ns, "QuotaPressure").await.is_empty(), "relieved");
     daemon.stop().await;
@@ -217,10 +226,13 @@ async fn a_class_scoped_quota_takes_only_claims_of_its_class() {
     .await;
 
     let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-class").await;
+    // 2 of 3 fast claims left: below low water in the daemon's own view.
+    let recounted = || sees_ratio(&daemon, &ns, "fast", 2.0 / 3.0);
     exactly_deleted(
         &ns,
         &["fast-b"],
         &["fast-a", "fast-c", "plain-a", "plain-b"],
+        recounted,
     )
     .await;
     daemon.stop().await;
@@ -241,13 +253,13 @@ async fn a_full_claim_count_with_nothing_more_to_take_warns_once() {
     let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-count").await;
     let kept: Vec<String> = (0..9).map(|i| format!("debug-{i}")).collect();
     let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
-    exactly_deleted(&ns, &["done"], &kept).await;
+    // 9 of 10 left: still at high water, and the daemon, finding nothing more to take, warns.
+    let warned = || async {
+        sees_ratio(&daemon, &ns, "claims", 0.9).await
+            && !events(&ns, "QuotaPressure").await.is_empty()
+    };
+    exactly_deleted(&ns, &["done"], &kept, warned).await;
 
-    let warned = || async { !events(&ns, "QuotaPressure").await.is_empty() };
-    assert!(
-        wait_until(Duration::from_secs(10), warned).await,
-        "a QuotaPressure warning"
-    );
     let warnings = events(&ns, "QuotaPressure").await;
     assert_eq!(warnings.len(), 1, "once per round: {warnings:?}");
     let warning = &warnings[0];
@@ -274,9 +286,13 @@ async fn delete_requested(ns: &TestNamespace, job: &str) -> bool {
     claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some())
 }
 
-/// Waits until exactly `deleted` have been deleted, then checks for `settle` that no other of
-/// `all` is.
-async fn exactly_requested(ns: &TestNamespace, deleted: &[&str], all: &[&str], settle: Duration) {
+/// Waits until exactly `deleted` have been deleted and `witness` holds (the daemon has decided
+/// again after the moment in question), then checks that no other of `all` is.
+async fn exactly_requested<F, Fut>(ns: &TestNamespace, deleted: &[&str], all: &[&str], witness: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let requested = || async {
         for job in deleted {
             if !delete_requested(ns, job).await {
@@ -289,7 +305,10 @@ async fn exactly_requested(ns: &TestNamespace, deleted: &[&str], all: &[&str], s
         wait_until(Duration::from_secs(30), requested).await,
         "{deleted:?} are deleted under pressure"
     );
-    tokio::time::sleep(settle).await;
+    assert!(
+        wait_until(Duration::from_secs(30), witness).await,
+        "the daemon decided again"
+    );
     for job in all.iter().filter(|job| !deleted.contains(job)) {
         assert!(
             !delete_requested(ns, job).await,
@@ -350,14 +369,30 @@ async fn two_quotas_recounted_one_at_a_time_lose_only_what_low_water_needs() {
     cp.stop_component("kube-controller-manager", false).await;
 
     let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-two").await;
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(3)).await;
+    // The daemon decided its two deleted claims again once they were Terminating.
+    let terminating = || async {
+        decided(
+            &daemon.metrics().await,
+            ns.name(),
+            "keep",
+            "already-terminating",
+        ) == 2.0
+    };
+    exactly_requested(&ns, &["older", "old"], &all, terminating).await;
     release(&ns, &["older", "old"]).await;
     let gone = || async { !claim_exists(&ns, "old-build-workspace").await };
     assert!(wait_until(Duration::from_secs(10), gone).await);
     recount(&ns, "storage", &[("requests.storage", "4Gi")]).await;
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(5)).await;
+    // The daemon saw one quota recounted, the other not yet.
+    let one_recounted = || async {
+        let metrics = daemon.metrics().await;
+        (ratio(&metrics, &ns, "storage") - 4.0 / 6.0).abs() < 1e-9
+            && ratio(&metrics, &ns, "count") == 1.0
+    };
+    exactly_requested(&ns, &["older", "old"], &all, one_recounted).await;
     recount(&ns, "count", &[("persistentvolumeclaims", "4")]).await;
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(3)).await;
+    let both_recounted = || sees_ratio(&daemon, &ns, "count", 4.0 / 6.0);
+    exactly_requested(&ns, &["older", "old"], &all, both_recounted).await;
     daemon.stop().await;
 }
 
@@ -372,7 +407,22 @@ fn elected(ns: &TestNamespace) -> Vec<(&'static str, String)> {
         ("WORKSPACE_GC_LEADER_ELECTION_LEASE_DURATION", "4s".into()),
         ("WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "100".into()),
         ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1h".into()),
+        // Each decision's debug line names its claim: the witness that a leader decided again.
+        (
+            "WORKSPACE_GC_LOGGING_LEVEL",
+            "info,workspace_gc=debug".into(),
+        ),
     ]
+}
+
+/// Whether `replica`, since it last won the lease, has logged a decision on every claim of
+/// `jobs`: the leader decided each again (winning the lease re-evaluates every claim).
+fn decided_since_winning(replica: &Process, ns: &TestNamespace, jobs: &[&str]) -> bool {
+    let logs = replica.logs();
+    let Some((_, since)) = logs.rsplit_once("won the lease") else {
+        return false;
+    };
+    (jobs.iter()).all(|job| since.contains(&format!("{}/{job}-build-workspace", ns.name())))
 }
 
 async fn leads(replica: &Process) -> bool {
@@ -395,13 +445,17 @@ async fn a_restart_or_hand_over_before_the_recount_deletes_nothing_more() {
 
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &log("a.log"));
     assert!(leads(&a).await, "{}", a.logs());
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(2)).await;
+    // The leader decided its two deleted claims again once they were Terminating.
+    let terminating =
+        || async { decided(&a.metrics().await, ns.name(), "keep", "already-terminating") == 2.0 };
+    exactly_requested(&ns, &["older", "old"], &all, terminating).await;
 
     // A crash and a restart of the same pod, before any recount.
     a.kill().await;
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &log("a2.log"));
     assert!(leads(&a).await, "{}", a.logs());
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(5)).await;
+    let decided_all = || async { decided_since_winning(&a, &ns, &all) };
+    exactly_requested(&ns, &["older", "old"], &all, decided_all).await;
 
     // A hand-over to another replica, still before any recount.
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &log("b.log"));
@@ -413,9 +467,11 @@ async fn a_restart_or_hand_over_before_the_recount_deletes_nothing_more() {
     let status = a.terminate().await;
     assert!(status.success(), "{status}");
     assert!(leads(&b).await, "{}", b.logs());
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(5)).await;
+    let decided_all = || async { decided_since_winning(&b, &ns, &all) };
+    exactly_requested(&ns, &["older", "old"], &all, decided_all).await;
 
     // The claims leave and the quota controller comes back and recounts both quotas.
+    let since = reconciles(&b.metrics().await);
     cp.start_component("kube-controller-manager").await;
     let recounted = || async {
         let quota = ns.api::<ResourceQuota>().get("count").await.expect("read");
@@ -423,7 +479,12 @@ async fn a_restart_or_hand_over_before_the_recount_deletes_nothing_more() {
         used.get("persistentvolumeclaims").map(|q| q.0.as_str()) == Some("4")
     };
     assert!(wait_until(Duration::from_secs(30), recounted).await);
-    exactly_requested(&ns, &["older", "old"], &all, Duration::from_secs(3)).await;
+    // The leader saw the recount, and reconciled since (at least the claims that left).
+    let seen = || async {
+        let metrics = b.metrics().await;
+        (ratio(&metrics, &ns, "count") - 4.0 / 6.0).abs() < 1e-9 && reconciles(&metrics) > since
+    };
+    exactly_requested(&ns, &["older", "old"], &all, seen).await;
     let status = b.terminate().await;
     assert!(status.success(), "{status}");
 }

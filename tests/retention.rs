@@ -13,8 +13,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, Proxy, Rule, TestNamespace, claim_exists, daemon_role, finished_build,
-    load_config, metric, policy_rule, service_account, wait_until,
+    PipelineRunBuilder, Proxy, Rule, TestNamespace, assert_decided, claim_exists, daemon_role,
+    finished_build, load_config, metric, policy_rule, service_account, wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::Config;
@@ -76,6 +76,9 @@ async fn a_failed_build_is_kept_for_ttl_after_failed() {
         .await,
         "the succeeded build's workspace goes at once"
     );
+    // The witness: the daemon decided both failed builds' claims within their TTL.
+    let verdict = ("keep", "within-ttl", 2.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     // Until its TTL has passed, every look finds the failed build's workspace.
     let kept_until = done + chrono::Duration::seconds(14);
     while Utc::now() < kept_until {
@@ -290,6 +293,9 @@ async fn namespace_annotations_choose_when_claims_are_due() {
         .await,
         "removing the annotation makes the claim due"
     );
+    // The witness: the daemon decided the claim where collection is off.
+    let verdict = ("keep", "collection-off", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, off.name(), verdict).await;
     assert!(claim_exists(&off, "nb-build-workspace").await);
     daemon.stop().await;
 }
@@ -503,7 +509,10 @@ async fn deletion_is_announced_once_per_deadline() {
         "never repeated: {events:#?}"
     );
     annotate_claim(&ns, annotations::KEEP, "true").await;
-    tokio::time::sleep(secs(10)).await;
+    // The witness: the daemon decided the claim again, protected by the annotation (a verdict
+    // that no time changes).
+    let verdict = ("protected", "keep-annotation", 1.0);
+    assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
     assert!(
         claim_exists(&ns, "nb-build-workspace").await,
         "kept as the notice says"
@@ -727,7 +736,8 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
         volume(&ns, &ours).await
     );
     assert!(!claim_exists(&ns, "freed-build-workspace").await);
-    // One more sweep (every 3 s) for anything else it might take.
+    // Real time: two more sweeps (every 3 s) for anything else it might take. No witness: a
+    // sweep that deletes nothing leaves no metric.
     tokio::time::sleep(secs(7)).await;
     for kept in [&theirs, &bound, &unknown] {
         // Not deleted at all: a bound volume's pv-protection finalizer would hide a DELETE.

@@ -17,7 +17,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use serde_json::json;
 use support::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, Proxy,
-    TestNamespace, claim_exists, metric, metric_sum, task_run_resource, wait_until,
+    TestNamespace, assert_decided, claim_exists, metric, metric_sum, reconciles, task_run_resource,
+    wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::{Config, Overrides};
@@ -65,13 +66,26 @@ async fn verdict(ns: &TestNamespace, config: &Config, claim: &str) -> (VerdictSt
     (row.decision.verdict.state(), row.decision.verdict.reason())
 }
 
-/// Waits until the daemon has had `seconds` to act, then asserts the claim is still there.
-async fn survives(ns: &TestNamespace, claim: &str, seconds: u64) {
-    tokio::time::sleep(secs(seconds)).await;
+/// Waits for the witness that the daemon decided the claims of `ns` as `verdict` (state,
+/// reason, count) says, in a reconcile finished after it had finished `since` (read at the
+/// moment in question), then asserts `claim` is still there.
+async fn survives(
+    daemon: &Daemon,
+    ns: &TestNamespace,
+    claim: &str,
+    since: f64,
+    verdict: (&str, &str, f64),
+) {
+    assert_decided(|| daemon.metrics(), since, ns.name(), verdict).await;
     assert!(
         claim_exists(ns, claim).await,
         "{claim} must be kept, yet it was deleted"
     );
+}
+
+/// Reconciles the daemon has finished so far: read at a moment a witness must come after.
+async fn reconciled(daemon: &Daemon) -> f64 {
+    reconciles(&daemon.metrics().await)
 }
 
 async fn deleted_within(ns: &TestNamespace, claim: &str, seconds: u64) -> bool {
@@ -138,7 +152,8 @@ async fn a_partial_completion_time_never_starts_the_ttl() {
         .await;
 
     let daemon = Daemon::start(ns.client().clone(), config.clone(), "partial").await;
-    survives(&ns, "failed-build-workspace", 3).await;
+    let missing = ("keep", "completion-time-missing", 2.0);
+    survives(&daemon, &ns, "failed-build-workspace", 0.0, missing).await;
     assert!(claim_exists(&ns, "zero-build-workspace").await);
     for claim in ["failed-build-workspace", "zero-build-workspace"] {
         assert_eq!(
@@ -218,7 +233,8 @@ async fn links_add_up_and_every_owner_must_allow() {
     JobBuilder::new("again").phase("Building").create(&ns).await;
 
     let daemon = Daemon::start(ns.client().clone(), config.clone(), "links").await;
-    survives(&ns, "rerun-build-workspace", 3).await;
+    let running = ("keep", "owner-running", 2.0);
+    survives(&daemon, &ns, "rerun-build-workspace", 0.0, running).await;
     assert!(claim_exists(&ns, "again-build-workspace").await);
     for claim in ["rerun-build-workspace", "again-build-workspace"] {
         assert_eq!(
@@ -288,7 +304,8 @@ async fn task_runs_are_owners() {
         deleted_within(&ns, "owned-by-task", 10).await,
         "a TaskRun owner finished past its TTL lets its claim go"
     );
-    survives(&ns, "bound-by-task", 2).await;
+    let running = ("keep", "owner-running", 1.0);
+    survives(&daemon, &ns, "bound-by-task", 0.0, running).await;
     assert_eq!(
         verdict(&ns, &config, "bound-by-task").await,
         (VerdictState::Keep, Reason::OwnerRunning)
@@ -377,10 +394,12 @@ async fn a_cluster_without_the_task_run_crd_works_and_picks_it_up_later() {
         .await,
         "the TaskRun watch picks the CRD up"
     );
+    let since = reconciled(&daemon).await;
     ClaimBuilder::build_workspace("late-build-workspace")
         .create(&ns)
         .await;
-    survives(&ns, "late-build-workspace", 4).await;
+    let running = ("keep", "owner-running", 1.0);
+    survives(&daemon, &ns, "late-build-workspace", since, running).await;
     daemon.stop().await;
 }
 
@@ -412,8 +431,22 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
         .running()
         .create(&ns)
         .await;
-    // Past the grace and the first live re-checks, with the cache still blind.
-    survives(&ns, "by-pipeline-run", 12).await;
+    // The witness: past the grace, the cache still blind, the live re-check before each delete
+    // found the claim's run and called the delete off.
+    assert!(
+        wait_until(secs(30), || async {
+            let metrics = daemon.metrics().await;
+            metric(
+                &metrics,
+                "workspace_gc_reconcile_retries_total",
+                "category=\"live-disagrees\"",
+            ) >= 2.0
+        })
+        .await,
+        "the live re-checks found both runs: {}",
+        daemon.metrics().await
+    );
+    assert!(claim_exists(&ns, "by-pipeline-run").await);
     assert!(claim_exists(&ns, "by-task-run").await);
     let metrics = daemon.metrics().await;
     assert_eq!(
@@ -470,8 +503,18 @@ async fn exclusions_add_up_across_file_environment_and_flags() {
         deleted_within(&open, "orphan-build-workspace", 10).await,
         "the namespace nobody excluded is collected"
     );
-    // Deletes are paced (5 per second by default): give the others time to come due too.
-    tokio::time::sleep(secs(3)).await;
+    // The witness: every claim the daemon read is dealt with, none left in its cache to decide
+    // (had an excluded one been read, it would be there, due, or deleted).
+    assert!(
+        wait_until(secs(10), || async {
+            let metrics = daemon.metrics().await;
+            metric(&metrics, "workspace_gc_cached_objects", "kind=\"claims\"") == 0.0
+                && metric_sum(&metrics, "workspace_gc_deletions_total") >= 1.0
+        })
+        .await,
+        "the daemon's cache holds no claim left: {}",
+        daemon.metrics().await
+    );
     for ns in [&in_file, &by_flag] {
         assert!(
             claim_exists(ns, "orphan-build-workspace").await,
@@ -631,8 +674,10 @@ async fn runs_pruned_while_the_job_validates_leave_the_claim_to_the_job() {
     ClaimBuilder::for_job("nb").create(&ns).await;
     let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-validating").await;
 
+    let since = reconciled(&daemon).await;
     prune(&ns, "nb").await;
-    survives(&ns, "nb-build-workspace", 3).await;
+    let running = ("keep", "owner-running", 1.0);
+    survives(&daemon, &ns, "nb-build-workspace", since, running).await;
     assert_eq!(
         verdict(&ns, &config, "nb-build-workspace").await,
         (VerdictState::Keep, Reason::OwnerRunning),
@@ -642,8 +687,10 @@ async fn runs_pruned_while_the_job_validates_leave_the_claim_to_the_job() {
     // The job finishes now: its TTL starts now, though its run finished two hours ago.
     let job = support::notebook_validation_job_resource();
     let done = json!({"phase": "Succeeded", "completionTime": rfc3339(Utc::now())});
+    let since = reconciled(&daemon).await;
     patch_status(&ns, &job, "nb", done).await;
-    survives(&ns, "nb-build-workspace", 3).await;
+    let within = ("keep", "within-ttl", 1.0);
+    survives(&daemon, &ns, "nb-build-workspace", since, within).await;
     assert_eq!(
         verdict(&ns, &config, "nb-build-workspace").await,
         (VerdictState::Keep, Reason::WithinTtl)
@@ -680,13 +727,15 @@ async fn runs_pruned_after_the_job_finished_keep_the_ttl_of_the_job() {
     // One pruned while workspace-gc was down, one while it runs.
     prune(&ns, "old").await;
     let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-finished").await;
-    survives(&ns, "recent-build-workspace", 2).await;
+    let within = ("keep", "within-ttl", 1.0);
+    survives(&daemon, &ns, "recent-build-workspace", 0.0, within).await;
+    let since = reconciled(&daemon).await;
     prune(&ns, "recent").await;
     assert!(
         deleted_within(&ns, "old-build-workspace", 15).await,
         "the job finished past its TTL: its claim goes"
     );
-    survives(&ns, "recent-build-workspace", 2).await;
+    survives(&daemon, &ns, "recent-build-workspace", since, within).await;
     assert_eq!(
         verdict(&ns, &config, "recent-build-workspace").await,
         (VerdictState::Keep, Reason::WithinTtl),
@@ -712,11 +761,14 @@ async fn runs_pruned_after_the_job_is_gone_leave_an_orphan() {
     tekton_build(&ns, "gone", finished).await;
     ClaimBuilder::for_job("gone").create(&ns).await;
     let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-gone").await;
+    let within = ("keep", "within-ttl", 1.0);
+    survives(&daemon, &ns, "gone-build-workspace", 0.0, within).await;
+    let since = reconciled(&daemon).await;
     ns.dynamic_api(&support::notebook_validation_job_resource())
         .delete("gone", &DeleteParams::background())
         .await
         .expect("delete the job");
-    survives(&ns, "gone-build-workspace", 3).await;
+    survives(&daemon, &ns, "gone-build-workspace", since, within).await;
     assert_eq!(
         verdict(&ns, &config, "gone-build-workspace").await,
         (VerdictState::Keep, Reason::WithinTtl),

@@ -27,6 +27,7 @@ mod replicas;
 mod scrape;
 mod script;
 mod shapes;
+mod witness;
 
 // Each test binary uses a different subset of these re-exports, too.
 #[allow(unused_imports)]
@@ -76,10 +77,12 @@ pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use replicas::{
     binary_vars, capped, daemon_role, deleted, deleted_count, elected_role, elected_vars,
-    leads_within_the_cap, log_dir, overdue_under_a_cap, replica_through, set_var,
+    leads_within_the_cap, log_dir, overdue_under_a_cap, replica_through, set_var, warned,
 };
 #[allow(unused_imports)]
 pub use scrape::{free_port, http_get, metric, metric_sum};
+#[allow(unused_imports)]
+pub use witness::{assert_decided, decided, decided_since, reconciles};
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -78,6 +78,22 @@ pub async fn capped(replica: &Process) -> bool {
     ) == 1.0
 }
 
+/// How many claims of `names` a replica's `log` names in a "blast-radius cap reached" warning
+/// since it last won the lease (each claim held back is warned of once per episode of the cap).
+pub fn warned(log: &str, ns: &TestNamespace, names: &[String]) -> usize {
+    let since = log
+        .rsplit_once("won the lease")
+        .map_or("", |(_, since)| since);
+    let warnings: Vec<&str> = (since.lines())
+        .filter(|line| line.contains("blast-radius cap reached"))
+        .collect();
+    let named = |name: &&String| {
+        let key = format!("{}/{name}", ns.name());
+        warnings.iter().any(|line| line.contains(&key))
+    };
+    names.iter().filter(named).count()
+}
+
 /// `replica` comes to lead, re-evaluates every claim on winning the lease, finds the cap
 /// reached, and `expected` of `names` stay the only ones deleted.
 pub async fn leads_within_the_cap(
@@ -97,7 +113,22 @@ pub async fn leads_within_the_cap(
         "finds the cap reached {when}:\n{}",
         replica.logs()
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The witness: since it won the lease, the replica decided each claim left due, held it
+    // back, and said so.
+    let held_back = || async {
+        let log = replica.logs();
+        for name in names {
+            if !deleted(ns, name).await && warned(&log, ns, std::slice::from_ref(name)) == 0 {
+                return false;
+            }
+        }
+        true
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), held_back).await,
+        "warns of each claim it holds back {when}:\n{}",
+        replica.logs()
+    );
     assert_eq!(
         deleted_count(ns, names).await,
         expected,
