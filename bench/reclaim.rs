@@ -276,6 +276,7 @@ fn main() -> Result<()> {
 fn write_report(options: &Options, run: &Run) -> Result<()> {
     let figures = plots::figures(run).map_err(|e| anyhow!(e))?;
     let dir = options.out.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for figure in &figures {
         let path = dir.join(&figure.file);
         std::fs::write(&path, &figure.svg)

@@ -21,12 +21,12 @@ use crate::observe::metrics::{ErrorCategory, Kind};
 use super::Controller;
 
 /// While the API server cannot be reached, how often to check whether it answers again.
-pub(super) const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// The most watch items applied under one hold of the index's write lock: enough that a list's
 /// burst costs one wake-up and one lock a chunk rather than one per object, few enough that a
 /// reconcile waiting to read is held up for milliseconds at most.
-pub(super) const FEED_CHUNK: usize = 512;
+const FEED_CHUNK: usize = 512;
 
 /// Applies watch updates to the cache and schedules the claims each one affects. Nothing is
 /// scheduled until every watch has listed once; then every claim is. What the watches have
@@ -89,7 +89,7 @@ pub(super) async fn apply_watches<C: Cluster, K: Clock>(
 
 /// What a chunk of watch items changed.
 #[derive(Default)]
-pub(super) struct Fed {
+struct Fed {
     /// The claims to evaluate: every claim when the caches have just synced.
     affected: BTreeSet<ObjectKey>,
     /// Namespaces where quota pressure may see something new (see `quota_namespaces_changed`).
@@ -105,7 +105,7 @@ pub(super) struct Fed {
 }
 
 /// Applies a chunk of watch items in order, holding the index's write lock once for it.
-pub(super) fn apply_chunk<C: Cluster, K: Clock>(
+fn apply_chunk<C: Cluster, K: Clock>(
     controller: &Controller<C, K>,
     health: &Health,
     chunk: Vec<watches::Item>,
@@ -173,7 +173,7 @@ pub(super) fn apply_chunk<C: Cluster, K: Clock>(
 /// Whether an update may change what quota pressure sees of some namespace (its quotas, or a
 /// claim leaving it, which a quota may owe a recount for): `Some(Some(ns))` for one,
 /// `Some(None)` for a re-list that may change any; `None` for an update of another kind.
-pub(super) fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
+fn quota_namespaces_changed(update: &Update) -> Option<Option<String>> {
     match update {
         Update::Quota(Change::Apply(quota)) => Some(Some(quota.key.namespace.to_string())),
         Update::Quota(Change::Delete(key)) | Update::Claim(Change::Delete(key)) => {
@@ -186,7 +186,7 @@ pub(super) fn quota_namespaces_changed(update: &Update) -> Option<Option<String>
 
 /// Records whether the API server can be reached, for the probe loop, the log and `/readyz`'s
 /// body (not its status: see [`Health::is_ready`]).
-pub(super) fn record_reachability(health: &Health, answers: bool) {
+fn record_reachability(health: &Health, answers: bool) {
     let unreachable = !answers;
     if health.is_unreachable() == unreachable {
         return;
@@ -201,7 +201,7 @@ pub(super) fn record_reachability(health: &Health, answers: bool) {
 
 /// A watch failed to connect at all (refused, reset, timed out), as opposed to the API server
 /// answering with an error (403, 410, 5xx), which does not make the daemon unready.
-pub(super) fn cannot_connect(error: &watcher::Error) -> bool {
+fn cannot_connect(error: &watcher::Error) -> bool {
     match error {
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)

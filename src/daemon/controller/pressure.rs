@@ -92,7 +92,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
 
     /// A round's bookkeeping for one namespace. A claim that left or a recount may raise the
     /// projection (what was subtracted twice no longer is), so the plan's claims are woken.
-    pub(super) fn observe_round(&self, index: &Index, namespace: &str, waters: Waters) {
+    fn observe_round(&self, index: &Index, namespace: &str, waters: Waters) {
         let Found::Yes(quotas) = index.quotas_in(namespace) else {
             return;
         };
@@ -121,7 +121,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     }
 
     /// The quota plan of a namespace from the cache; `None` without pressure.
-    pub(super) fn plan_cached(&self, namespace: &str, waters: Waters) -> Option<Plan> {
+    fn plan_cached(&self, namespace: &str, waters: Waters) -> Option<Plan> {
         let index = self.read_index();
         let Found::Yes(quotas) = index.quotas_in(namespace) else {
             return None;

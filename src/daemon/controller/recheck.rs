@@ -34,7 +34,7 @@ pub const LIVE_BOUND: Duration = Duration::from_secs(5);
 pub(super) const PROVE_FROM: usize = 100;
 
 /// How often a proof waiting for the watches to deliver what a replay found looks again.
-pub(super) const CATCH_UP_POLL: Duration = Duration::from_millis(20);
+const CATCH_UP_POLL: Duration = Duration::from_millis(20);
 
 /// What the live re-check confirmed, and until when the DELETE may rest on it.
 #[derive(Debug, Clone)]
@@ -169,7 +169,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// When a round proving the cache fresh for `namespace`'s watches sent its first read,
     /// a round started after this call (`daemon::proof`); `None` when it was not proven and
     /// the re-check must list.
-    pub(super) async fn prove_fresh(&self, namespace: &str) -> Option<Instant> {
+    async fn prove_fresh(&self, namespace: &str) -> Option<Instant> {
         let scope = self.rechecks.per_namespace.then(|| namespace.to_owned());
         self.rechecks
             .proofs
@@ -185,7 +185,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
 
     /// Whether the cache holds every change of `kind` in `scope` up to its current
     /// resourceVersion, as `daemon::proof` proves it.
-    pub(super) async fn prove_kind(&self, kind: Kind, scope: &Scope) -> bool {
+    async fn prove_kind(&self, kind: Kind, scope: &Scope) -> bool {
         let revision = match self.cluster.revision(kind, scope).await {
             Found::Yes(revision) => revision,
             // Its group serves it at no version (discovery, asked now): no such object exists;

@@ -26,7 +26,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         outcome
     }
 
-    pub(super) async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
+    async fn decide_and_act(&self, key: &ObjectKey) -> Outcome {
         if let Some(outcome) = self.resolve_outstanding(key).await {
             return outcome;
         }
@@ -84,10 +84,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
 
     /// Decides from the cache, with when a kept claim becomes due (only with notices on);
     /// `None` once the claim is gone.
-    pub(super) fn decide_cached(
-        &self,
-        key: &ObjectKey,
-    ) -> Option<(ClaimFacts, Decision, Scheduled)> {
+    fn decide_cached(&self, key: &ObjectKey) -> Option<(ClaimFacts, Decision, Scheduled)> {
         let index = self.read_index();
         let claim = index.claim(key)?;
         let facts = linking::facts(claim, &*index);

@@ -38,11 +38,11 @@ use super::released::sweep_released;
 /// so this bounds waiting more than load. At 16, a burst in namespaces whose re-checks are
 /// proven (a round of a second or two, each re-check waiting for the next) was held to about
 /// 7 claims a second (bench/, 10,000 builds, 16 due a second).
-pub(super) const CONCURRENCY: usize = 64;
+const CONCURRENCY: usize = 64;
 
 /// Shutdown must finish within the pod's grace period (30 s) whatever the API server does:
 /// the lease release and the HTTP server each get this long.
-pub(super) const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
+const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
 
 /// What `run` needs besides the configuration.
 pub struct RunOptions {
@@ -231,7 +231,7 @@ pub async fn run(
 
 /// Publishes leadership to metrics and, on winning the lease, re-evaluates every claim: the
 /// standby decided but did not act.
-pub(super) async fn follow_leadership<C: Cluster, K: Clock>(
+async fn follow_leadership<C: Cluster, K: Clock>(
     controller: Arc<Controller<C, K>>,
     health: Arc<Health>,
 ) {
