@@ -16,7 +16,7 @@
 # Two ways in, one runtime stage. A release build (the default, INPUTS=release) compiles in
 # `build` and assembles the base in `base`, for each platform buildx builds. scripts/image
 # (INPUTS=prebuilt) puts a binary and a base it built on the host in the context, because the
-# registries the first way pulls from are out of reach there; tests/node.rs runs that image and
+# registries the first way pulls from are out of reach there; tests/node/installed.rs runs that image and
 # checks that this file's runtime stage is what it ran.
 
 ARG RUST_VERSION=1.95

@@ -1,5 +1,5 @@
 //! Request accounting from the kube-apiserver audit log (level Metadata, read with the test
-//! kit's tests/support/audit_log.rs): every request of the contenders' users and of
+//! kit's testkit/src/audit_log.rs): every request of the contenders' users and of
 //! kube-controller-manager, with its verb, resource, namespace, user agent and the instant the
 //! server received it.
 
@@ -9,9 +9,9 @@ use std::path::Path;
 use anyhow::Result;
 use chrono::{DateTime, Utc};
 
-use crate::audit_log;
 use crate::cluster::{DAEMON_USER, KCM_USER, SWEEP_USER};
 use crate::results::Counts;
+use testkit::audit_log;
 
 pub fn policy() -> String {
     format!(

@@ -17,7 +17,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 
 use crate::results::ProcSample;
-use crate::script;
+use testkit::script;
 
 /// The user names the contenders authenticate as (the CN of their client certificates). The
 /// audit policy records exactly these and the controller manager.

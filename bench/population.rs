@@ -1,6 +1,6 @@
 //! The objects: N builds, each a NotebookValidationJob `{job}`, a PipelineRun `{job}-build`
 //! binding claim `{job}-build-workspace`, and two pods mounting the claim (one in a lean plan),
-//! shaped as the operator and Tekton create them (see tests/support/objects.rs); and the
+//! shaped as the operator and Tekton create them (see testkit/src/objects.rs); and the
 //! deadline events the benchmark fires at known instants.
 //!
 //! States, chosen so that nothing is due when a contender starts (a TTL of seconds reclaims a
@@ -31,7 +31,9 @@ use serde_json::json;
 use workspace_gc::cluster::resources::{job_resource, run_resource};
 
 use crate::results::EventKind;
-use crate::shapes::{OPERATOR_CLAIM_LABELS, claim_spec, pod_spec, succeeded_condition, timestamp};
+use testkit::shapes::{
+    OPERATOR_CLAIM_LABELS, claim_spec, pod_spec, succeeded_condition, timestamp,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum State {

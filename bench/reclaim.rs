@@ -32,21 +32,6 @@ mod population;
 mod report;
 mod results;
 mod statistics;
-// From the test kit (tests/support), one definition for the tests and the benchmark: the audit
-// log, a process's HTTP endpoints and metrics, scripts/control-plane, the objects' shapes, and
-// the percentile.
-// The benchmark counts requests; what only the tests read of a record is unused here.
-#[allow(dead_code)]
-#[path = "../tests/support/audit_log.rs"]
-mod audit_log;
-#[path = "../tests/support/scrape.rs"]
-mod scrape;
-#[path = "../tests/support/script.rs"]
-mod script;
-#[path = "../tests/support/shapes.rs"]
-mod shapes;
-#[path = "../tests/support/stats.rs"]
-mod stats;
 mod sweep;
 mod targets;
 
@@ -58,6 +43,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use chrono::{DateTime, Utc};
 use kube::Client;
+use testkit::scrape;
 use tokio::io::AsyncBufReadExt;
 
 use crate::cluster::{ControlPlane, DAEMON_USER, KCM_USER, SWEEP_USER};

@@ -4,7 +4,7 @@
 //! (targets.rs) read the figures through these. Their unit tests run in tests/bench_figures.rs.
 
 use crate::results::{Contender, Counts, EventKind, Role, SizeResult};
-use crate::stats::percentile;
+use testkit::stats::percentile;
 
 /// Reclaim lags of one kind of event (or of all), in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]

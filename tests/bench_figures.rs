@@ -1,6 +1,6 @@
 //! Unit tests of the benchmark's figures (bench/): its statistics, its targets table and its
-//! plots, on figures made up here. The modules are included by path, as the benchmark includes the test
-//! kit; the benchmark itself needs a control plane and an hour.
+//! plots, on figures made up here. The benchmark's modules are included by path (a bench target is no
+//! library); the benchmark itself needs a control plane and an hour.
 
 // The whole record of a run is the benchmark's; these tests read its figures and its JSON.
 // Only its pure parts are tested here; sending the lists needs a control plane.
@@ -14,8 +14,6 @@ mod plots;
 mod results;
 #[path = "../bench/statistics.rs"]
 mod statistics;
-#[path = "support/stats.rs"]
-mod stats;
 #[path = "../bench/targets.rs"]
 mod targets;
 

@@ -1,4 +1,4 @@
-//! The OLM bundle (bundle/) against the kustomize base, its reference, as tests/helm.rs holds
+//! The OLM bundle (bundle/) against the kustomize base, its reference, as tests/cluster/helm.rs holds
 //! the chart to it: its ClusterServiceVersion carries the base's Deployment, ClusterRole and
 //! Role, the image pinned by digest, and the base's other objects OLM can install, with nothing
 //! left out unsaid; `scripts/bundle generate` reproduces it; and it passes the validators of
@@ -6,14 +6,12 @@
 //! and cached by scripts/control-plane; operator-sdk itself cannot be built from the module
 //! proxy, which refuses its go.mod).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
-use support::{Rendered, manifests};
+use testkit::{Rendered, manifests};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const VERSION: &str = env!("CARGO_PKG_VERSION");

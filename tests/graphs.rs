@@ -1,6 +1,6 @@
 //! Safety and liveness over generated object graphs: raw objects go through the daemon's own
 //! conversion, index, linking and policy, and every claim's verdict is held against the oracle
-//! (tests/support/oracle.rs), which encodes the safety rule apart from the implementation.
+//! (testkit/src/oracle.rs), which encodes the safety rule apart from the implementation.
 //!
 //! - SAFETY: the daemon deletes only what the oracle allows.
 //! - LIVENESS: it deletes what the oracle requires (owners or their absence say it is due).
@@ -10,16 +10,14 @@
 //! No server and no Tekton here: every run status is generated or written JSON, in memory,
 //! garbage and states real Tekton never writes included (tests/tekton.rs runs the real one).
 
-mod support;
-
 use std::cell::RefCell;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prop_assert_eq;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{Value, json};
-use support::graph::{self, Profile, Seen, check, verdict_problem};
-use support::oracle::{self, World};
+use testkit::graph::{self, Profile, Seen, check, verdict_problem};
+use testkit::oracle::{self, World};
 use workspace_gc::decide::policy::{Decision, Policy, Reason, Verdict};
 
 /// How many graphs the normal test run checks (each has up to two namespaces of ~15 objects).

@@ -8,8 +8,6 @@
 //! only when asked (`CONTROL_PLANE_RELEASE=1`, as scripts/test's release lane sets); otherwise
 //! it says it was skipped.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -19,7 +17,7 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
-use support::{ControlPlane, helm_binary, kubectl, release_tool, wait_until};
+use testkit::{ControlPlane, helm_binary, kubectl, release_tool, wait_until};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BINARY: &str = env!("CARGO_BIN_EXE_workspace-gc");

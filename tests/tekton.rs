@@ -10,9 +10,7 @@
 //! a file `exit-{task}` in the claim, which the test writes into the local volume to end the step
 //! with that exit code. Elsewhere, and for the states a kubelet does not produce on cue (a pod
 //! the scheduler finds no room for, then succeeding; an assistant's pod held Terminating), the
-//! stand-in `support::kubelet` writes the pod's status.
-
-mod support;
+//! stand-in `testkit::kubelet` writes the pod's status.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,7 +19,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
-use support::{
+use testkit::{
     ClaimBuilder, ControlPlane, Daemon, Fate, PodState, TestNamespace, audit_rows, claim_exists,
     create_with_spec, fate, kubelet, metric, node_requested, pipeline_resource,
     pipeline_run_resource, run_condition, task_run_resource, tekton_version, wait_until,

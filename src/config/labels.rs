@@ -369,7 +369,7 @@ mod tests {
     use super::*;
 
     /// The CEL of every operator, with `!=` and `notin` true where the key is absent, as the API
-    /// server's matching is; tests/admission.rs evaluates it on the real server.
+    /// server's matching is; tests/cluster/admission.rs evaluates it on the real server.
     #[test]
     fn selectors_become_cel_with_the_api_servers_semantics() {
         let selector: LabelSelector = "a=1,b!=2,c in (y,x),d notin (z),e,!f".parse().unwrap();

@@ -20,7 +20,7 @@
 //!
 //! Rendered from the same configuration as the daemon (`workspace-gc admission-policy`), so
 //! the two agree by construction; the shipped copy in `manifests/components/admission-guard`
-//! is checked against the shipped `config.toml` by tests/admission.rs.
+//! is checked against the shipped `config.toml` by tests/cluster/admission.rs.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use crate::server::{
     apply_base, assert_deleted, assert_nothing_forbidden, audit, event_with_reason, lease_holder,
 };
-use crate::support::{
+use crate::{LEASE, NAMESPACE, scratch, secs};
+use testkit::{
     ARBITRARY_UID, ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Rendered,
     TestNamespace, confined, credentials, manifests, readable_copy, sample, wait_until,
 };
-use crate::{LEASE, NAMESPACE, scratch, secs};
 
 /// The daemon as the Deployment runs it, and as OpenShift's restricted-v2 runs that: the
 /// ServiceAccount's token, the deployed configuration, an arbitrary UID and GID that exist

@@ -9,12 +9,12 @@
 //! daemon.
 //!
 //! Cluster-scoped names (the `workspace-gc` Namespace, ClusterRole and ClusterRoleBinding) are
-//! shared by every test of this binary, so only one test applies the base as shipped; the
+//! shared by every test of this daemon_binary, so only one test applies the base as shipped; the
 //! others apply a throw-away overlay with a name prefix (and, for audit, a namespace of its
 //! own), which gives each its own ServiceAccount and so its own identity. Two daemons that
 //! compete for the same Lease take turns ([`LEASE`]).
 //!
-//! One binary, so that those shared names are applied once and the Lease is taken in turns; one
+//! One daemon_binary, so that those shared names are applied once and the Lease is taken in turns; one
 //! module per concern:
 //! - `rendering`: every overlay and component rendered and checked, without a cluster;
 //! - `rbac`: the rights as applied, asked as the ServiceAccount; the admission guard in force;
@@ -23,9 +23,6 @@
 //! - `promtool`: the alerts' unit tests and every dashboard query, by promtool;
 //! - `prometheus`: a real Prometheus scraping the daemon and evaluating every alert and panel;
 //! - `monitoring` and `server`: what those share (the rendered component; apply and read back).
-
-#[path = "../support/mod.rs"]
-mod support;
 
 mod arbitrary_uid;
 mod monitoring;
@@ -58,7 +55,7 @@ const FENCE: &str = "workspace-gc-fence";
 /// base's and the namespaced overlay's): a second one would stand by and never delete.
 static LEASE: Mutex<()> = Mutex::const_new(());
 
-/// The base is applied once per test binary, by whichever test needs it first.
+/// The base is applied once per test daemon_binary, by whichever test needs it first.
 static BASE_APPLIED: OnceCell<()> = OnceCell::const_new();
 
 fn secs(n: u64) -> Duration {

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{Overlay, Rendered};
+use testkit::{Overlay, Rendered};
 
 pub fn alert_rules(rendered: &Rendered) -> Vec<Value> {
     rendered.only("PrometheusRule")["spec"]["groups"]

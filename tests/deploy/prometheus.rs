@@ -12,11 +12,11 @@ use serde_json::{Value, json};
 use crate::monitoring::{alert_exprs, dashboard, monitoring, rule_file};
 use crate::promtool::promtool;
 use crate::server::assert_deleted;
-use crate::support::{
+use crate::{NAMESPACE, scratch, secs};
+use testkit::{
     ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Rendered, TestNamespace,
     free_port, http_get, manifests, prometheus_binary, sample, wait_until,
 };
-use crate::{NAMESPACE, scratch, secs};
 
 /// How a Prometheus labels what it scrapes from the daemon.
 #[derive(Debug, Clone, Copy)]

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use crate::monitoring::{
     alert_exprs, dashboard, monitoring, panel_queries, panels_with_legends, rule_file,
 };
-use crate::support::{Key, Overlay, prometheus_binary};
 use crate::{NAMESPACE, ROOT, scratch};
+use testkit::{Key, Overlay, prometheus_binary};
 
 /// A rule file with each query as a recording rule, so promtool parses and checks every one.
 fn recording_rules(queries: &[String]) -> String {

@@ -19,11 +19,11 @@ use crate::server::{
     apply, apply_base, assert_nothing_forbidden, audit, claim_is_gone, ensure_namespace,
     event_with_reason,
 };
-use crate::support::{
+use crate::{LEASE, NAMESPACE, WATCHED, scratch, secs};
+use testkit::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Overlay,
     TestNamespace, strings, wait_until,
 };
-use crate::{LEASE, NAMESPACE, WATCHED, scratch, secs};
 
 /// The ClusterRole, one line per (API group, resource, verbs): what a reviewer signs off.
 /// Changing it must be deliberate: both the manifest and this table.

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use crate::monitoring::alert_rules;
 use crate::rbac::{CLUSTER_RULES, grants, lease_grants, table_grants};
-use crate::support::{Key, Overlay, Rendered, key_of, manifests};
 use crate::{BINARY, FENCE, GUARD, NAMESPACE, ROOT, WATCHED, scratch};
+use testkit::{Key, Overlay, Rendered, key_of, manifests};
 
 /// kustomize reads no file outside its root, so the ConfigMap is generated from a copy of the
 /// documented defaults: the copy must never drift.
@@ -207,7 +207,7 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
     );
 
     // The admission guard guards this ServiceAccount, with every refusal in force
-    // (tests/admission.rs checks it was printed from this config.toml and what it refuses).
+    // (tests/cluster/admission.rs checks it was printed from this config.toml and what it refuses).
     let policy = base.get("ValidatingAdmissionPolicy", GUARD);
     let account = base.only("ServiceAccount");
     assert_eq!(

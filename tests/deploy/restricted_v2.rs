@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::NAMESPACE;
 use crate::monitoring::monitoring;
 use crate::server::apply_base;
-use crate::support::{ControlPlane, Overlay, Rendered, manifests, restricted_v2_violations};
+use testkit::{ControlPlane, Overlay, Rendered, manifests, restricted_v2_violations};
 
 /// Every overlay's pod template is admissible under OpenShift's `restricted-v2` SCC. The check
 /// itself refuses each thing that SCC refuses, starting with the UID this base used to pin.

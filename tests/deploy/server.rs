@@ -11,8 +11,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::support::{ControlPlane, DeployedDaemon as Daemon, Launch, manifests, wait_until};
 use crate::{BASE_APPLIED, NAMESPACE, secs};
+use testkit::{ControlPlane, DeployedDaemon as Daemon, Launch, manifests, wait_until};
 
 /// `kubectl apply --server-side -k DIR` as cluster-admin, exactly as the README says.
 pub fn apply(control_plane: &ControlPlane, dir: &Path) {

@@ -14,8 +14,8 @@ use kube::api::{Api, ListParams};
 
 use crate::load::{Driver, Rng};
 use crate::replicas::Replica;
-use crate::support::{AuditEvent, ControlPlane, Fault, Forwarded, Rule};
 use crate::{CAP, LEASE_DURATION, LEASE_NAMESPACE, RECHECK_BOUND, SLOW_LIST, now, seconds};
+use testkit::{AuditEvent, ControlPlane, Fault, Forwarded, Rule};
 
 #[derive(Debug, Clone)]
 pub struct Window {

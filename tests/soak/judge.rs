@@ -7,10 +7,10 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use crate::support::{AuditEvent, DeleteInvariant, Violation, invariant_audit_rules};
 use crate::world::{Incarnation, World};
 use crate::{BOUND, CAP, LEASE_DURATION, LEASE_NAME, LEASE_NAMESPACE, RECHECK_BOUND, WINDOW};
 use crate::{daemon_users, seconds};
+use testkit::{AuditEvent, DeleteInvariant, Violation, invariant_audit_rules};
 
 /// Every claim delete with its preconditions, and what the invariant reads besides.
 pub fn audit_policy_yaml() -> String {

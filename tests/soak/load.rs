@@ -15,13 +15,13 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, RwLock};
 
-use crate::support::graph::rfc3339;
-use crate::support::{
+use crate::world::{Annotations, Build, Incarnation, Link, Owner, PodModel, World};
+use crate::{MARGIN, NAMESPACES, now, seconds};
+use testkit::graph::rfc3339;
+use testkit::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, TestNamespace,
     notebook_validation_job_resource, pipeline_run_resource,
 };
-use crate::world::{Annotations, Build, Incarnation, Link, Owner, PodModel, World};
-use crate::{MARGIN, NAMESPACES, now, seconds};
 
 /// SplitMix64: reproducible choices without a dependency.
 pub struct Rng(pub u64);
@@ -436,7 +436,7 @@ impl Driver {
         };
         let pod = format!("p{}", self.serial().await);
         let scheduled = self.rng.lock().await.chance(50);
-        let mut builder = crate::support::PodBuilder::new(&pod)
+        let mut builder = testkit::PodBuilder::new(&pod)
             .mounting(&claim)
             .phase("Running");
         if scheduled {

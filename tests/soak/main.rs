@@ -48,12 +48,6 @@
 //! and replicas, [`faults`] the fault injector, [`judge`] the check of the audit log against
 //! the ground truth, and [`report`] what the run prints.
 
-#[path = "../support/mod.rs"]
-mod support;
-// The test kit's one percentile, shared with the benchmark; its unit tests run here.
-#[path = "../support/stats.rs"]
-mod stats;
-
 mod faults;
 mod judge;
 mod load;
@@ -66,7 +60,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::Parser;
-use support::{
+use testkit::{
     ControlPlane, ControlPlaneOptions, DEFAULT_RECHECK_BOUND, Proxy, TestNamespace, faketime,
     read_audit, service_account,
 };

@@ -10,8 +10,8 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::Value;
 
-use crate::support::{Process, Proxy};
 use crate::{CAP, LEASE_DURATION, LEASE_NAMESPACE, MAX_AGE, REPLICAS, TTL, WINDOW};
+use testkit::{Process, Proxy};
 
 pub struct Replica {
     pub name: &'static str,

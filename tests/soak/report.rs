@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 use crate::faults::Faults;
 use crate::judge::Verdict;
 use crate::replicas::Replica;
-use crate::stats::percentile;
-use crate::support::metric_sum;
 use crate::world::World;
 use crate::{BOUND, CAP, WINDOW};
+use testkit::metric_sum;
+use testkit::stats::percentile;
 
 /// When the run's phases began and ended, and the seed of its choices.
 pub struct Run {

@@ -3,7 +3,7 @@ Object names are fixed, as in manifests/: the configuration (lease name), the ad
 (ServiceAccount) and the ServiceMonitor (TLS server name) refer to them.
 */}}
 
-{{/* Helm's own labels, on every object; the parity test (tests/helm.rs) removes only these. */}}
+{{/* Helm's own labels, on every object; the parity test (tests/cluster/helm.rs) removes only these. */}}
 {{- define "workspace-gc.helmLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}

@@ -79,7 +79,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let key = &claim.key;
         // Whatever may protect the claim is read from a cache proven fresh, or live: a watch
         // can go silent without an error (a wedged API server, a dead connection) and its cache
-        // would miss a pod or a run started since (tests/faults.rs,
+        // would miss a pod or a run started since (tests/cluster/faults.rs,
         // silently_stalled_watch_does_not_hide_a_new_user). A small namespace is listed
         // (`PROVE_FROM`).
         let large = self.read_index().namespace_size(&key.namespace) >= PROVE_FROM;

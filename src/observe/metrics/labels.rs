@@ -271,7 +271,7 @@ impl ServedState {
 mod tests {
     use super::*;
 
-    /// The messages as kube-apiserver 1.37 words them (the guard's, from tests/admission.rs).
+    /// The messages as kube-apiserver 1.37 words them (the guard's, from tests/cluster/admission.rs).
     #[test]
     fn admission_refusals_are_told_apart_from_rbac() {
         let api = |code: u16, message: &str| {
