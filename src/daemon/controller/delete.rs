@@ -157,16 +157,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             None => Err(NotSent::Fence(FenceError::NotLeading)),
         };
-        // A delete that was refused frees nothing; one already gone, or unanswered (it may
-        // have been carried out), may have: pressure then deletes fewer, never more.
         let result = sent.as_ref().ok().map(|answer| answer.result());
-        let not_freed = matches!(
-            result,
-            None | Some(DeleteResult::Conflict | DeleteResult::Throttled | DeleteResult::Denied)
-        );
-        if recorded && not_freed {
-            self.rounds().withdraw(&claim.key, &claim.uid);
-        }
         // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
         match result {
             // Received by the time it was answered, at the latest.
@@ -199,6 +190,15 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     .insert(claim.key.clone(), outstanding);
             }
             _ => {}
+        }
+        // A delete that was refused frees nothing; one already gone, or unanswered (it may
+        // have been carried out), may have: pressure then deletes fewer, never more.
+        let not_freed = matches!(
+            result,
+            None | Some(DeleteResult::Conflict | DeleteResult::Throttled | DeleteResult::Denied)
+        );
+        if recorded && not_freed {
+            self.rounds().withdraw(&claim.key, &claim.uid);
         }
         sent
     }
