@@ -51,7 +51,7 @@ use tracing::{debug, info, warn};
 use crate::config::LeaderElectionConfig;
 use crate::contract::annotations::{DELETES_IN_FLIGHT, DELETIONS, QUOTA_ROUNDS};
 use crate::decide::facts::ObjectKey;
-use crate::observe::metrics::{LedgerFault, Metrics, Operation};
+use crate::observe::metrics::{LedgerFault, LedgerRead, Metrics, Operation};
 
 /// A claim DELETE that may still reach the API server: the claim it named, with the
 /// preconditions it carried. Revoked by changing the claim (`Writer::revoke`).
@@ -533,9 +533,9 @@ impl Elector {
         }
     }
 
-    /// Remembers the ledger on `lease` as read, unless this replica leads: then its own is the
-    /// record of what it deleted, and if the Lease holds another (someone edited or removed
-    /// it), returns its own for the renewal to write back.
+    /// Remembers the ledger on `lease` as read (counting the read), unless this replica leads:
+    /// then its own is the record of what it deleted, and if the Lease holds another (someone
+    /// edited or removed it), returns its own for the renewal to write back.
     fn compare_ledger(&self, lease: &Lease) -> Option<String> {
         let on_lease = lease
             .metadata
@@ -544,9 +544,14 @@ impl Elector {
             .and_then(|a| a.get(DELETIONS));
         let mut known = self.known();
         if !*self.leading.borrow() {
-            if let Some(on_lease) = on_lease {
-                *known = Some(on_lease.clone());
-            }
+            let read = match on_lease {
+                Some(on_lease) => {
+                    *known = Some(on_lease.clone());
+                    LedgerRead::Remembered
+                }
+                None => LedgerRead::Absent,
+            };
+            self.metrics.standby_ledger_read(read);
             return None;
         }
         let own = known.as_ref().filter(|&own| on_lease != Some(own))?;

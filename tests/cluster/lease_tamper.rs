@@ -215,9 +215,20 @@ async fn a_lease_deleted_while_leading_keeps_the_cap() {
 
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-    // Real time: a few rounds of the standby reading the Lease (every half second), so that it
-    // knows the ledger. No witness: nothing the standby exposes says it read one.
-    tokio::time::sleep(secs(2)).await;
+    // The standby has read the ledger: it started after the last deletion, so any ledger it
+    // remembers counts them.
+    assert!(
+        wait_until(secs(15), || async {
+            metric(
+                &b.metrics().await,
+                "workspace_gc_standby_ledger_reads_total",
+                "result=\"remembered\"",
+            ) > 0.0
+        })
+        .await,
+        "replica-b reads the ledger:\n{}",
+        b.logs()
+    );
     a.kill().await;
     delete_the_lease(&ns, "replica-b", &b).await;
     leads_within_the_cap(

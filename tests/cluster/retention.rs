@@ -734,9 +734,24 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
         volume(&ns, &ours).await
     );
     assert!(!claim_exists(&ns, "freed-build-workspace").await);
-    // Real time: two more sweeps (every 3 s) for anything else it might take. No witness: a
-    // sweep that deletes nothing leaves no metric.
-    tokio::time::sleep(secs(7)).await;
+    // Two more sweeps completed (every 3 s): the second began after ours was gone, so it
+    // judged every other volume past the moment ours went, with their TTLs long passed.
+    let sweeps = |metrics: &str| {
+        metric(
+            metrics,
+            "workspace_gc_volume_sweeps_total",
+            "result=\"completed\"",
+        )
+    };
+    let gone = sweeps(&daemon.metrics().await);
+    assert!(
+        wait_until(secs(30), || async {
+            sweeps(&daemon.metrics().await) >= gone + 2.0
+        })
+        .await,
+        "two more sweeps after {gone}: {}",
+        daemon.metrics().await
+    );
     for kept in [&theirs, &bound, &unknown] {
         // Not deleted at all: a bound volume's pv-protection finalizer would hide a DELETE.
         let found = volume(&ns, kept)

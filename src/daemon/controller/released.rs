@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::Answer;
 use crate::decide::volumes::{self, Kept, VolumeVerdict};
+use crate::observe::metrics::Sweep;
 
 use super::Controller;
 use super::recheck::LIVE_BOUND;
@@ -51,10 +52,11 @@ pub(super) struct Released {
 impl<C: Cluster, K: Clock> Controller<C, K> {
     /// One look at every PersistentVolume: each the pure judgement lets go is deleted with its
     /// UID and resourceVersion as listed as the DELETE's preconditions; one Released since a
-    /// time not known is kept, with a warning once.
+    /// time not known is kept, with a warning once. Counted by how it ended.
     pub(super) async fn sweep(&self, ttl: chrono::Duration) {
         let Some(listed) = self.cluster.volumes().await else {
             debug!("cannot list PersistentVolumes; Released volumes are looked at again later");
+            self.metrics.volume_sweep(Sweep::Unlisted);
             return;
         };
         let now = self.clock.now();
@@ -75,6 +77,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                         }
                         Err(error) => {
                             info!(volume = %volume.name, %error, "Released volume not deleted; looked at again later");
+                            self.metrics.volume_sweep(Sweep::Interrupted);
                             return;
                         }
                     }
@@ -93,5 +96,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 VolumeVerdict::Keep(_) => {}
             }
         }
+        self.metrics.volume_sweep(Sweep::Completed);
     }
 }

@@ -1,5 +1,5 @@
 //! The bounded values of the metrics' labels: cache kinds, delete results, API operations and
-//! error categories, ledger faults, volume marks and revocations, each with the one string it
+//! error categories, ledger faults and reads, volume marks and sweeps, revocations, each with the one string it
 //! writes. Apart from the families (`mod.rs`) because the daemon names these where it acts,
 //! and every label but a namespace or a quota's name takes a value listed here.
 
@@ -235,6 +235,45 @@ impl Mark {
         match self {
             Mark::Marked => "marked",
             Mark::Failed => "failed",
+        }
+    }
+}
+
+/// How one sweep of Released volumes ended: the `result` label of `volume_sweeps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Every volume listed was judged, and every DELETE sent answered.
+    Completed,
+    /// The volumes could not be listed: none was looked at.
+    Unlisted,
+    /// A volume's DELETE failed: the rest wait for the next sweep.
+    Interrupted,
+}
+
+impl Sweep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sweep::Completed => "completed",
+            Sweep::Unlisted => "unlisted",
+            Sweep::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// What a standby found reading the Lease: the `result` label of `standby_ledger_reads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerRead {
+    /// A deletion ledger: remembered, to be written on the Lease should it be created again.
+    Remembered,
+    /// None: the last one read stays remembered.
+    Absent,
+}
+
+impl LedgerRead {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LedgerRead::Remembered => "remembered",
+            LedgerRead::Absent => "absent",
         }
     }
 }

@@ -27,7 +27,8 @@ mod labels;
 mod record;
 
 pub use labels::{
-    DeleteResult, ErrorCategory, Kind, LedgerFault, Mark, Operation, Revoked, ServedState,
+    DeleteResult, ErrorCategory, Kind, LedgerFault, LedgerRead, Mark, Operation, Revoked,
+    ServedState, Sweep,
 };
 
 /// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
@@ -118,6 +119,7 @@ pub struct Metrics {
     retained_bytes: Counter,
     volume_marks: Family<ResultLabels, Counter>,
     volume_deletions: Family<ResultLabels, Counter>,
+    volume_sweeps: Family<ResultLabels, Counter>,
     revocations: Family<ResultLabels, Counter>,
     deletes_late: Counter,
     reconcile_duration: Histogram,
@@ -134,6 +136,7 @@ pub struct Metrics {
     blast_radius_cap_reached: Counter,
     blast_radius_unknown: Gauge,
     blast_radius_ledger_faults: Family<LedgerFaultLabels, Counter>,
+    standby_ledger_reads: Family<ResultLabels, Counter>,
     quota_used_ratio: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     clock_offset: Family<BoundLabels, Gauge<f64, AtomicU64>>,
     tracked: Mutex<HashMap<ObjectKey, Tracked>>,
@@ -153,6 +156,7 @@ impl Metrics {
             retained_bytes: Counter::default(),
             volume_marks: Family::default(),
             volume_deletions: Family::default(),
+            volume_sweeps: Family::default(),
             revocations: Family::default(),
             deletes_late: Counter::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
@@ -169,6 +173,7 @@ impl Metrics {
             blast_radius_cap_reached: Counter::default(),
             blast_radius_unknown: Gauge::default(),
             blast_radius_ledger_faults: Family::default(),
+            standby_ledger_reads: Family::default(),
             quota_used_ratio: Family::default(),
             clock_offset: Family::default(),
             tracked: Mutex::default(),
@@ -231,6 +236,13 @@ impl Metrics {
             "volume_deletions",
             "Delete requests sent for Released volumes whose claims workspace-gc deleted, by result",
             metrics.volume_deletions.clone(),
+        );
+        r.register(
+            "volume_sweeps",
+            "Looks at every PersistentVolume for Released ones to delete \
+             (deletion.released_volume_ttl), by result: completed, unlisted (the list failed) or \
+             interrupted (a DELETE failed; the rest wait for the next sweep)",
+            metrics.volume_sweeps.clone(),
         );
         r.register(
             "reconcile_duration_seconds",
@@ -308,6 +320,13 @@ impl Metrics {
              implausible ones count as a full window, one changed or lost while leading is \
              written back",
             metrics.blast_radius_ledger_faults.clone(),
+        );
+        r.register(
+            "standby_ledger_reads",
+            "Lease reads while standing by, by result: remembered (the Lease had a deletion \
+             ledger, kept to be written on the Lease should it be created again) or absent (none; \
+             the last one read stays remembered)",
+            metrics.standby_ledger_reads.clone(),
         );
         r.register(
             "quota_used_ratio",

@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use super::ServedState as Served;
 use super::{
     ApiErrorLabels, BoundLabels, CategoryLabels, ClaimLabels, DeleteResult, DeletionLabels,
-    ErrorCategory, Kind, KindLabels, LedgerFault, LedgerFaultLabels, Mark, Metrics, Operation,
-    QuotaLabels, RecheckLabels, ResultLabels, Revoked, ServedLabels, Tracked, WouldDeleteLabels,
+    ErrorCategory, Kind, KindLabels, LedgerFault, LedgerFaultLabels, LedgerRead, Mark, Metrics,
+    Operation, QuotaLabels, RecheckLabels, ResultLabels, Revoked, ServedLabels, Sweep, Tracked,
+    WouldDeleteLabels,
 };
 use crate::decide::facts::ObjectKey;
 use crate::decide::policy::{Reason, Verdict};
@@ -136,6 +137,14 @@ impl Metrics {
             .inc();
     }
 
+    pub fn volume_sweep(&self, result: Sweep) {
+        (self.volume_sweeps)
+            .get_or_create(&ResultLabels {
+                result: result.as_str(),
+            })
+            .inc();
+    }
+
     pub fn would_delete(&self, namespace: &str, reason: Reason) {
         self.would_delete
             .get_or_create(&WouldDeleteLabels {
@@ -245,6 +254,14 @@ impl Metrics {
         self.blast_radius_ledger_faults
             .get_or_create(&LedgerFaultLabels {
                 fault: fault.as_str(),
+            })
+            .inc();
+    }
+
+    pub fn standby_ledger_read(&self, result: LedgerRead) {
+        (self.standby_ledger_reads)
+            .get_or_create(&ResultLabels {
+                result: result.as_str(),
             })
             .inc();
     }
