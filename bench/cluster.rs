@@ -1,11 +1,12 @@
-//! The control plane for one benchmark size, reached the one way the project starts it
-//! (`scripts/control-plane`), plus what the benchmark adds on top: an audit policy, an identity
-//! (client certificate) per contender, RBAC, and readings of processes and API server metrics.
+//! The control plane for one benchmark size: the test kit's ([`testkit::ControlPlane`], started
+//! the one way the project starts one, `scripts/control-plane`), plus what the benchmark adds on
+//! top: an identity (client certificate) per contender, RBAC, and readings of processes and API
+//! server metrics.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::Namespace;
@@ -14,10 +15,9 @@ use k8s_openapi::api::rbac::v1::{
 };
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::Kubeconfig;
 
 use crate::results::ProcSample;
-use testkit::script;
+use testkit::{ControlPlane, ControlPlaneOptions, script};
 
 /// The user names the contenders authenticate as (the CN of their client certificates). The
 /// audit policy records exactly these and the controller manager.
@@ -29,74 +29,45 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A running control plane started by `scripts/control-plane up`, stopped by [`Self::down`]
-/// (and by the script's watchdog if this process dies).
-pub struct ControlPlane {
-    pub dir: PathBuf,
-    pub kubeconfig: PathBuf,
-    pub server: String,
-    pub started_in: Duration,
+/// Starts the control plane of one size in `dir` (a tmpfs) the way the tests start theirs, with
+/// kube-controller-manager and `apiserver_args`; how long it took to be ready. Stopped on drop.
+pub fn start(dir: &Path, apiserver_args: &[String]) -> Result<(ControlPlane, Duration)> {
+    let started = Instant::now();
+    let options = ControlPlaneOptions {
+        controller_manager: true,
+        apiserver_args: apiserver_args.to_vec(),
+    };
+    let plane = ControlPlane::start_in(dir, &options).map_err(|e| anyhow!(e))?;
+    Ok((plane, started.elapsed()))
 }
 
-impl ControlPlane {
-    pub fn up(dir: &Path, apiserver_args: &[String]) -> Result<Self> {
-        let started = std::time::Instant::now();
-        let kubeconfig =
-            script::up(dir, &["--controller-manager"], apiserver_args).map_err(|e| anyhow!(e))?;
-        let parsed = Kubeconfig::read_from(&kubeconfig)?;
-        let server = parsed
-            .clusters
-            .first()
-            .and_then(|c| c.cluster.as_ref())
-            .and_then(|c| c.server.clone())
-            .ok_or_else(|| anyhow!("no server in {}", kubeconfig.display()))?;
-        Ok(Self {
-            dir: dir.to_owned(),
-            kubeconfig,
-            server,
-            started_in: started.elapsed(),
-        })
-    }
-
-    pub fn down(&self) {
-        if let Err(error) = script::down(&self.dir) {
-            eprintln!("bench: {error}");
-        }
-    }
-
-    pub async fn admin_client(&self) -> Result<Client> {
-        client_from(&self.kubeconfig).await
-    }
-
+/// What the benchmark reads of the test kit's control plane beyond what the tests read: its
+/// processes, its binaries' versions, etcd's size, and identities (client certificates) that
+/// the audit log tells apart.
+pub trait Readings {
     /// The pid of one of the daemons the script started (etcd, kube-apiserver,
     /// kube-controller-manager), checked against its recorded start time.
-    pub fn pid(&self, name: &str) -> Option<u32> {
-        let text = std::fs::read_to_string(self.dir.join(format!("{name}.pid"))).ok()?;
+    fn pid(&self, name: &str) -> Option<u32>;
+    /// Version lines of the control plane's binaries.
+    fn versions(&self) -> BTreeMap<&'static str, String>;
+    /// Bytes etcd keeps on disk (its data directory on the tmpfs).
+    fn etcd_bytes(&self) -> u64;
+    /// Bytes of etcd's database file (the data itself, without the preallocated WAL).
+    fn etcd_db_bytes(&self) -> u64;
+    /// A client certificate for `user`, signed by the cluster CA, and a kubeconfig using it.
+    fn identity_kubeconfig(&self, aux: &Path, user: &str) -> Result<PathBuf>;
+}
+
+impl Readings for ControlPlane {
+    fn pid(&self, name: &str) -> Option<u32> {
+        let text = std::fs::read_to_string(self.dir().join(format!("{name}.pid"))).ok()?;
         let mut fields = text.split_whitespace();
         let pid: u32 = fields.next()?.parse().ok()?;
         let start = fields.next()?;
         (proc_start_time(pid)?.as_str() == start).then_some(pid)
     }
 
-    /// Stops kube-controller-manager (which this run started through the script), so that
-    /// the garbage collector cannot race the contenders measured after it.
-    pub fn stop_controller_manager(&self) -> Result<()> {
-        let Some(pid) = self.pid("kube-controller-manager") else {
-            bail!("kube-controller-manager is not running");
-        };
-        signal(pid, "TERM");
-        for _ in 0..100 {
-            if proc_start_time(pid).is_none() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        signal(pid, "KILL");
-        Ok(())
-    }
-
-    /// Version lines of the control plane's binaries.
-    pub fn versions(&self) -> BTreeMap<&'static str, String> {
+    fn versions(&self) -> BTreeMap<&'static str, String> {
         let mut out = BTreeMap::new();
         let bin = Command::new(script::SCRIPT)
             .arg("build")
@@ -125,21 +96,18 @@ impl ControlPlane {
         out
     }
 
-    /// Bytes etcd keeps on disk (its data directory on the tmpfs).
-    pub fn etcd_bytes(&self) -> u64 {
-        dir_size(&self.dir.join("etcd"))
+    fn etcd_bytes(&self) -> u64 {
+        dir_size(&self.dir().join("etcd"))
     }
 
-    /// Bytes of etcd's database file (the data itself, without the preallocated WAL).
-    pub fn etcd_db_bytes(&self) -> u64 {
-        std::fs::metadata(self.dir.join("etcd/member/snap/db"))
+    fn etcd_db_bytes(&self) -> u64 {
+        std::fs::metadata(self.dir().join("etcd/member/snap/db"))
             .map(|m| m.len())
             .unwrap_or(0)
     }
 
-    /// A client certificate for `user`, signed by the cluster CA, and a kubeconfig using it.
-    pub fn identity_kubeconfig(&self, aux: &Path, user: &str) -> Result<PathBuf> {
-        let pki = self.dir.join("pki");
+    fn identity_kubeconfig(&self, aux: &Path, user: &str) -> Result<PathBuf> {
+        let pki = self.dir().join("pki");
         let stem = user.replace(':', "-");
         let key = aux.join(format!("{stem}.key"));
         let csr = aux.join(format!("{stem}.csr"));
@@ -202,7 +170,7 @@ impl ControlPlane {
              user:\n      client-certificate: {crt}\n      client-key: {key}\ncontexts:\n  - name: \
              bench\n    context:\n      cluster: bench\n      user: \"{user}\"\n      namespace: \
              default\ncurrent-context: bench\n",
-            server = self.server,
+            server = self.config().cluster_url.to_string().trim_end_matches('/'),
             ca = pki.join("ca.crt").display(),
             crt = crt.display(),
             key = key.display(),

@@ -43,10 +43,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use chrono::{DateTime, Utc};
 use kube::Client;
-use testkit::scrape;
+use testkit::{ControlPlane, scrape};
 use tokio::io::AsyncBufReadExt;
 
-use crate::cluster::{ControlPlane, DAEMON_USER, KCM_USER, SWEEP_USER};
+use crate::cluster::{DAEMON_USER, KCM_USER, Readings, SWEEP_USER};
 use crate::observe::Observer;
 use crate::population::{Build, Plan, State, Target};
 use crate::results::{Contender, Counts, EventKind, ProcSample, Role, Run, SizeResult, Steady};
@@ -310,14 +310,23 @@ async fn run_size(n: usize, options: &Options) -> Result<SizeResult> {
     let load_before = cluster::loadavg();
 
     eprintln!("bench: starting the control plane in {}", base.display());
-    let cp = ControlPlane::up(
+    let (cp, started_in) = cluster::start(
         &base.join("cp"),
         &[
             format!("--audit-policy-file={}", policy.display()),
             format!("--audit-log-path={}", audit_log.display()),
         ],
     )?;
-    let outcome = run_phases(n, events, options, &plan, cp, aux.clone(), audit_log).await;
+    let outcome = run_phases(
+        n,
+        events,
+        options,
+        &plan,
+        (cp, started_in),
+        aux.clone(),
+        audit_log,
+    )
+    .await;
     let _ = std::fs::remove_dir_all(&base);
     let mut result = outcome?;
     result.load_before = load_before;
@@ -331,24 +340,19 @@ async fn run_phases(
     events: usize,
     options: &Options,
     plan: &Plan,
-    cp: ControlPlane,
+    (cp, started_in): (ControlPlane, Duration),
     aux: PathBuf,
     audit_log: PathBuf,
 ) -> Result<SizeResult> {
-    let admin = match cp.admin_client().await {
-        Ok(client) => client,
-        Err(error) => {
-            cp.down();
-            return Err(error);
-        }
-    };
+    // Dropped when this returns, as soon as a step fails: the control plane then stops.
+    let admin = cluster::client_from(cp.kubeconfig_path()).await?;
     let mut result = SizeResult {
         n,
         namespaces: options.namespaces,
         pods_per_build: plan.pods_per_build(),
         full: options.full(n),
         events,
-        control_plane_s: cp.started_in.as_secs_f64(),
+        control_plane_s: started_in.as_secs_f64(),
         versions: cp
             .versions()
             .into_iter()
@@ -395,7 +399,7 @@ async fn run_phases(
         };
         let outcome = phases(&ctx, plan, events, &mut result).await;
         ctx.observer.stop();
-        ctx.cp.down();
+        drop(ctx.cp);
         outcome
     };
     body.await?;
@@ -440,7 +444,9 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
         result.contenders.push(gc);
     }
     // From here on the garbage collector must not race the contenders.
-    ctx.cp.stop_controller_manager()?;
+    ctx.cp
+        .stop_component("kube-controller-manager", false)
+        .await;
 
     for spec in ctx.options.daemons() {
         eprintln!("bench: phase: {}", spec.label);

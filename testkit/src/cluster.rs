@@ -175,22 +175,36 @@ impl ControlPlane {
             // The script's `down` (or its watchdog) removes it.
             .keep();
         let mut flags = Vec::new();
-        if options.controller_manager {
-            flags.push("--controller-manager");
-        }
         if tekton {
             flags.push("--tekton");
         }
         flags.extend_from_slice(extra);
-        let kubeconfig =
-            script::up(&dir, &flags, &options.apiserver_args).unwrap_or_else(|e| panic!("{e}"));
-        let config = load_config(&kubeconfig);
-        ControlPlane {
-            dir,
+        Self::up_in(&dir, options, &flags).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A dedicated control plane in `dir` (the benchmark's is on a tmpfs), stopped on drop; what
+    /// failed, with the script's output, if it did not start. Its binaries must be built.
+    pub fn start_in(dir: &Path, options: &ControlPlaneOptions) -> Result<ControlPlane, String> {
+        Self::up_in(dir, options, &[])
+    }
+
+    fn up_in(
+        dir: &Path,
+        options: &ControlPlaneOptions,
+        flags: &[&str],
+    ) -> Result<ControlPlane, String> {
+        let mut flags = flags.to_vec();
+        if options.controller_manager {
+            flags.push("--controller-manager");
+        }
+        let kubeconfig = script::up(dir, &flags, &options.apiserver_args)?;
+        let config = futures::executor::block_on(script::load_config(&kubeconfig))?;
+        Ok(ControlPlane {
+            dir: dir.to_owned(),
             kubeconfig,
             config,
             dedicated: true,
-        }
+        })
     }
 
     /// A client with cluster-admin rights (system:masters).
