@@ -12,8 +12,7 @@ use crate::cluster::ports::{Clock, Cluster};
 use crate::config::Config;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
-use crate::decide::policy::{Reason, Verdict};
-use crate::decide::quota::{self, Deleting, Plan, Present, Rounds, Waters};
+use crate::decide::quota::{self, Deleting, LiveQuotas, Plan, Present, QuotaEntry, Rounds, Waters};
 
 use super::Controller;
 
@@ -176,50 +175,29 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         taken
     }
 
-    /// The live re-check of a pressure delete: the claim must still be within its TTL, live
-    /// (every linked owner finished with a completion time, nothing protecting it), and the
-    /// plan over the quotas listed live must still take it. Never anything wider.
-    pub(super) async fn still_taken(
+    /// What a pressure delete's live re-check plans over (`decide::quota::LiveQuotas`): the
+    /// quotas it listed within its bound, and the namespace's claims as cached now. `None`, and
+    /// the claim is kept, when pressure is off or the quotas could not be listed.
+    pub(super) fn live_quotas(
         &self,
-        facts: &crate::decide::facts::Facts,
-        verdict: Verdict,
-    ) -> bool {
-        let within_ttl = matches!(
-            verdict,
-            Verdict::Keep {
-                reason: Reason::WithinTtl,
-                ..
-            }
-        );
-        let Some(waters) = self.pressure.waters.filter(|_| within_ttl) else {
-            return false;
+        namespace: &str,
+        listed: Found<Vec<QuotaEntry>>,
+    ) -> Option<LiveQuotas> {
+        let waters = self.pressure.waters?;
+        let Found::Yes(quotas) = listed else {
+            return None;
         };
-        let namespace = &facts.claim.key.namespace;
-        let Found::Yes(quotas) = self.cluster.quotas(namespace).await else {
-            return false;
-        };
-        let plan = {
-            let index = self.read_index();
-            let mut claims = quota::Candidate::all_of(
-                index.claims_in(namespace),
-                &*index,
-                &self.policy_in(&index, namespace),
-                self.clock.now(),
-            );
-            claims.retain(|claim| claim.key != facts.claim.key);
-            claims.push(quota::Candidate::of(facts, verdict));
-            let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
-            // The round's pressed resources and what it owes, over the quotas listed live.
-            let rounds = self.rounds();
-            rounds.plan_live(
-                namespace,
-                &quotas,
-                &present,
-                &claims,
-                waters,
-                self.clock.server().0,
-            )
-        };
-        plan.victims.contains(&facts.claim.key)
+        let index = self.read_index();
+        let policy = self.policy_in(&index, namespace);
+        let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
+        let cached = index.claims_in(namespace);
+        let cached = quota::Candidate::all_of(cached, &*index, &policy, self.clock.now());
+        Some(LiveQuotas {
+            quotas,
+            present,
+            cached,
+            waters,
+            now: self.clock.server().0,
+        })
     }
 }

@@ -109,6 +109,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     self.policies.for_namespace(notes.await.as_ref()).policy
                 }
             };
+            // A pressure delete is planned again over the quotas as listed now.
+            let quotas = match cause {
+                Cause::Pressure => Some(self.cluster.quotas(&key.namespace).await),
+                Cause::Due(_) => None,
+            };
             let volume = match claim
                 .volume_name
                 .as_deref()
@@ -117,14 +122,16 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 Some(name) => self.cluster.volume(name).await,
                 None => None,
             };
-            (live, read_at, policy, volume)
+            (live, read_at, policy, volume, quotas)
         };
-        let Ok((live, read_at, policy, volume)) = tokio::time::timeout(LIVE_BOUND, read).await
+        let Ok((live, read_at, policy, volume, quotas)) =
+            tokio::time::timeout(LIVE_BOUND, read).await
         else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
             return Err(Failure::LiveTooSlow);
         };
         let live_until = read_at + LIVE_BOUND;
+        let quotas = quotas.and_then(|listed| self.live_quotas(&key.namespace, listed));
         let facts = linking::facts(claim, &live);
         let decision = policy::decide(&facts, &policy, self.clock.now());
         let confirmed = match (cause, decision.verdict) {
@@ -132,9 +139,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 Some((reason, due_at.or(cached_due_at)))
             }
             (Cause::Due(_), _) => None,
-            (Cause::Pressure, verdict) => self
-                .still_taken(&facts, verdict)
-                .await
+            // Taken early only if still within its TTL and the plan over the live quotas takes
+            // it: never anything wider.
+            (Cause::Pressure, verdict) => quotas
+                .is_some_and(|live| self.rounds().takes_live(&live, &facts, verdict))
                 .then_some((Reason::QuotaPressure, None)),
         };
         let Some((reason, due_at)) = confirmed else {

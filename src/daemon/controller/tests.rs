@@ -16,14 +16,15 @@ use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
 use crate::cluster::watches::PROVEN;
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
 use crate::config::Config;
+use crate::contract::OwnerKind;
 use crate::contract::annotations::NS_COLLECT;
 use crate::daemon::scheduler::{Failure, Outcome, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
-use crate::decide::facts::{NamespaceEntry, PodEntry};
+use crate::decide::facts::{NamespaceEntry, PodEntry, Progress, RunEntry};
 use crate::decide::linking::Found;
 use crate::decide::namespace::Invalid;
 use crate::decide::policy::Reason;
-use crate::decide::quota::{Pressure, QuotaEntry};
+use crate::decide::quota::{Limit, Pressure, QuotaEntry, Resource};
 use crate::decide::volumes::{self, VolumeFacts};
 use crate::observe::metrics::{DeleteResult, Kind, Metrics};
 
@@ -89,6 +90,11 @@ struct FakeCluster {
     /// Every kind's resourceVersion as a consistent read finds it; `None`: unknown. Its
     /// replays never get their bookmark.
     revision: Mutex<Option<u64>>,
+    /// The PipelineRuns the live re-check finds.
+    live_runs: Mutex<Vec<RunEntry>>,
+    /// The ResourceQuotas a live list finds, and how long the list takes.
+    live_quotas: Mutex<Vec<QuotaEntry>>,
+    quotas_take: Mutex<Duration>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -115,7 +121,11 @@ impl LiveReads for FakeCluster {
         let takes = *lock(&self.read_takes);
         tokio::time::sleep(takes).await;
         let pods = lock(&self.live_pods).clone();
-        (synced(std::slice::from_ref(claim), &pods), read_at)
+        let mut live = synced(std::slice::from_ref(claim), &pods);
+        for run in lock(&self.live_runs).iter() {
+            live.update(Update::Run(Change::Apply(run.clone())));
+        }
+        (live, read_at)
     }
 
     async fn revision(&self, _: Kind, _: &Scope) -> Found<u64> {
@@ -144,7 +154,9 @@ impl LiveReads for FakeCluster {
     }
 
     async fn quotas(&self, _: &str) -> Found<Vec<QuotaEntry>> {
-        Found::Yes(Vec::new())
+        let takes = *lock(&self.quotas_take);
+        tokio::time::sleep(takes).await;
+        Found::Yes(lock(&self.live_quotas).clone())
     }
 
     async fn namespace_annotations(&self, _: &str) -> Option<BTreeMap<String, String>> {
@@ -284,11 +296,11 @@ fn controller_with(
     edit: impl FnOnce(&mut Config),
 ) -> Arc<Controller<FakeCluster, FakeClock>> {
     let mut config = Config::default();
+    config.quota.enabled = false;
     edit(&mut config);
     config.deletion.max_deletions_per_window = cap;
     config.deletion.window = Duration::from_secs(3600);
     config.deletion.deletes_per_second = 1000.0;
-    config.quota.enabled = false;
     let clock = FakeClock {
         start: Instant::now(),
         wall: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
@@ -822,5 +834,103 @@ fn the_sweep_runs_at_half_the_ttl_within_bounds() {
     assert_eq!(
         sweep_every(Duration::from_secs(86_400)),
         Duration::from_secs(60)
+    );
+}
+
+/// A 2 GiB `requests.storage` quota of namespace `ml` with `used` GiB used.
+fn storage_quota(used: u64) -> QuotaEntry {
+    const GI: u64 = 1 << 30;
+    QuotaEntry {
+        key: ObjectKey::new("ml", "storage"),
+        uid: "storage-uid".into(),
+        limits: vec![Limit {
+            resource: Resource::Storage,
+            hard: 2 * GI,
+            used: used * GI,
+        }],
+    }
+}
+
+/// Two 1 GiB workspaces whose runs succeeded 10 and 5 minutes ago, within their hour's TTL,
+/// under a full quota as cached: pressure takes `older` early, the one completed first. The
+/// live re-check finds the runs as cached and the quota as `live_quotas` says.
+fn under_pressure(cluster: FakeCluster) -> Arc<Controller<FakeCluster, FakeClock>> {
+    let wall = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+    let build = |name: &str, minutes_ago: i64| {
+        let mut claim = due(name);
+        claim.created = wall - chrono::Duration::minutes(30);
+        claim.requested_bytes = Some(1 << 30);
+        let run = RunEntry {
+            kind: OwnerKind::Run,
+            key: ObjectKey::new("ml", &format!("{name}-run")),
+            uid: format!("{name}-run-uid"),
+            claims: vec![name.into()],
+            progress: Progress::Finished {
+                at: Some(wall - chrono::Duration::minutes(minutes_ago)),
+                failed: false,
+            },
+        };
+        (claim, run)
+    };
+    let (claims, runs): (Vec<_>, Vec<_>) =
+        [build("older", 10), build("newer", 5)].into_iter().unzip();
+    *lock(&cluster.live_runs) = runs.clone();
+    let c = controller_with(cluster, 10, &claims, true, |config| {
+        config.policy.ttl_after_finished = Duration::from_secs(3600);
+        config.quota.enabled = true;
+    });
+    {
+        let mut index = c.write_index();
+        for run in runs {
+            index.update(Update::Run(Change::Apply(run)));
+        }
+        index.apply::<QuotaEntry>(Change::InitDone(None));
+        index.update(Update::Quota(Change::Apply(storage_quota(2))));
+    }
+    c
+}
+
+/// The plan a pressure delete's re-check confirms is made again over the quotas as listed live:
+/// a quota the list finds relieved (a delete the cache has not seen yet) takes nothing, and the
+/// claim is kept; one still full takes the same claim, which is then deleted for pressure.
+#[tokio::test(start_paused = true)]
+async fn a_pressure_delete_is_planned_again_over_the_quotas_listed_live() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.live_quotas) = vec![storage_quota(1)];
+    let c = under_pressure(cluster);
+    let outcome = c.clone().reconcile(key("older")).await;
+    assert_eq!(outcome, Outcome::Retry(Failure::LiveDisagrees));
+    assert!(lock(&c.cluster.sent).is_empty());
+
+    *lock(&c.cluster.live_quotas) = vec![storage_quota(2)];
+    // Sent; the claim stays cached until the watch brings its deletion, woken at its TTL.
+    let outcome = c.clone().reconcile(key("older")).await;
+    assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+    let sent: Vec<ObjectKey> = (lock(&c.cluster.sent).iter())
+        .map(|sent| sent.claim.clone())
+        .collect();
+    assert_eq!(sent, [key("older")]);
+    assert_eq!(
+        lock(&c.cluster.notices).clone(),
+        vec![Notice::Deleted(Reason::QuotaPressure, None)]
+    );
+}
+
+/// The live quota list is part of the re-check and within its bound: a list slower than the
+/// bound ends the re-check at the bound, and nothing is sent.
+#[tokio::test(start_paused = true)]
+async fn a_quota_list_slower_than_the_live_bound_ends_the_re_check_at_the_bound() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.live_quotas) = vec![storage_quota(2)];
+    *lock(&cluster.quotas_take) = Duration::from_secs(60);
+    let c = under_pressure(cluster);
+    let started = Instant::now();
+    let outcome = c.clone().reconcile(key("older")).await;
+    assert_eq!(outcome, Outcome::Retry(Failure::LiveTooSlow));
+    assert!(lock(&c.cluster.sent).is_empty());
+    assert!(
+        started.elapsed() <= LIVE_BOUND + Duration::from_millis(100),
+        "gave up after {:?}",
+        started.elapsed()
     );
 }

@@ -184,6 +184,18 @@ impl Waters {
     }
 }
 
+/// What a pressure delete's live re-check plans over: the namespace's quotas as listed within
+/// the re-check's bound, and its claims as cached then (present, and decided as candidates),
+/// with the waters and the API server's time.
+#[derive(Debug, Clone)]
+pub struct LiveQuotas {
+    pub quotas: Vec<QuotaEntry>,
+    pub present: Vec<Present>,
+    pub cached: Vec<Candidate>,
+    pub waters: Waters,
+    pub now: DateTime<Utc>,
+}
+
 /// A claim as pressure sees it, a candidate for an early delete: its verdict and what it takes
 /// up.
 #[derive(Debug, Clone, PartialEq)]
@@ -481,6 +493,35 @@ impl Rounds {
             round.observe(live, present, waters);
         }
         live_rounds.plan(namespace, live, claims, waters, now)
+    }
+
+    /// A pressure delete's live re-check: whether the plan over `live` still takes the claim of
+    /// `facts`, decided live as `verdict`, among the namespace's other claims as cached. Only a
+    /// claim still within its TTL is taken early; never anything wider.
+    pub fn takes_live(&self, live: &LiveQuotas, facts: &Facts, verdict: Verdict) -> bool {
+        let within_ttl = matches!(
+            verdict,
+            Verdict::Keep {
+                reason: Reason::WithinTtl,
+                ..
+            }
+        );
+        if !within_ttl {
+            return false;
+        }
+        let key = &facts.claim.key;
+        let others = live.cached.iter().filter(|claim| claim.key != *key);
+        let mut claims: Vec<Candidate> = others.cloned().collect();
+        claims.push(Candidate::of(facts, verdict));
+        let plan = self.plan_live(
+            &key.namespace,
+            &live.quotas,
+            &live.present,
+            &claims,
+            live.waters,
+            live.now,
+        );
+        plan.victims.contains(key)
     }
 
     /// Records a delete about to be sent, before it is, in a namespace under pressure (for any
