@@ -251,6 +251,12 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 });
             }
         };
+        // Revoked at once, before anything else is done for the claim (in a dry run nothing
+        // that can land was sent).
+        let revoked = match answer.result() {
+            DeleteResult::Unanswered => Some(self.resolve_outstanding(key).await),
+            _ => None,
+        };
         match answer {
             Answer::Dry(DeleteResult::Deleted) => {
                 info!(claim = %key, %reason, "dry-run: would delete");
@@ -284,12 +290,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             DeleteResult::Throttled => Outcome::Retry(Failure::Throttled),
             DeleteResult::Denied => Outcome::Retry(Failure::Denied),
-            // Revoked at once, before anything else is decided for the claim (in a dry run
-            // nothing that can land was sent).
-            DeleteResult::Unanswered => match self.resolve_outstanding(key).await {
-                Some(outcome) => outcome,
-                None => Outcome::Retry(Failure::Unanswered),
-            },
+            DeleteResult::Unanswered => revoked
+                .flatten()
+                .unwrap_or(Outcome::Retry(Failure::Unanswered)),
         }
     }
 
