@@ -1,6 +1,6 @@
-//! The DELETEs already sent. One answered with success is checked live before anything is sent
-//! again for its claim; one without a definite answer is revoked before anything else is decided
-//! for it (RELIABILITY.md, "A late DELETE").
+//! The DELETEs already sent. After one answered with success, its claim is read itself in the
+//! live re-check before anything is sent again; one without a definite answer is revoked before
+//! anything else is decided for it (RELIABILITY.md, "A late DELETE").
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,6 +27,15 @@ pub(super) struct Outstanding {
     pub(super) reservation: Option<Reservation>,
 }
 
+/// Why a claim's live re-check reads the claim itself ([`Controller::removal_unseen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unseen {
+    /// This replica's DELETE of it was answered with success.
+    Answered,
+    /// The claims' watch has failed: a DELETE by the replica that led before may be unseen.
+    WatchBroken,
+}
+
 /// What is known of the DELETEs already sent.
 #[derive(Default)]
 pub(super) struct InFlightDeletes {
@@ -44,28 +53,17 @@ pub(super) struct InFlightDeletes {
 }
 
 impl<C: Cluster, K: Clock> Controller<C, K> {
-    /// After a DELETE of this claim answered with success: whether the claim is gone or being
-    /// deleted, read live, before anything is sent again. `None` to go on: none was sent, or
-    /// the claim is there unchanged and not being deleted.
-    pub(super) async fn after_earlier_delete(&self, claim: &ClaimFacts) -> Option<Outcome> {
-        let pending = self.lock_already_sent().get(&claim.key) == Some(&claim.uid);
+    /// Why a DELETE may have removed the claim without the cache showing it, so that its live
+    /// re-check reads the claim itself before anything is sent: one was answered with success
+    /// and the watch has not shown the claim gone, or the claims' watch is broken. `None` when
+    /// the cache can be trusted on it.
+    pub(super) fn removal_unseen(&self, claim: &ClaimFacts) -> Option<Unseen> {
+        if self.lock_already_sent().get(&claim.key) == Some(&claim.uid) {
+            return Some(Unseen::Answered);
+        }
         let broken =
             (self.in_flight.claims_watch_broken).load(std::sync::atomic::Ordering::Relaxed);
-        if !pending && !broken {
-            return None;
-        }
-        let outcome = match self.cluster.claim_state(&claim.key).await {
-            Found::Yes((uid, false)) if uid == claim.uid => None,
-            Found::Unknown(_) => return Some(Outcome::Retry(Failure::LiveUnread)),
-            _ => {
-                info!(claim = %claim.key, "the claim is gone or being deleted (an earlier delete was carried out); none is sent again");
-                Some(Outcome::Done)
-            }
-        };
-        if pending {
-            self.lock_already_sent().remove(&claim.key);
-        }
-        outcome
+        broken.then_some(Unseen::WatchBroken)
     }
 
     pub(super) fn claims_watch_broken(&self, broken: bool) {

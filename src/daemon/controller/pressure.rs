@@ -12,7 +12,7 @@ use crate::cluster::ports::{Clock, Cluster};
 use crate::config::Config;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
-use crate::decide::quota::{self, Deleting, LiveQuotas, Plan, Present, QuotaEntry, Rounds, Waters};
+use crate::decide::quota::{self, Deleting, Plan, Present, Rounds, Waters};
 
 use super::Controller;
 
@@ -175,29 +175,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         taken
     }
 
-    /// What a pressure delete's live re-check plans over (`decide::quota::LiveQuotas`): the
-    /// quotas it listed within its bound, and the namespace's claims as cached now. `None`, and
-    /// the claim is kept, when pressure is off or the quotas could not be listed.
-    pub(super) fn live_quotas(
-        &self,
-        namespace: &str,
-        listed: Found<Vec<QuotaEntry>>,
-    ) -> Option<LiveQuotas> {
-        let waters = self.pressure.waters?;
-        let Found::Yes(quotas) = listed else {
-            return None;
-        };
-        let index = self.read_index();
-        let policy = self.policy_in(&index, namespace);
-        let present: Vec<Present> = index.claims_in(namespace).map(Present::of).collect();
-        let cached = index.claims_in(namespace);
-        let cached = quota::Candidate::all_of(cached, &*index, &policy, self.clock.now());
-        Some(LiveQuotas {
-            quotas,
-            present,
-            cached,
-            waters,
-            now: self.clock.server().0,
-        })
+    /// Quota pressure's thresholds; `None` when it is disabled.
+    pub(super) fn pressure_waters(&self) -> Option<Waters> {
+        self.pressure.waters
     }
 }

@@ -1,7 +1,9 @@
-//! The live re-check before a DELETE: the claim decided again from a cache proven fresh
-//! (`daemon::proof`), or from live reads, within [`LIVE_BOUND`], for the same cause and no
-//! other.
+//! The live re-check before a DELETE: everything the decision rests on read first, within
+//! [`LIVE_BOUND`] (from a cache proven fresh by `daemon::proof`, or live), then the claim
+//! decided again for the same cause and no other. The claim itself is read too when a DELETE
+//! may have removed it unseen (`in_flight`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -13,13 +15,15 @@ use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches::PROVEN;
 use crate::config::Config;
 use crate::daemon::proof::{self, PROOF_BOUND, Proofs, Recheck, Recorded};
-use crate::daemon::scheduler::Failure;
+use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::ClaimFacts;
 use crate::decide::linking::{self, Found};
 use crate::decide::policy::{self, Reason, Verdict};
+use crate::decide::quota::{Candidate, LiveQuotas, Present, QuotaEntry};
 use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::Kind;
 
+use super::in_flight::Unseen;
 use super::{Cause, Controller};
 
 /// The oldest a live re-check may be when its DELETE goes out, counted from its first read: a
@@ -47,6 +51,23 @@ pub(super) struct Confirmed {
     pub(super) live_until: Instant,
 }
 
+/// What a live re-check read, within its bound.
+struct Read<L> {
+    /// The claim's UID and whether it is being deleted, read when a DELETE may have removed
+    /// it unseen.
+    state: Option<Found<(String, bool)>>,
+    /// Whatever may protect the claim.
+    live: Recheck<L>,
+    /// When the first of those reads was sent.
+    read_at: Instant,
+    /// The namespace's annotations, when its settings count (`None` also when unreadable).
+    notes: Option<BTreeMap<String, String>>,
+    /// The claim's volume (only with `deletion.read_volumes`).
+    volume: Option<VolumeFacts>,
+    /// The namespace's quotas, for a pressure delete.
+    quotas: Option<Found<Vec<QuotaEntry>>>,
+}
+
 /// What the live re-check reads by.
 pub(super) struct Rechecks {
     /// The rounds that prove the cache fresh for the live re-check.
@@ -70,13 +91,14 @@ impl Rechecks {
 impl<C: Cluster, K: Clock> Controller<C, K> {
     /// The live re-check: the claim is read live and decided again through the same linking
     /// and policy, and must be deleted for the same cause, by a re-check no older than
-    /// [`LIVE_BOUND`].
+    /// [`LIVE_BOUND`]. The outcome when it must not: a claim found gone is done.
     pub(super) async fn confirm(
         &self,
         claim: &ClaimFacts,
         cause: Cause,
-    ) -> Result<Confirmed, Failure> {
+    ) -> Result<Confirmed, Outcome> {
         let key = &claim.key;
+        let unseen = self.removal_unseen(claim);
         // Whatever may protect the claim is read from a cache proven fresh, or live: a watch
         // can go silent without an error (a wedged API server, a dead connection) and its cache
         // would miss a pod or a run started since (tests/cluster/faults.rs,
@@ -88,52 +110,38 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         } else {
             None
         };
-        let read = async {
-            let (live, read_at) = match proven {
-                Some(read_at) => {
-                    let recorded = Recorded::of(claim, &*self.read_index());
-                    (Recheck::Proven(Box::new(recorded)), read_at)
-                }
-                None => {
-                    let (live, read_at) = self.cluster.read_live(claim).await;
-                    (Recheck::Listed(live), read_at)
-                }
-            };
-            self.metrics.recheck(proven.is_some());
-            // The namespace's settings too, when they count.
-            let policy = match self.policies.namespaces {
-                None => self.policies.cluster.clone(),
-                Some(_) => {
-                    let namespace = &key.namespace;
-                    let notes = self.cluster.namespace_annotations(namespace);
-                    self.policies.for_namespace(notes.await.as_ref()).policy
-                }
-            };
-            // A pressure delete is planned again over the quotas as listed now.
-            let quotas = match cause {
-                Cause::Pressure => Some(self.cluster.quotas(&key.namespace).await),
-                Cause::Due(_) => None,
-            };
-            let volume = match claim
-                .volume_name
-                .as_deref()
-                .filter(|_| self.rechecks.read_volumes)
-            {
-                Some(name) => self.cluster.volume(name).await,
-                None => None,
-            };
-            (live, read_at, policy, volume, quotas)
-        };
-        let Ok((live, read_at, policy, volume, quotas)) =
-            tokio::time::timeout(LIVE_BOUND, read).await
-        else {
+        // Everything the decision rests on is read first, within the bound; then it is decided.
+        let read = self.read_for_recheck(claim, cause, proven, unseen);
+        let Ok(read) = tokio::time::timeout(LIVE_BOUND, read).await else {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
-            return Err(Failure::LiveTooSlow);
+            return Err(Outcome::Retry(Failure::LiveTooSlow));
         };
-        let live_until = read_at + LIVE_BOUND;
-        let quotas = quotas.and_then(|listed| self.live_quotas(&key.namespace, listed));
-        let facts = linking::facts(claim, &live);
-        let decision = policy::decide(&facts, &policy, self.clock.now());
+        if let Some(state) = read.state {
+            let gone = match state {
+                Found::Yes((uid, being_deleted)) => being_deleted || uid != claim.uid,
+                Found::No => true,
+                Found::Unknown(_) => return Err(Outcome::Retry(Failure::LiveUnread)),
+            };
+            if unseen == Some(Unseen::Answered) {
+                self.lock_already_sent().remove(key);
+            }
+            if gone {
+                info!(claim = %key, "the claim is gone or being deleted (an earlier delete was carried out); none is sent again");
+                return Err(Outcome::Done);
+            }
+        }
+        let live_until = read.read_at + LIVE_BOUND;
+        let index = self.read_index();
+        // A pressure delete is planned over the namespace's claims as cached now.
+        let cached: Vec<&ClaimFacts> = match (&read.quotas, self.pressure_waters()) {
+            (Some(Found::Yes(_)), Some(_)) => index.claims_in(&key.namespace).collect(),
+            _ => Vec::new(),
+        };
+        self.metrics.recheck(proven.is_some());
+        let policy = self.policies.for_namespace(read.notes.as_ref()).policy;
+        let facts = linking::facts(claim, &read.live);
+        let now = self.clock.now();
+        let decision = policy::decide(&facts, &policy, now);
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
                 Some((reason, due_at.or(cached_due_at)))
@@ -141,10 +149,22 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             (Cause::Due(_), _) => None,
             // Taken early only if still within its TTL and the plan over the live quotas takes
             // it: never anything wider.
-            (Cause::Pressure, verdict) => quotas
-                .is_some_and(|live| self.rounds().takes_live(&live, &facts, verdict))
-                .then_some((Reason::QuotaPressure, None)),
+            (Cause::Pressure, verdict) => {
+                let live = match (read.quotas, self.pressure_waters()) {
+                    (Some(Found::Yes(quotas)), Some(waters)) => Some(LiveQuotas {
+                        quotas,
+                        present: cached.iter().copied().map(Present::of).collect(),
+                        cached: Candidate::all_of(cached, &*index, &policy, now),
+                        waters,
+                        now: self.clock.server().0,
+                    }),
+                    _ => None,
+                };
+                live.is_some_and(|live| self.rounds().takes_live(&live, &facts, verdict))
+                    .then_some((Reason::QuotaPressure, None))
+            }
         };
+        drop(index);
         let Some((reason, due_at)) = confirmed else {
             let unread = matches!(
                 decision.verdict.reason(),
@@ -156,22 +176,73 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 detail = decision.detail.as_deref().unwrap_or(""),
                 "live re-check kept the claim"
             );
-            return Err(if unread {
+            return Err(Outcome::Retry(if unread {
                 Failure::LiveUnread
             } else {
                 Failure::LiveDisagrees
-            });
+            }));
         };
         if Instant::now() >= live_until {
             info!(claim = %key, bound = ?LIVE_BOUND, "the live re-check took too long; deciding again");
-            return Err(Failure::LiveTooSlow);
+            return Err(Outcome::Retry(Failure::LiveTooSlow));
         }
         Ok(Confirmed {
             reason,
-            volume,
+            volume: read.volume,
             due_at,
             live_until,
         })
+    }
+
+    /// Everything a live re-check decides from: the cache proven fresh (when `proven` says
+    /// when its round read) or the live reads, the claim itself when a DELETE may have removed
+    /// it unseen, the namespace's settings, a pressure delete's quotas, and the volume.
+    async fn read_for_recheck(
+        &self,
+        claim: &ClaimFacts,
+        cause: Cause,
+        proven: Option<Instant>,
+        unseen: Option<Unseen>,
+    ) -> Read<C::Live> {
+        let key = &claim.key;
+        let state = match unseen {
+            Some(_) => Some(self.cluster.claim_state(key).await),
+            None => None,
+        };
+        let (live, read_at) = match proven {
+            Some(read_at) => {
+                let recorded = Recorded::of(claim, &*self.read_index());
+                (Recheck::Proven(Box::new(recorded)), read_at)
+            }
+            None => {
+                let (live, read_at) = self.cluster.read_live(claim).await;
+                (Recheck::Listed(live), read_at)
+            }
+        };
+        let notes = match self.policies.namespaces {
+            None => None,
+            Some(_) => self.cluster.namespace_annotations(&key.namespace).await,
+        };
+        let quotas = match cause {
+            Cause::Pressure => Some(self.cluster.quotas(&key.namespace).await),
+            Cause::Due(_) => None,
+        };
+        let volume = match claim
+            .volume_name
+            .as_deref()
+            .filter(|_| self.rechecks.read_volumes)
+        {
+            Some(name) => self.cluster.volume(name).await,
+            None => None,
+        };
+        Read {
+            state,
+            live,
+            read_at,
+            notes,
+            volume,
+            quotas,
+        }
     }
 
     /// When a round proving the cache fresh for `namespace`'s watches sent its first read,

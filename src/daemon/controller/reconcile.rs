@@ -101,9 +101,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// Deletes a claim for `cause`, in four stages, each taking what the one before returns:
     /// admit (pace and cap), confirm (the live re-check), send (the one DELETE), report.
     pub(super) async fn act(&self, claim: ClaimFacts, cause: Cause) -> Outcome {
-        if let Some(outcome) = self.after_earlier_delete(&claim).await {
-            return outcome;
-        }
         let reservation = match self.admit(&claim, cause).await {
             Ok(reservation) => reservation,
             Err(outcome) => return outcome,
@@ -111,9 +108,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         tokio::time::sleep_until(reservation.slot).await;
         let confirmed = match self.confirm(&claim, cause).await {
             Ok(confirmed) => confirmed,
-            Err(failure) => {
+            Err(outcome) => {
                 self.release(reservation);
-                return Outcome::Retry(failure);
+                return outcome;
             }
         };
         let sent = self.send(&claim, cause, reservation, &confirmed).await;

@@ -579,6 +579,19 @@ async fn a_delete_carried_out_is_not_sent_again_while_the_cache_still_shows_the_
     assert_eq!(lock(&c.cluster.sent).len(), 1, "not sent again");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_claim_found_gone_by_its_re_check_gives_its_slot_of_the_cap_back() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
+    let c = controller(cluster, 2, &[due("a"), due("b")], true);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    // Admitted, then read live in its re-check and found being deleted: the slot it took
+    // goes back, and the cap's second slot is b's.
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 2, "a once, then b");
+}
+
 #[tokio::test]
 async fn while_the_claims_watch_is_broken_a_claim_is_read_live_before_its_delete() {
     let cluster = FakeCluster::default();
