@@ -142,6 +142,20 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let facts = linking::facts(claim, &read.live);
         let now = self.clock.now();
         let decision = policy::decide(&facts, &policy, now);
+        // A pressure delete's plan: over the quotas as listed and the claims as cached, each
+        // decided under the same settings as this one.
+        let live_quotas = match (read.quotas, self.pressure_waters()) {
+            (Some(Found::Yes(quotas)), Some(waters)) => Some(LiveQuotas {
+                quotas,
+                present: cached.iter().copied().map(Present::of).collect(),
+                cached: Candidate::all_of(cached, &*index, &policy, now),
+                waters,
+                now: self.clock.server().0,
+            }),
+            _ => None,
+        };
+        // Released before the plan is made: the feed's writes wait on it.
+        drop(index);
         let confirmed = match (cause, decision.verdict) {
             (Cause::Due(cached_due_at), Verdict::Delete { reason, due_at }) => {
                 Some((reason, due_at.or(cached_due_at)))
@@ -149,22 +163,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             (Cause::Due(_), _) => None,
             // Taken early only if still within its TTL and the plan over the live quotas takes
             // it: never anything wider.
-            (Cause::Pressure, verdict) => {
-                let live = match (read.quotas, self.pressure_waters()) {
-                    (Some(Found::Yes(quotas)), Some(waters)) => Some(LiveQuotas {
-                        quotas,
-                        present: cached.iter().copied().map(Present::of).collect(),
-                        cached: Candidate::all_of(cached, &*index, &policy, now),
-                        waters,
-                        now: self.clock.server().0,
-                    }),
-                    _ => None,
-                };
-                live.is_some_and(|live| self.rounds().takes_live(&live, &facts, verdict))
-                    .then_some((Reason::QuotaPressure, None))
-            }
+            (Cause::Pressure, verdict) => live_quotas
+                .is_some_and(|live| self.rounds().takes_live(&live, &facts, verdict))
+                .then_some((Reason::QuotaPressure, None)),
         };
-        drop(index);
         let Some((reason, due_at)) = confirmed else {
             let unread = matches!(
                 decision.verdict.reason(),
