@@ -58,7 +58,8 @@ struct Read<L> {
     state: Option<Found<(String, bool)>>,
     /// Whatever may protect the claim.
     live: Recheck<L>,
-    /// When the first of those reads was sent.
+    /// When the first of these reads was sent (the proving round's, for a proven cache): the
+    /// re-check's bound counts from it.
     read_at: Instant,
     /// The namespace's annotations, when its settings count (`None` also when unreadable).
     notes: Option<BTreeMap<String, String>>,
@@ -207,10 +208,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         unseen: Option<Unseen>,
     ) -> Read<C::Live> {
         let key = &claim.key;
-        let state = match unseen {
-            Some(_) => Some(self.cluster.claim_state(key).await),
-            None => None,
-        };
         let (live, read_at) = match proven {
             Some(read_at) => {
                 let recorded = Recorded::of(claim, &*self.read_index());
@@ -220,6 +217,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 let (live, read_at) = self.cluster.read_live(claim).await;
                 (Recheck::Listed(live), read_at)
             }
+        };
+        let state = match unseen {
+            Some(_) => Some(self.cluster.claim_state(key).await),
+            None => None,
         };
         let notes = match self.policies.namespaces {
             None => None,
