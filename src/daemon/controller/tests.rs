@@ -17,7 +17,7 @@ use crate::cluster::watches::PROVEN;
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
 use crate::config::Config;
 use crate::contract::OwnerKind;
-use crate::contract::annotations::NS_COLLECT;
+use crate::contract::annotations::{NS_COLLECT, NS_TTL_AFTER_FINISHED};
 use crate::daemon::scheduler::{Failure, Outcome, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::facts::{NamespaceEntry, PodEntry, Progress, RunEntry};
@@ -867,7 +867,10 @@ fn storage_quota(used: u64) -> QuotaEntry {
 /// Two 1 GiB workspaces whose runs succeeded 10 and 5 minutes ago, within their hour's TTL,
 /// under a full quota as cached: pressure takes `older` early, the one completed first. The
 /// live re-check finds the runs as cached and the quota as `live_quotas` says.
-fn under_pressure(cluster: FakeCluster) -> Arc<Controller<FakeCluster, FakeClock>> {
+fn under_pressure(
+    cluster: FakeCluster,
+    edit: impl FnOnce(&mut Config),
+) -> Arc<Controller<FakeCluster, FakeClock>> {
     let wall = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
     let build = |name: &str, minutes_ago: i64| {
         let mut claim = due(name);
@@ -891,6 +894,7 @@ fn under_pressure(cluster: FakeCluster) -> Arc<Controller<FakeCluster, FakeClock
     let c = controller_with(cluster, 10, &claims, true, |config| {
         config.policy.ttl_after_finished = Duration::from_secs(3600);
         config.quota.enabled = true;
+        edit(config);
     });
     {
         let mut index = c.write_index();
@@ -910,7 +914,7 @@ fn under_pressure(cluster: FakeCluster) -> Arc<Controller<FakeCluster, FakeClock
 async fn a_pressure_delete_is_planned_again_over_the_quotas_listed_live() {
     let cluster = FakeCluster::default();
     *lock(&cluster.live_quotas) = vec![storage_quota(1)];
-    let c = under_pressure(cluster);
+    let c = under_pressure(cluster, |_| {});
     let outcome = c.clone().reconcile(key("older")).await;
     assert_eq!(outcome, Outcome::Retry(Failure::LiveDisagrees));
     assert!(lock(&c.cluster.sent).is_empty());
@@ -936,7 +940,7 @@ async fn a_quota_list_slower_than_the_live_bound_ends_the_re_check_at_the_bound(
     let cluster = FakeCluster::default();
     *lock(&cluster.live_quotas) = vec![storage_quota(2)];
     *lock(&cluster.quotas_take) = Duration::from_secs(60);
-    let c = under_pressure(cluster);
+    let c = under_pressure(cluster, |_| {});
     let started = Instant::now();
     let outcome = c.clone().reconcile(key("older")).await;
     assert_eq!(outcome, Outcome::Retry(Failure::LiveTooSlow));
@@ -946,4 +950,30 @@ async fn a_quota_list_slower_than_the_live_bound_ends_the_re_check_at_the_bound(
         "gave up after {:?}",
         started.elapsed()
     );
+}
+
+/// A pressure delete's plan decides the namespace's other claims under the settings its live
+/// re-check read, as it decides the claim itself. As cached, the namespace's TTL is 7 minutes:
+/// `older` (completed 10 minutes ago) is due, not a candidate, and the plan takes `newer`. As
+/// read live, the namespace has no TTL of its own: `older` is within the cluster's hour again
+/// and, completed first, is the one the plan takes; `newer` is kept.
+#[tokio::test(start_paused = true)]
+async fn a_pressure_plan_decides_the_other_claims_under_the_settings_read_live() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.live_quotas) = vec![storage_quota(2)];
+    *lock(&cluster.live_namespace) = Some(BTreeMap::new());
+    let c = under_pressure(cluster, |config| {
+        config.namespace_policy.enabled = true;
+        config.namespace_policy.may_shorten = true;
+        config.namespace_policy.min_ttl = Duration::ZERO;
+    });
+    let ttl = BTreeMap::from([(NS_TTL_AFTER_FINISHED.to_owned(), "7m".to_owned())]);
+    c.write_index()
+        .update(Update::Namespace(Change::Apply(NamespaceEntry {
+            key: ObjectKey::new("", "ml"),
+            annotations: ttl,
+        })));
+    let outcome = c.clone().reconcile(key("newer")).await;
+    assert_eq!(outcome, Outcome::Retry(Failure::LiveDisagrees));
+    assert!(lock(&c.cluster.sent).is_empty());
 }
