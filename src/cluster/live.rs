@@ -452,6 +452,9 @@ pub async fn namespace_annotations(
 
 /// Claim `key` as the API server has it: its UID, and whether it is being deleted. After a
 /// DELETE that got no answer, this tells whether it was carried out.
+///
+/// A LIST by `metadata.name`, not a GET: the shipped roles grant claims `list` and never `get`
+/// (docs/security.md). Without a resourceVersion the list is a consistent read, as a GET is.
 pub async fn claim_state(
     client: &Client,
     key: &ObjectKey,
@@ -459,17 +462,21 @@ pub async fn claim_state(
 ) -> Found<(String, bool)> {
     let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), &key.namespace);
-    match api.get_metadata_opt(&key.name).await {
-        Ok(Some(claim)) => {
-            let meta = claim.metadata;
-            Found::Yes((
-                meta.uid.unwrap_or_default(),
-                meta.deletion_timestamp.is_some(),
-            ))
-        }
-        Ok(None) => Found::No,
+    let by_name = ListParams::default().fields(&format!("metadata.name={}", key.name));
+    match api.list_metadata(&by_name).await {
+        Ok(list) => match list
+            .items
+            .into_iter()
+            .find(|c| c.metadata.name.as_deref() == Some(&key.name))
+        {
+            Some(claim) => Found::Yes((
+                claim.metadata.uid.unwrap_or_default(),
+                claim.metadata.deletion_timestamp.is_some(),
+            )),
+            None => Found::No,
+        },
         Err(error) => {
-            metrics.api_error(Operation::Get, &error);
+            metrics.api_error(Operation::List, &error);
             Found::Unknown(format!("reading claim {key}: {error}"))
         }
     }
