@@ -5,7 +5,10 @@
 //! A reconcile returns its [`Outcome`] and the scheduler applies it: done, again at an instant,
 //! or again after a per-claim exponential backoff when it failed (as client-go's rate-limited
 //! work queue does), reset by the next outcome that is not a failure. A reconcile that panics
-//! counts as a failure: its claim is retried, never lost.
+//! counts as a failure: its claim is retried, never lost. Unlike client-go's queue, a claim
+//! that is backing off is not run before its backoff ends, whatever wakes it: a failing
+//! reconcile's own writes (a revocation, a Lease write) change what it watches, and their
+//! events must not turn a standing failure into a storm. Waiting only delays a delete.
 //!
 //! Why not kube-runtime's `Controller`: it reconciles one main kind's objects, handed over as
 //! `Arc<K>` from a reflector store of whole objects, and maps other kinds onto them one object at
@@ -155,6 +158,8 @@ pub struct Scheduler {
     dirty: HashSet<ObjectKey>,
     /// Failures in a row, per claim that is backing off.
     failures: HashMap<ObjectKey, u32>,
+    /// Until when each claim that is backing off waits, whatever asks for it.
+    backing_off: HashMap<ObjectKey, Instant>,
 }
 
 impl Scheduler {
@@ -169,8 +174,16 @@ impl Scheduler {
             running: HashSet::new(),
             dirty: HashSet::new(),
             failures: HashMap::new(),
+            backing_off: HashMap::new(),
         };
         (Schedule { requests }, scheduler)
+    }
+
+    /// The requests waiting, in order, each with its instant (`None`: now); taken, so the
+    /// next call sees only later ones. For tests that observe what a reconcile schedules.
+    #[cfg(test)]
+    pub fn take_requests(&mut self) -> Vec<(ObjectKey, Option<Instant>)> {
+        std::iter::from_fn(|| self.requests.try_recv().ok()).collect()
     }
 
     /// Runs until `stop` is cancelled, then gives the reconciles in flight [`DRAIN`] to finish
@@ -241,28 +254,41 @@ impl Scheduler {
         match outcome {
             Outcome::Done => {
                 self.failures.remove(&key);
+                self.backing_off.remove(&key);
             }
             Outcome::At(at) => {
                 self.failures.remove(&key);
+                self.backing_off.remove(&key);
                 self.request(key.clone(), Some(at));
             }
             Outcome::Retry(failure) => {
                 let failures = self.failures.entry(key.clone()).or_default();
                 *failures = failures.saturating_add(1);
                 let at = Instant::now() + backoff(*failures, failure);
+                self.backing_off.insert(key.clone(), at);
                 self.request(key.clone(), Some(at));
             }
         }
         if self.dirty.remove(&key) {
-            self.enqueue(key);
+            self.request(key, None);
         }
     }
 
     fn request(&mut self, key: ObjectKey, at: Option<Instant>) {
+        let now = Instant::now();
+        // A claim backing off waits for the end of its backoff, whatever asks for it sooner.
+        let at = match self.backing_off.get(&key).copied() {
+            Some(until) if until > now => Some(at.map_or(until, |at| at.max(until))),
+            Some(_) => {
+                self.backing_off.remove(&key);
+                at
+            }
+            None => at,
+        };
         // The timer wheel cannot hold far deadlines; waking early only re-decides and reschedules.
-        let at = at.map(|at| at.min(Instant::now() + MAX_DELAY));
+        let at = at.map(|at| at.min(now + MAX_DELAY));
         match at {
-            Some(at) if at > Instant::now() => {
+            Some(at) if at > now => {
                 if let Some((timer, current)) = self.timers.get(&key).copied() {
                     if current <= at {
                         return;
@@ -432,6 +458,57 @@ mod tests {
         let secs: Vec<u64> = starts.iter().map(Duration::as_secs).collect();
         // 1, 2, 4, 8, then capped at 10; the success's instant; then the backoff starts over.
         assert_eq!(&secs[..9], &[0, 1, 3, 7, 15, 25, 28, 29, 31], "{secs:?}");
+    }
+
+    /// A failing reconcile whose own write wakes its claim (a revocation's watch event) and
+    /// whose claim changes meanwhile still waits for its backoff: a standing failure costs one
+    /// attempt per backoff, not a storm. Once it succeeds, a wake runs it at once again.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_backing_off_waits_for_its_backoff_whatever_wakes_it() {
+        let (schedule, scheduler) = Scheduler::new();
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let start = Instant::now();
+        let task = tokio::spawn(scheduler.run(
+            2,
+            {
+                let starts = starts.clone();
+                let schedule = schedule.clone();
+                move |k: ObjectKey| {
+                    let n = {
+                        let mut starts = starts.lock().unwrap();
+                        starts.push(start.elapsed());
+                        starts.len()
+                    };
+                    let schedule = schedule.clone();
+                    async move {
+                        if n > 5 {
+                            return Outcome::Done;
+                        }
+                        // Its own write's event, while it runs and just after.
+                        schedule.now(k.clone());
+                        schedule.now(k);
+                        Outcome::Retry(Failure::Unanswered)
+                    }
+                }
+            },
+            stop.clone(),
+        ));
+        schedule.now(key("x"));
+        // A change to the claim in the middle of a backoff.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        schedule.now(key("x"));
+        tokio::time::sleep(Duration::from_millis(26_500)).await;
+        // Not backing off any more: a change runs it at once.
+        schedule.now(key("x"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.cancel();
+        task.await.unwrap();
+        let secs: Vec<f64> = (starts.lock().unwrap().iter())
+            .map(Duration::as_secs_f64)
+            .collect();
+        // 1, 2, 4, 8, then 10 s apart; then the success; then the change at once.
+        assert_eq!(secs, vec![0.0, 1.0, 3.0, 7.0, 15.0, 25.0, 30.0], "{secs:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -89,16 +89,18 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     }
 
     /// On winning the lease: every DELETE the Lease names in flight (sent by whoever led
-    /// before, maybe still held somewhere on its way) is revoked before this replica decides
-    /// anything for its claim; one not revoked yet is tried again at its claim's reconcile.
-    pub(super) async fn revoke_found(&self) {
+    /// before, maybe still held somewhere on its way) is registered, so that it is revoked at
+    /// its claim's next reconcile before anything else is decided for the claim. Registered
+    /// before the cap opens, so no reconcile is admitted past one; revoked in one place only,
+    /// the claim's reconcile, so each is sent once.
+    pub(super) fn register_found(&self) {
         let found = self.cluster.found_in_flight();
         if found.is_empty() {
             return;
         }
         info!(
             count = found.len(),
-            "revoking the deletes the lease names in flight"
+            "the lease names deletes in flight: each is revoked before its claim is decided"
         );
         let keys: Vec<ObjectKey> = {
             let mut outstanding = self.lock_outstanding();
@@ -114,12 +116,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 })
                 .collect()
         };
-        let resolved = keys.iter().map(|key| self.resolve_outstanding(key));
-        let outcomes = futures::future::join_all(resolved).await;
-        for (key, outcome) in keys.into_iter().zip(outcomes) {
-            if let Some(Outcome::Retry(_)) = outcome {
-                self.schedule.now(key);
-            }
+        for key in keys {
+            self.schedule.now(key);
         }
     }
 
@@ -155,7 +153,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     self.release(reservation);
                 }
                 self.metrics.revocation(Revoked::Revoked);
-                info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again");
+                info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again after the claim's backoff");
             }
             Revocation::Landed => {
                 // Until the watch shows it gone, a live read comes before any other DELETE.
@@ -177,7 +175,14 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         {
             outstanding.remove(key);
         }
-        // Revoked, the claim's change brings it back through the watch; landed, it goes.
-        Some(Outcome::Done)
+        // Each names its next step itself, never the watch event of its own write (a revocation
+        // that writes the value already there changes nothing and brings no event). Revoked:
+        // the DELETE failed to conclude, so the claim is decided again after its backoff, which
+        // the revocation does not reset. Landed: decided again at once; its live re-check reads
+        // the claim before anything is sent.
+        Some(match revocation {
+            Revocation::Revoked => Outcome::Retry(Failure::Unanswered),
+            _ => Outcome::At(tokio::time::Instant::now()),
+        })
     }
 }

@@ -242,9 +242,11 @@ async fn follow_leadership<C: Cluster, K: Clock>(
         health.set_leader(is_leader);
         if is_leader {
             info!("leading: this replica deletes");
-            controller.recover_cap();
+            // The DELETEs the Lease names are registered first and the cap opens last, so no
+            // reconcile is admitted before every one that may still land is known.
+            controller.register_found();
             controller.recover_rounds();
-            controller.revoke_found().await;
+            controller.recover_cap();
             let keys: Vec<ObjectKey> = {
                 let index = controller.read_index();
                 if index.synced() {

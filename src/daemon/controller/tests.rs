@@ -95,6 +95,8 @@ struct FakeCluster {
     /// The ResourceQuotas a live list finds, and how long the list takes.
     live_quotas: Mutex<Vec<QuotaEntry>>,
     quotas_take: Mutex<Duration>,
+    /// The receiving end of the controller's schedule: every wake-up it asked for.
+    scheduler: Mutex<Option<Scheduler>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -305,7 +307,8 @@ fn controller_with(
         start: Instant::now(),
         wall: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
     };
-    let (schedule, _scheduler) = Scheduler::new();
+    let (schedule, scheduler) = Scheduler::new();
+    *lock(&cluster.scheduler) = Some(scheduler);
     let (_, leading) = watch::channel(leading);
     let metrics = Arc::new(Metrics::register(&mut Registry::default()));
     let controller = Controller::new(&config, cluster, clock, metrics, schedule, leading);
@@ -451,7 +454,10 @@ async fn an_unanswered_delete_stays_counted_against_the_cap_until_revoked() {
     assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
     assert_eq!(lock(&c.cluster.sent).len(), 1);
     // Revoked, it never can: its slot goes to `b`.
-    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::Unanswered)
+    );
     assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
     assert_eq!(lock(&c.cluster.sent).len(), 2);
 }
@@ -463,15 +469,30 @@ async fn a_delete_that_landed_late_stays_counted_against_the_cap() {
     lock(&cluster.revocations).push_back(Revocation::Landed);
     *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
     let c = controller(cluster, 1, &[due("a"), due("b")], true);
-    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(c.clone().reconcile(key("a")).await, at_once());
     let outcome = c.clone().reconcile(key("b")).await;
     assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
     assert_eq!(lock(&c.cluster.sent).len(), 1);
 }
 
+/// Decide again at once: what follows a revocation that found its DELETE landed.
+fn at_once() -> Outcome {
+    Outcome::At(Instant::now())
+}
+
 /// The claim's writes so far, as the fake cluster logged them.
 fn writes(c: &Controller<FakeCluster, FakeClock>) -> Vec<String> {
     lock(&c.cluster.volume_writes).clone()
+}
+
+/// The claims the controller asked to have reconciled since the last call, each with how long
+/// from now (`None`: at once).
+fn wakes(c: &Controller<FakeCluster, FakeClock>) -> Vec<(String, Option<Duration>)> {
+    let mut scheduler = lock(&c.cluster.scheduler);
+    let scheduler = scheduler.as_mut().expect("the fake keeps the scheduler");
+    (scheduler.take_requests().into_iter())
+        .map(|(key, at)| (key.name, at.map(|at| at - Instant::now())))
+        .collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -488,7 +509,10 @@ async fn an_unanswered_delete_is_revoked_before_anything_else_is_sent() {
     assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
     // Whatever the cache says, the revocation comes first, and nothing else is sent.
     lock(&c.cluster.live_pods).push(pod_mounting("a"));
-    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::Unanswered)
+    );
     assert_eq!(
         writes(&c),
         ["delete claim a", "revoke claim a 1", "revoke claim a 1"]
@@ -510,7 +534,8 @@ async fn a_revocation_that_finds_the_delete_landed_sends_nothing_again() {
     // Being deleted, as the revocation found it; the cache has not caught up.
     *lock(&cluster.claim_state) = Some(("a-uid".into(), true));
     let c = controller(cluster, 10, &[due("a")], true);
-    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    // Landed: decided again at once, where its live re-check finds it being deleted.
+    assert_eq!(c.clone().reconcile(key("a")).await, at_once());
     assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
     assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
 }
@@ -531,7 +556,7 @@ async fn a_refused_revocation_is_read_live() {
     // UID) can land on nothing.
     lock(&c.cluster.revocations).push_back(Revocation::Refused);
     *lock(&c.cluster.claim_state) = Some(("new-uid".into(), false));
-    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(c.clone().reconcile(key("a")).await, at_once());
     assert!(c.lock_outstanding().is_empty());
 }
 
@@ -551,8 +576,11 @@ async fn a_standby_leaves_the_revocation_to_the_leader() {
     assert_eq!(writes(&standby), ["delete claim a", "revoke claim a 1"]);
 }
 
+/// On winning, the DELETEs the Lease names are registered and their claims woken; each is
+/// revoked once, by its claim's reconcile, and the claim is then decided again after its
+/// backoff (the revocation's own event is not relied on).
 #[tokio::test(start_paused = true)]
-async fn the_deletes_the_lease_names_are_revoked_on_winning() {
+async fn the_deletes_the_lease_names_are_revoked_once_by_their_claims_reconcile() {
     let cluster = FakeCluster::default();
     lock(&cluster.found).push(InFlight {
         namespace: "ml".into(),
@@ -561,9 +589,40 @@ async fn the_deletes_the_lease_names_are_revoked_on_winning() {
         resource_version: "1".into(),
     });
     let c = controller(cluster, 10, &[due("a")], true);
-    c.revoke_found().await;
+    c.register_found();
+    assert!(writes(&c).is_empty(), "nothing sent on registering");
+    assert_eq!(wakes(&c), [("a".to_owned(), None)]);
+    assert_eq!(
+        c.clone().reconcile(key("a")).await,
+        Outcome::Retry(Failure::Unanswered)
+    );
     assert_eq!(writes(&c), ["revoke claim a 1"]);
     assert!(c.lock_outstanding().is_empty());
+}
+
+/// A revocation that writes the value already there is answered 200 and changes nothing, so
+/// no watch event follows it: the reconcile still ends with a timer, never `Done`.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_delete_ends_its_reconcile_with_a_retry_not_done() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    let c = controller(cluster, 10, &[due("a")], true);
+    for _ in 0..2 {
+        assert_eq!(
+            c.clone().reconcile(key("a")).await,
+            Outcome::Retry(Failure::Unanswered)
+        );
+    }
+    assert_eq!(
+        writes(&c),
+        [
+            "delete claim a",
+            "revoke claim a 1",
+            "delete claim a",
+            "revoke claim a 1"
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
