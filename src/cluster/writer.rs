@@ -469,6 +469,13 @@ const MARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a revocation may take before it is tried again; the claim is kept meanwhile.
 const REVOKE_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Whether the API server answered that it could not call an admission webhook (failurePolicy
+/// Fail, the webhook's pods down or slow): its own refusal, given before the request is
+/// carried out. Its message is the apiserver's `ErrCallingWebhook`.
+fn webhook_failed(status: &kube::core::Status) -> bool {
+    status.message.contains("failed calling webhook \"")
+}
+
 /// A 5xx, or no HTTP answer at all: nothing says whether the request was carried out.
 fn is_server_error(error: &kube::Error) -> bool {
     !matches!(error, kube::Error::Api(status) if status.code < 500)
@@ -485,8 +492,10 @@ fn answered<T>(
         Ok(Err(kube::Error::Api(status))) if status.is_not_found() => DeleteResult::NotFound,
         Ok(Err(kube::Error::Api(status))) if status.is_conflict() => DeleteResult::Conflict,
         // A 5xx (a timeout, a proxy in front of the API server) does not say whether the server
-        // carried the delete out; 429 and the other 4xx refuse it beforehand.
-        Ok(Err(kube::Error::Api(status))) if status.code >= 500 => {
+        // carried the delete out; 429 and the other 4xx refuse it beforehand, and so does a
+        // 5xx that says an admission webhook could not be called: admission runs before
+        // anything is stored.
+        Ok(Err(kube::Error::Api(status))) if status.code >= 500 && !webhook_failed(&status) => {
             let error = kube::Error::Api(status);
             metrics.api_error(Operation::Delete, &error);
             warn!(%object, %error, "delete answered with a server error; it may have been carried out");
@@ -577,6 +586,15 @@ mod tests {
     /// Sends one delete through a mock API server; returns the request's query and body and
     /// the writer's result for the given response status.
     async fn delete_against(mode: Mode, status: u16) -> Option<(String, Value, Answer)> {
+        delete_answered(mode, status, "m").await
+    }
+
+    /// [`delete_against`], the answer's message `message`.
+    async fn delete_answered(
+        mode: Mode,
+        status: u16,
+        message: &'static str,
+    ) -> Option<(String, Value, Answer)> {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let writer = Writer::new(
             kube::Client::new(service, "default"),
@@ -606,7 +624,7 @@ mod tests {
                            500 => "InternalError",
                            503 => "ServiceUnavailable",
                            _ => "Timeout",
-                       }, "message": "m"})
+                       }, "message": message})
             };
             reply.send_response(
                 Response::builder()
@@ -710,6 +728,17 @@ mod tests {
             let (_, _, result) = delete_against(Mode::Delete, status).await.unwrap();
             assert_eq!(result, Answer::Real(DeleteResult::Unanswered), "{status}");
         }
+    }
+
+    /// The API server's own 500 when a validating webhook cannot be called (failurePolicy
+    /// Fail): admission refused it before anything was stored.
+    #[tokio::test]
+    async fn a_webhook_that_cannot_be_called_refuses_the_delete() {
+        let message = "Internal error occurred: failed calling webhook \"guard.example.com\": \
+                       failed to call webhook: Post \"https://guard.svc:443/validate\": \
+                       dial tcp 10.0.0.9:443: connect: connection refused";
+        let (_, _, result) = delete_answered(Mode::Delete, 500, message).await.unwrap();
+        assert_eq!(result, Answer::Real(DeleteResult::Denied));
     }
 
     /// A writer whose mock server takes every request and never answers; the handle counts them.
