@@ -308,7 +308,7 @@ impl<'a> Build<'a> {
             .await;
         let mut config = self.ns.config();
         config.policy.ttl_after_finished = Duration::from_secs(1);
-        let daemon = Daemon::start(self.ns.client().clone(), config, "tekton").await;
+        let daemon = Daemon::start(self.ns.daemon_client(&config).await, config, "tekton").await;
         // On the node, a finished pod of the build, scheduled and naming the claim, holds it
         // Terminating (pvc-protection) until the run is pruned; without one no pod is scheduled.
         let deleted = || async {
@@ -545,7 +545,7 @@ async fn claim_kept_until_the_runs_assistant_pod_is_gone(mode: &str) {
         .await;
     let mut config = build.ns.config();
     config.policy.ttl_after_finished = Duration::from_secs(1);
-    let daemon = Daemon::start(build.ns.client().clone(), config, "tekton").await;
+    let daemon = Daemon::start(build.ns.daemon_client(&config).await, config, "tekton").await;
     let in_use = format!(
         "claim_namespace=\"{}\",state=\"protected\",reason=\"in-use\"",
         build.ns.name()

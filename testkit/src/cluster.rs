@@ -372,41 +372,13 @@ impl ControlPlane {
             .and_then(|status| status.token)
             .expect("the TokenRequest response carries a token");
 
-        let admin = Kubeconfig::read_from(&self.kubeconfig).expect("read the admin kubeconfig");
-        let ca = admin
-            .clusters
-            .first()
-            .and_then(|named| named.cluster.as_ref())
-            .and_then(|cluster| cluster.certificate_authority_data.clone())
-            .expect("the admin kubeconfig embeds the cluster CA");
         let server = self.config.cluster_url.to_string();
-        let server = server.trim_end_matches('/');
         let user = format!("system:serviceaccount:{namespace}:{name}");
         let path = self.dir.join(match pod {
             Some(pod) => format!("serviceaccount-{namespace}-{name}-pod-{pod}.kubeconfig"),
             None => format!("serviceaccount-{namespace}-{name}.kubeconfig"),
         });
-        let text = format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-  - name: workspace-gc-test
-    cluster:
-      server: {server}
-      certificate-authority-data: {ca}
-users:
-  - name: \"{user}\"
-    user:
-      token: {token}
-contexts:
-  - name: workspace-gc-test
-    context:
-      cluster: workspace-gc-test
-      user: \"{user}\"
-      namespace: {namespace}
-current-context: workspace-gc-test
-"
-        );
+        let text = token_kubeconfig(&self.kubeconfig, &server, &user, &token, namespace);
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         path
     }
@@ -554,6 +526,49 @@ where
     }
 }
 
+/// A kubeconfig for `user` with bearer `token`, reaching `server` with the CA embedded in the
+/// admin kubeconfig `admin`, in namespace `namespace`.
+fn token_kubeconfig(
+    admin: &Path,
+    server: &str,
+    user: &str,
+    token: &str,
+    namespace: &str,
+) -> String {
+    let admin = Kubeconfig::read_from(admin).expect("read the admin kubeconfig");
+    let ca = admin
+        .clusters
+        .first()
+        .and_then(|named| named.cluster.as_ref())
+        .and_then(|cluster| cluster.certificate_authority_data.clone())
+        .expect("the admin kubeconfig embeds the cluster CA");
+    let server = server.trim_end_matches('/');
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+  - name: workspace-gc-test
+    cluster:
+      server: {server}
+      certificate-authority-data: {ca}
+users:
+  - name: \"{user}\"
+    user:
+      token: {token}
+contexts:
+  - name: workspace-gc-test
+    context:
+      cluster: workspace-gc-test
+      user: \"{user}\"
+      namespace: {namespace}
+current-context: workspace-gc-test
+"
+    )
+}
+
+/// The daemon's ServiceAccount, as the manifests name it.
+pub const DAEMON_ACCOUNT: &str = "workspace-gc";
+
 /// A namespace of its own for one test, named `{prefix}-xxxxx` by the API server.
 ///
 /// It is not deleted afterwards: the whole control plane is thrown away when the test binary
@@ -562,6 +577,10 @@ where
 pub struct TestNamespace {
     name: String,
     client: Client,
+    /// The control plane's admin configuration and kubeconfig, from which the daemon's own
+    /// identity is made; `None` for a namespace reached with a client alone
+    /// ([`Self::existing`]).
+    admin: Option<(Config, PathBuf)>,
 }
 
 impl TestNamespace {
@@ -599,7 +618,14 @@ impl TestNamespace {
             },
         )
         .await;
-        TestNamespace { name, client }
+        TestNamespace {
+            name,
+            client,
+            admin: Some((
+                control_plane.config(),
+                control_plane.kubeconfig_path().to_owned(),
+            )),
+        }
     }
 
     /// Creates the namespace `name` (for a run that wants fixed names, such as the soak run).
@@ -632,6 +658,10 @@ impl TestNamespace {
         TestNamespace {
             name: name.to_owned(),
             client,
+            admin: Some((
+                control_plane.config(),
+                control_plane.kubeconfig_path().to_owned(),
+            )),
         }
     }
 
@@ -640,6 +670,7 @@ impl TestNamespace {
         TestNamespace {
             name: name.to_owned(),
             client,
+            admin: None,
         }
     }
 
@@ -665,6 +696,158 @@ impl TestNamespace {
             .await
             .unwrap_or_else(|e| panic!("list events in {}: {e}", self.name))
             .items
+    }
+
+    /// A client as the daemon runs when installed: ServiceAccount `workspace-gc` of this
+    /// namespace, authenticated by a bound token from the TokenRequest API, with exactly the
+    /// rights the shipped manifests grant for `config` ([`super::shipped`]): their ClusterRoles
+    /// bound cluster-wide, as the base binds its own, and the Lease's Role in the Lease's
+    /// namespace when leader election is on. Every daemon a test runs uses it (or
+    /// [`Self::daemon_config`] through a proxy), never the admin client.
+    pub async fn daemon_client(&self, config: &DaemonConfig) -> Client {
+        Client::try_from(self.daemon_config(config).await).expect("build the daemon's client")
+    }
+
+    /// [`Self::daemon_client`], reaching the API server at `url` (a [`super::Proxy`]).
+    pub async fn daemon_client_via(&self, config: &DaemonConfig, url: &str) -> Client {
+        let mut daemon = self.daemon_config(config).await;
+        daemon.cluster_url = url.parse().expect("a valid proxy URL");
+        Client::try_from(daemon).expect("build the daemon's client through the proxy")
+    }
+
+    /// The client configuration of [`Self::daemon_client`].
+    pub async fn daemon_config(&self, config: &DaemonConfig) -> Config {
+        let (admin, _) = self
+            .admin
+            .clone()
+            .expect("a namespace the test kit created");
+        let token = self.daemon_token(config).await;
+        let mut daemon = admin;
+        daemon.auth_info = kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..kube::config::AuthInfo::default()
+        };
+        daemon.default_namespace = self.name.clone();
+        daemon
+    }
+
+    /// A kubeconfig file of [`Self::daemon_client`]'s identity, for the daemon's binary run
+    /// with the configuration variables `vars` (`WORKSPACE_GC_<SECTION>_<KEY>`): its rights
+    /// follow from the same variables the binary reads.
+    pub async fn daemon_kubeconfig(&self, vars: &[(&str, String)]) -> PathBuf {
+        let env = vars.iter().map(|(k, v)| ((*k).to_owned(), v.clone()));
+        let config = DaemonConfig::parse(None, env, &Default::default())
+            .unwrap_or_else(|e| panic!("the daemon's variables are valid: {e}"));
+        let token = self.daemon_token(&config).await;
+        let (admin, kubeconfig) = self
+            .admin
+            .clone()
+            .expect("a namespace the test kit created");
+        let user = super::http_proxy::service_account(&self.name, DAEMON_ACCOUNT);
+        let text = token_kubeconfig(
+            &kubeconfig,
+            &admin.cluster_url.to_string(),
+            &user,
+            &token,
+            &self.name,
+        );
+        let file = tempfile::Builder::new()
+            .prefix("workspace-gc-daemon-")
+            .suffix(".kubeconfig")
+            .tempfile()
+            .expect("create the daemon's kubeconfig");
+        std::fs::write(file.path(), text).expect("write the daemon's kubeconfig");
+        file.into_temp_path()
+            .keep()
+            .expect("keep the daemon's kubeconfig")
+    }
+
+    /// A token of the daemon's ServiceAccount in this namespace, with exactly the shipped rights
+    /// for `config` granted to it.
+    async fn daemon_token(&self, config: &DaemonConfig) -> String {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role};
+        let account = DAEMON_ACCOUNT;
+        let subject = Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: account.to_owned(),
+            namespace: Some(self.name.clone()),
+            ..Subject::default()
+        };
+        let files = super::shipped::cluster_role_files(config);
+        // One ClusterRole per namespace and set of files: daemons of one test may differ.
+        let role = format!("{}-{account}-{}", self.name, files.len());
+        let meta = |name: &str| ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        };
+        create_if_missing(
+            &self.api::<ServiceAccount>(),
+            &ServiceAccount {
+                metadata: meta(account),
+                ..ServiceAccount::default()
+            },
+        )
+        .await;
+        let cluster_roles = Api::<ClusterRole>::all(self.client.clone());
+        let cluster_role = ClusterRole {
+            metadata: meta(&role),
+            rules: Some(super::shipped::cluster_rules(config)),
+            ..ClusterRole::default()
+        };
+        create_if_missing(&cluster_roles, &cluster_role).await;
+        let binding = ClusterRoleBinding {
+            metadata: meta(&role),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "ClusterRole".to_owned(),
+                name: role.clone(),
+            },
+            subjects: Some(vec![subject.clone()]),
+        };
+        create_if_missing(&Api::all(self.client.clone()), &binding).await;
+        if config.leader_election.enabled {
+            let lease_namespace = (config.leader_election.lease_namespace.clone())
+                .unwrap_or_else(|| self.name.clone());
+            let lease_role = format!("{}-{account}-lease", self.name);
+            let roles: Api<Role> = Api::namespaced(self.client.clone(), &lease_namespace);
+            let rules = Some(super::shipped::lease_rules());
+            create_if_missing(
+                &roles,
+                &Role {
+                    metadata: meta(&lease_role),
+                    rules,
+                },
+            )
+            .await;
+            let binding = RoleBinding {
+                metadata: meta(&lease_role),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                    kind: "Role".to_owned(),
+                    name: lease_role.clone(),
+                },
+                subjects: Some(vec![subject]),
+            };
+            create_if_missing(
+                &Api::<RoleBinding>::namespaced(self.client.clone(), &lease_namespace),
+                &binding,
+            )
+            .await;
+        }
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        (self.api::<ServiceAccount>())
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("request a token for {}/{account}: {e}", self.name))
+            .status
+            .and_then(|status| status.token)
+            .expect("the TokenRequest response carries a token")
     }
 
     /// The admin client this namespace was created with.

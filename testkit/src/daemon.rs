@@ -23,6 +23,26 @@ pub struct Daemon {
     port: u16,
 }
 
+/// The daemon runs with the shipped rights ([`super::TestNamespace::daemon_client`]): a
+/// `forbidden` answer to one of its own requests means the code asks for what an installation
+/// does not grant, and fails the test that reads its metrics. Only a test that takes a right
+/// away on purpose says so ([`Process::expecting_denials`]).
+fn nothing_forbidden(metrics: String, allowed: bool) -> String {
+    let forbidden = metric(
+        &metrics,
+        "workspace_gc_api_errors_total",
+        "category=\"forbidden\"",
+    );
+    if !allowed && forbidden > 0.0 {
+        let refused: Vec<&str> = (metrics.lines())
+            .filter(|line| line.starts_with("workspace_gc_api_errors_total{"))
+            .filter(|line| line.contains("category=\"forbidden\""))
+            .collect();
+        panic!("the daemon was refused a request its shipped rights should allow: {refused:?}");
+    }
+    metrics
+}
+
 impl Daemon {
     /// Starts the daemon and waits until `/readyz` answers 200.
     pub async fn start(client: kube::Client, config: Config, identity: &str) -> Daemon {
@@ -69,7 +89,7 @@ impl Daemon {
     }
 
     pub async fn metrics(&self) -> String {
-        self.get("/metrics").await.1
+        nothing_forbidden(self.get("/metrics").await.1, false)
     }
 
     /// Whether the daemon task is still running (it has not panicked or returned).
@@ -78,6 +98,7 @@ impl Daemon {
     }
 
     pub async fn stop(self) {
+        self.metrics().await;
         self.stop.cancel();
         self.task.await.expect("the daemon stopped cleanly");
     }
@@ -89,6 +110,8 @@ pub struct Process {
     child: Child,
     port: u16,
     log: PathBuf,
+    /// Whether this test takes a right away on purpose: `forbidden` answers are expected.
+    denials_expected: bool,
 }
 
 impl Process {
@@ -124,7 +147,15 @@ impl Process {
             child,
             port,
             log: log.to_owned(),
+            denials_expected: false,
         }
+    }
+
+    /// For a test that denies the daemon a right on purpose: its `forbidden` answers are
+    /// what the test looks for, not a failure.
+    pub fn expecting_denials(mut self) -> Self {
+        self.denials_expected = true;
+        self
     }
 
     pub fn pid(&self) -> u32 {
@@ -140,7 +171,7 @@ impl Process {
     }
 
     pub async fn metrics(&self) -> String {
-        self.get("/metrics").await.1
+        nothing_forbidden(self.get("/metrics").await.1, self.denials_expected)
     }
 
     /// Whether `/metrics` says this replica holds the lease. (Not a substring test: the

@@ -24,6 +24,7 @@ mod replicas;
 pub mod scrape;
 pub mod script;
 pub mod shapes;
+pub mod shipped;
 pub mod stats;
 mod witness;
 
@@ -35,8 +36,8 @@ pub use claims::{
     Fate, deleted_events, events, expiring, fate, forward_held_delete, in_secs, revoked,
 };
 pub use cluster::{
-    ControlPlane, ControlPlaneOptions, TestNamespace, kubernetes_minor, kubernetes_version,
-    load_config, policy_rule, tekton_version,
+    ControlPlane, ControlPlaneOptions, DAEMON_ACCOUNT, TestNamespace, kubernetes_minor,
+    kubernetes_version, load_config, policy_rule, tekton_version,
 };
 pub use daemon::{Daemon, Process, audit_rows};
 pub use faketime::faketime;

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{ObjectMeta, PostParams};
 
-use super::{ControlPlane, Process, Proxy, TestNamespace, metric, policy_rule, wait_until};
+use super::{ControlPlane, Process, Proxy, TestNamespace, metric, wait_until};
 
 /// A directory for the logs of the replicas a test starts, named after the test file.
 pub fn log_dir(file: &str) -> tempfile::TempDir {
@@ -169,49 +169,35 @@ pub async fn overdue_under_a_cap(
     (vars, names)
 }
 
-/// The daemon's Role, with or without `delete` on claims.
+/// The daemon's Role: the rules of the shipped ClusterRole (`manifests/base`, read, never
+/// copied), or, without `can_delete`, the same less `delete` and `patch` on claims (a cluster
+/// whose admin narrowed them).
 pub fn daemon_role(can_delete: bool) -> Role {
-    // `patch` revokes a DELETE that got no definite answer (the admission guard allows only
-    // that change).
-    let claim_verbs: &[&str] = if can_delete {
-        &["get", "list", "watch", "delete", "patch"]
-    } else {
-        &["get", "list", "watch"]
-    };
+    let mut rules = super::shipped::rules_in("base/rbac-cluster.yaml");
+    if !can_delete {
+        for rule in &mut rules {
+            if (rule.resources.iter().flatten()).any(|r| r == "persistentvolumeclaims") {
+                rule.verbs
+                    .retain(|verb| verb != "delete" && verb != "patch");
+            }
+        }
+    }
     Role {
         metadata: ObjectMeta {
             name: Some("workspace-gc".into()),
             ..ObjectMeta::default()
         },
-        rules: Some(vec![
-            policy_rule(&[""], &["persistentvolumeclaims"], claim_verbs),
-            policy_rule(&[""], &["pods"], &["list", "watch"]),
-            policy_rule(
-                &["tekton.dev"],
-                &["pipelineruns", "taskruns"],
-                &["list", "watch"],
-            ),
-            policy_rule(
-                &["mlops.mlops.dev"],
-                &["notebookvalidationjobs"],
-                &["get", "list", "watch"],
-            ),
-            policy_rule(&[""], &["resourcequotas"], &["list", "watch"]),
-            policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
-        ]),
+        rules: Some(rules),
     }
 }
 
-/// The daemon's Role in the test namespace, with the Lease rights old and new election need.
+/// The daemon's Role in the test namespace with the shipped Lease rights
+/// (`manifests/base/rbac-lease.yaml`) beside it, as an elected replica has them.
 pub fn elected_role(name: &str) -> Role {
     let mut role = daemon_role(true);
     role.metadata.name = Some(name.to_owned());
     if let Some(rules) = role.rules.as_mut() {
-        rules.push(policy_rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "create", "update", "patch"],
-        ));
+        rules.extend(super::shipped::lease_rules());
     }
     role
 }

@@ -43,9 +43,10 @@ fn daemon_vars(ns: &TestNamespace, shift: &str) -> Vec<(&'static str, String)> {
 /// workspace of build `due` (due by both clocks).
 async fn start(ns: &TestNamespace, shift: &str, due: &str) -> (Process, TempDir) {
     let logs = tempfile::tempdir().expect("a directory for the logs");
+    let vars = daemon_vars(ns, shift);
     let daemon = Process::spawn(
-        ControlPlane::shared().kubeconfig_path(),
-        &daemon_vars(ns, shift),
+        &ns.daemon_kubeconfig(&vars).await,
+        &vars,
         ns.name(),
         &logs.path().join("daemon.log"),
     );
@@ -210,7 +211,7 @@ async fn replicas_whose_clocks_disagree_count_the_same_window() {
     let ns = TestNamespace::new(cp, "clock-cap").await;
     let (vars, names) = overdue_under_a_cap(&ns, "cap", 6, 2, "1h").await;
     let logs = tempfile::tempdir().expect("a directory for logs");
-    let kubeconfig = cp.kubeconfig_path();
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
     assert!(
         wait_until(secs(30), || async {

@@ -73,7 +73,7 @@ async fn finished_build_past_its_ttl_is_deleted_with_an_event() {
     let others = (0..100).map(|i| PipelineRunBuilder::new(&format!("other-{i}")));
     futures::future::join_all(others.map(|run| async { run.create(&ns).await })).await;
 
-    let daemon = Daemon::start(ns.client().clone(), ns.config(), "ttl").await;
+    let daemon = Daemon::start(ns.daemon_client(&ns.config()).await, ns.config(), "ttl").await;
     assert!(
         wait_until(secs(10), || gone(&ns, "nb-build-workspace")).await,
         "the expired workspace is deleted"
@@ -139,7 +139,7 @@ async fn running_build_is_kept_then_deleted_right_after_its_ttl() {
     ClaimBuilder::for_job("nb").create(&ns).await;
     let mut config = ns.config();
     config.policy.ttl_after_finished = secs(3);
-    let daemon = Daemon::start(ns.client().clone(), config, "running").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "running").await;
 
     // The witness: the daemon decided the claim of the running build.
     let verdict = ("keep", "owner-running", 1.0);
@@ -194,7 +194,7 @@ async fn orphan_is_deleted_after_its_grace_and_a_young_one_is_kept() {
         .await;
     let mut config = ns.config();
     config.policy.orphan_grace = secs(3);
-    let daemon = Daemon::start(ns.client().clone(), config, "orphan").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "orphan").await;
     // The witness: the daemon decided the orphan, young (the grace is 3 s).
     let verdict = ("keep", "within-orphan-grace", 1.0);
     assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
@@ -216,7 +216,7 @@ async fn young_orphan_is_kept() {
     ClaimBuilder::build_workspace("fresh-build-workspace")
         .create(&ns)
         .await;
-    let daemon = Daemon::start(ns.client().clone(), ns.config(), "young").await;
+    let daemon = Daemon::start(ns.daemon_client(&ns.config()).await, ns.config(), "young").await;
     // The witness: the daemon decided the orphan, young.
     let verdict = ("keep", "within-orphan-grace", 1.0);
     assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
@@ -241,7 +241,7 @@ async fn in_use_claim_is_kept_however_old_until_its_pod_finishes() {
     // Real time: the claim must be past max_age and the grace (whole-second timestamps) when
     // first decided, as a protected verdict is not decided again as time passes.
     tokio::time::sleep(secs(2)).await;
-    let daemon = Daemon::start(ns.client().clone(), config, "inuse").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "inuse").await;
     // The witness: the daemon decided the claim in use, past max_age.
     let verdict = ("protected", "in-use", 1.0);
     assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
@@ -281,7 +281,7 @@ async fn keep_annotation_and_malformed_annotations_keep_the_claim() {
         .await;
     let mut config = ns.config();
     config.policy.orphan_grace = secs(1);
-    let daemon = Daemon::start(ns.client().clone(), config, "annot").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "annot").await;
     assert!(
         wait_until(secs(5), || gone(&ns, "plain-build-workspace")).await,
         "the control claim is deleted"
@@ -328,7 +328,7 @@ async fn max_age_deletes_a_claim_whose_run_never_finishes() {
     ClaimBuilder::for_job("stuck").create(&ns).await;
     let mut config = ns.config();
     config.policy.max_age = secs(3);
-    let daemon = Daemon::start(ns.client().clone(), config, "maxage").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "maxage").await;
     // The witness: the daemon decided the claim of the running build, before max_age.
     let verdict = ("keep", "owner-running", 1.0);
     assert_decided(|| daemon.metrics(), 0.0, ns.name(), verdict).await;
@@ -458,7 +458,12 @@ async fn dry_run_deletes_nothing_and_reports_exactly_what_real_mode_deletes() {
     config.policy.orphan_grace = secs(1);
     config.deletion.dry_run = true;
     config.deletion.server_side_dry_run = true;
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "dry").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "dry",
+    )
+    .await;
     let would = || async {
         let mut names = BTreeSet::new();
         for name in &before {
@@ -493,7 +498,7 @@ async fn dry_run_deletes_nothing_and_reports_exactly_what_real_mode_deletes() {
     daemon.stop().await;
 
     config.deletion.dry_run = false;
-    let daemon = Daemon::start(ns.client().clone(), config, "real").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "real").await;
     let expected: BTreeSet<String> = before.difference(&due).cloned().collect();
     assert!(
         wait_until(secs(10), || async { claim_names(&ns).await == expected }).await,
@@ -515,7 +520,7 @@ async fn blast_radius_cap_stops_deletions_at_the_cap() {
     config.policy.orphan_grace = secs(1);
     config.deletion.max_deletions_per_window = 2;
     config.deletion.window = Duration::from_secs(600);
-    let daemon = Daemon::start(ns.client().clone(), config, "cap").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "cap").await;
     assert!(
         wait_until(secs(10), || async { claim_names(&ns).await.len() == 3 }).await,
         "two deleted"
@@ -553,7 +558,12 @@ async fn only_the_leader_deletes_and_the_standby_takes_over() {
     config.leader_election.enabled = true;
     config.leader_election.lease_namespace = Some(ns.name().to_owned());
     config.leader_election.lease_duration = secs(3);
-    let first = Daemon::start(ns.client().clone(), config.clone(), "replica-a").await;
+    let first = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "replica-a",
+    )
+    .await;
     assert!(
         wait_until(secs(10), || async {
             metric(&first.metrics().await, "workspace_gc_leader", "") == 1.0
@@ -561,7 +571,7 @@ async fn only_the_leader_deletes_and_the_standby_takes_over() {
         .await,
         "the first replica leads"
     );
-    let second = Daemon::start(ns.client().clone(), config, "replica-b").await;
+    let second = Daemon::start(ns.daemon_client(&config).await, config, "replica-b").await;
     assert_eq!(
         metric(&second.metrics().await, "workspace_gc_leader", ""),
         0.0

@@ -112,7 +112,7 @@ async fn apiserver_restart_mid_run() {
 
     let mut config = config_for(&ns);
     config.policy.ttl_after_finished = Duration::ZERO;
-    let daemon = Daemon::start(cp.client(), config, "restart").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "restart").await;
     // Due a few seconds into the outage.
     let during_due = in_secs(5);
     expiring("during-build-workspace", during_due)
@@ -251,9 +251,10 @@ async fn etcd_compaction_forces_410_gone_and_a_relist() {
         .await;
 
     let logs = log_dir("faults");
+    let vars = binary_vars(&ns);
     let daemon = Process::spawn(
-        &cp.kubeconfig_via(&proxy.url()),
-        &binary_vars(&ns),
+        &proxy.kubeconfig(&cp, &ns.daemon_kubeconfig(&vars).await),
+        &vars,
         "compact",
         &logs.path().join("daemon.log"),
     );
@@ -355,7 +356,12 @@ async fn partition_from_the_api_server() {
         .create(&ns)
         .await;
 
-    let daemon = Daemon::start(cp.client_via(&proxy.url()), config_for(&ns), "partition").await;
+    let daemon = Daemon::start(
+        ns.daemon_client_via(&config_for(&ns), &proxy.url()).await,
+        config_for(&ns),
+        "partition",
+    )
+    .await;
     proxy.cut();
     let cut = Instant::now();
     assert!(
@@ -463,7 +469,12 @@ async fn silently_stalled_watch_does_not_hide_a_new_user() {
     // Other builds' runs: a namespace this large is proven fresh when it can be, not listed.
     let others = (0..100).map(|i| PipelineRunBuilder::new(&format!("other-{i}")));
     futures::future::join_all(others.map(|run| async { run.create(&ns).await })).await;
-    let daemon = Daemon::start(cp.client_via(&proxy.url()), config_for(&ns), "stall").await;
+    let daemon = Daemon::start(
+        ns.daemon_client_via(&config_for(&ns), &proxy.url()).await,
+        config_for(&ns),
+        "stall",
+    )
+    .await;
 
     proxy.stall();
     // A build pod already on its node: deleting the claim now would leave it Terminating, and
@@ -578,7 +589,8 @@ async fn delete_denied_by_rbac_is_reported_and_recovers() {
         &binary_vars(&ns),
         "forbidden",
         &logs.path().join("daemon.log"),
-    );
+    )
+    .expecting_denials();
     assert!(
         wait_until(secs(30), || daemon.ready()).await,
         "{}",
@@ -660,7 +672,7 @@ async fn claim_recreated_just_before_its_delete_survives() {
     }
     let mut config = config_for(&ns);
     config.deletion.deletes_per_second = 0.1;
-    let daemon = Daemon::start(ns.client().clone(), config, "recreate").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "recreate").await;
     assert!(
         wait_until(secs(10), || async {
             deleted(&ns, names[0]).await || deleted(&ns, names[1]).await
@@ -733,7 +745,7 @@ async fn completion_times_in_the_future_are_not_expired() {
     finished_build(&ns, "soon", soon).await;
     let mut config = config_for(&ns);
     config.policy.ttl_after_finished = Duration::ZERO;
-    let daemon = Daemon::start(ns.client().clone(), config, "skew").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "skew").await;
 
     assert!(
         wait_until(secs(5), || deleted(&ns, "past-build-workspace")).await,
@@ -875,7 +887,12 @@ async fn odd_objects_keep_their_claims_and_say_why() {
         .create(&ns)
         .await;
 
-    let daemon = Daemon::start(ns.client().clone(), config_for(&ns), "odd").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config_for(&ns)).await,
+        config_for(&ns),
+        "odd",
+    )
+    .await;
     assert!(
         wait_until(secs(5), || deleted(&ns, "harmless-build-workspace")).await,
         "odd unrelated annotations do not block a due claim"
@@ -967,7 +984,7 @@ async fn a_deletion_rate_paces_as_configured_or_is_refused() {
         "1e-30",
     );
     let mut refused = Process::spawn(
-        cp.kubeconfig_path(),
+        &ns.daemon_kubeconfig(&binary_vars(&ns)).await,
         &vars,
         "rate",
         &logs.path().join("refused.log"),
@@ -996,7 +1013,7 @@ async fn a_deletion_rate_paces_as_configured_or_is_refused() {
     // Half a deletion a second: one every 2 s.
     set_var(&mut vars, "WORKSPACE_GC_DELETION_DELETES_PER_SECOND", "0.5");
     let daemon = Process::spawn(
-        cp.kubeconfig_path(),
+        &ns.daemon_kubeconfig(&vars).await,
         &vars,
         "rate",
         &logs.path().join("paced.log"),
@@ -1030,7 +1047,7 @@ async fn a_dry_run_spends_none_of_the_real_cap() {
     let ns = TestNamespace::new(cp, "dry-cap").await;
     let (vars, names) = overdue_under_a_cap(&ns, "dry", 6, 3, "1h").await;
     let logs = log_dir("faults");
-    let kubeconfig = cp.kubeconfig_path();
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
 
     let mut dry_vars = vars.clone();
     set_var(&mut dry_vars, "WORKSPACE_GC_DELETION_DRY_RUN", "true");
@@ -1092,7 +1109,7 @@ async fn a_saturated_cap_tells_each_held_claim_once() {
     let (vars, names) = overdue_under_a_cap(&ns, "held", 6, 2, "10s").await;
     let logs = log_dir("faults");
     let daemon = Process::spawn(
-        cp.kubeconfig_path(),
+        &ns.daemon_kubeconfig(&vars).await,
         &vars,
         "noise",
         &logs.path().join("d.log"),

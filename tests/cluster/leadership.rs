@@ -40,7 +40,7 @@ async fn leader_killed_with_sigkill_standby_takes_over() {
     let lease_duration = secs(4);
     let vars = elected_vars(&ns, "4s");
     let logs = log_dir("leadership");
-    let kubeconfig = cp.kubeconfig_path();
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
     let a = spawn_leader(kubeconfig, &vars, &logs).await;
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
@@ -167,7 +167,7 @@ async fn the_cap_holds_across_restarts_and_hand_overs() {
     let ns = TestNamespace::new(cp, "cap").await;
     let (vars, names) = overdue_under_a_cap(&ns, "due", 6, 2, "1h").await;
     let logs = log_dir("leadership");
-    let kubeconfig = cp.kubeconfig_path();
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
     assert!(
         wait_until(secs(30), || async {
@@ -216,7 +216,7 @@ async fn only_the_leader_writes_events() {
     let ns = TestNamespace::new(cp, "events").await;
     let vars = elected_vars(&ns, "4s");
     let logs = log_dir("leadership");
-    let kubeconfig = cp.kubeconfig_path();
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
     let a = spawn_leader(kubeconfig, &vars, &logs).await;
     let b = Process::spawn(kubeconfig, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());

@@ -84,8 +84,8 @@ async fn an_implausible_ledger_holds_a_window(prefix: &str, ledger: &str, fault:
         .await
         .expect("create the tampered lease");
     let logs = log_dir("lease-tamper");
-    let kubeconfig = ControlPlane::shared().kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
+    let kubeconfig = ns.daemon_kubeconfig(&vars).await;
+    let a = Process::spawn(&kubeconfig, &vars, "replica-a", &logs.path().join("a.log"));
     leads_within_the_cap(&a, &ns, &names, 0, "on a tampered ledger").await;
     assert_eq!(faults(&a, fault).await, 1.0, "{}", a.logs());
     assert!(
@@ -124,8 +124,8 @@ async fn deletes_up_to_the_cap(
     vars: &[(&'static str, String)],
     log: &std::path::Path,
 ) -> Process {
-    let kubeconfig = ControlPlane::shared().kubeconfig_path();
-    let a = Process::spawn(kubeconfig, vars, "replica-a", log);
+    let kubeconfig = ns.daemon_kubeconfig(vars).await;
+    let a = Process::spawn(&kubeconfig, vars, "replica-a", log);
     assert!(
         wait_until(secs(30), || async {
             capped(&a).await && deleted_count(ns, names).await == MAX
@@ -162,8 +162,8 @@ async fn a_ledger_emptied_while_leading_is_written_back() {
     assert_eq!(faults(&a, "changed").await, 1.0, "{}", a.logs());
 
     a.kill().await;
-    let kubeconfig = ControlPlane::shared().kubeconfig_path();
-    let a = Process::spawn(kubeconfig, &vars, "replica-a", &logs.path().join("a2.log"));
+    let kubeconfig = ns.daemon_kubeconfig(&vars).await;
+    let a = Process::spawn(&kubeconfig, &vars, "replica-a", &logs.path().join("a2.log"));
     leads_within_the_cap(&a, &ns, &names, MAX, "after the restart").await;
     let status = a.terminate().await;
     assert!(status.success(), "{status}");
@@ -199,7 +199,7 @@ async fn delete_the_lease(ns: &TestNamespace, holder: &str, watching: &Process) 
 async fn a_lease_deleted_while_leading_keeps_the_cap() {
     let (ns, names, vars) = six_due("tamper-deleted").await;
     let logs = log_dir("lease-tamper");
-    let kubeconfig = ControlPlane::shared().kubeconfig_path();
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
     let a = deletes_up_to_the_cap(&ns, &names, &vars, &logs.path().join("a.log")).await;
     delete_the_lease(&ns, "replica-a", &a).await;
     a.kill().await;

@@ -14,6 +14,8 @@
 //! - `graphs_cluster`: generated object graphs, the binary's audit against the oracle;
 //! - `faults`, `fault_tools`, `clock`, `leadership`, `lease_tamper`: faults, the fault tools,
 //!   clocks, leader election and the blast-radius cap;
+//! - `delete_protocol`: the delete protocol's liveness and cost under the answers of a real API
+//!   server and the hops before it, as the shipped identity;
 //! - `served_versions`, `identity`: what the daemon asks the server, and as whom;
 //! - `admission`, `metrics_https`, `helm`: the admission guard, the HTTPS metrics, the chart.
 
@@ -22,6 +24,7 @@ mod clock;
 mod collector;
 mod control_plane;
 mod creator;
+mod delete_protocol;
 mod fault_tools;
 mod faults;
 mod graphs_cluster;

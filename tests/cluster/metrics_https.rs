@@ -205,9 +205,6 @@ async fn https_metrics_answer_only_authorised_callers_and_prometheus_scrapes_the
         "workspace-gc",
     )
     .await;
-    let daemon_client = control_plane
-        .service_account_client(ns.name(), "workspace-gc")
-        .await;
     for resource in [
         json!({ "group": "authentication.k8s.io", "resource": "tokenreviews", "verb": "create" }),
         json!({ "group": "authorization.k8s.io", "resource": "subjectaccessreviews", "verb": "create" }),
@@ -238,7 +235,8 @@ async fn https_metrics_answer_only_authorised_callers_and_prometheus_scrapes_the
     config.http.secure_listen = Some(([127, 0, 0, 1], port).into());
     config.http.tls_cert_file = Some(cert.clone());
     config.http.tls_key_file = Some(key);
-    let daemon = Daemon::start(daemon_client, config, "https").await;
+    // The shipped rights beside the metrics component's.
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "https").await;
 
     assert_eq!(get_https(port, &cert, None).await.0, 401, "no token");
     assert_eq!(

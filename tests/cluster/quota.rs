@@ -176,7 +176,7 @@ async fn a_full_storage_quota_loses_exactly_its_oldest_finished_workspaces() {
     // lasts until low water: the second is still deleted.
     let mut config = ns.config();
     config.deletion.deletes_per_second = 0.25;
-    let daemon = Daemon::start(ns.client().clone(), config, "quota-storage").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "quota-storage").await;
     // 4 of 6 left: below low water in the daemon's own view, so it takes no more.
     let recounted = || sees_ratio(&daemon, &ns, "storage", 4.0 / 6.0);
     exactly_deleted(
@@ -223,7 +223,12 @@ async fn a_class_scoped_quota_takes_only_claims_of_its_class() {
     )
     .await;
 
-    let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-class").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&ns.config()).await,
+        ns.config(),
+        "quota-class",
+    )
+    .await;
     // 2 of 3 fast claims left: below low water in the daemon's own view.
     let recounted = || sees_ratio(&daemon, &ns, "fast", 2.0 / 3.0);
     exactly_deleted(
@@ -248,7 +253,12 @@ async fn a_full_claim_count_with_nothing_more_to_take_warns_once() {
     // 10 of 10 claims: deleting the one finished workspace leaves 90%, still at high water.
     full_quota(&ns, "claims", &[("persistentvolumeclaims", "10")]).await;
 
-    let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-count").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&ns.config()).await,
+        ns.config(),
+        "quota-count",
+    )
+    .await;
     let kept: Vec<String> = (0..9).map(|i| format!("debug-{i}")).collect();
     let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
     // 9 of 10 left: still at high water, and the daemon, finding nothing more to take, warns.
@@ -366,7 +376,12 @@ async fn two_quotas_recounted_one_at_a_time_lose_only_what_low_water_needs() {
     let all = six_claims_two_full_quotas(&ns).await;
     cp.stop_component("kube-controller-manager", false).await;
 
-    let daemon = Daemon::start(ns.client().clone(), ns.config(), "quota-two").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&ns.config()).await,
+        ns.config(),
+        "quota-two",
+    )
+    .await;
     // The daemon decided its two deleted claims again once they were Terminating.
     let terminating = || async {
         decided(
@@ -438,8 +453,8 @@ async fn a_restart_or_hand_over_before_the_recount_deletes_nothing_more() {
     cp.stop_component("kube-controller-manager", false).await;
     let logs = tempfile::tempdir().expect("a directory for the logs");
     let log = |name: &str| logs.path().join(name);
-    let kubeconfig = cp.kubeconfig_path();
     let vars = elected(&ns);
+    let kubeconfig = &ns.daemon_kubeconfig(&vars).await;
 
     let a = Process::spawn(kubeconfig, &vars, "replica-a", &log("a.log"));
     assert!(leads(&a).await, "{}", a.logs());

@@ -11,8 +11,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, Proxy, Rule, TestNamespace, assert_decided, claim_exists, daemon_role,
-    finished_build, load_config, metric, policy_rule, service_account, wait_until,
+    PipelineRunBuilder, Proxy, Rule, TestNamespace, assert_decided, claim_exists, finished_build,
+    metric, service_account, wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::Config;
@@ -65,7 +65,7 @@ async fn a_failed_build_is_kept_for_ttl_after_failed() {
     let mut config = ns.config();
     config.policy.ttl_after_finished = Duration::ZERO;
     config.policy.ttl_after_failed = Some(secs(15));
-    let daemon = Daemon::start(ns.client().clone(), config, "failed").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "failed").await;
 
     assert!(
         wait_until(secs(10), || async {
@@ -170,7 +170,12 @@ async fn the_newest_failed_builds_keep_their_workspaces_by_count() {
     }
     let mut config = config_over(&[&two, &three]);
     config.policy.keep_failed = 2;
-    let daemon = Daemon::start(two.client().clone(), config.clone(), "keep-failed").await;
+    let daemon = Daemon::start(
+        two.daemon_client(&config.clone()).await,
+        config.clone(),
+        "keep-failed",
+    )
+    .await;
 
     let kept = |ns: &TestNamespace| {
         format!(
@@ -251,7 +256,12 @@ async fn namespace_annotations_choose_when_claims_are_due() {
         finished_build(ns, "nb", done).await;
     }
     let config = config_over(&[&longer, &off, &plain]);
-    let daemon = Daemon::start(longer.client().clone(), config.clone(), "ns-policy").await;
+    let daemon = Daemon::start(
+        longer.daemon_client(&config.clone()).await,
+        config.clone(),
+        "ns-policy",
+    )
+    .await;
 
     assert!(
         wait_until(secs(10), || async {
@@ -350,7 +360,12 @@ async fn settings_not_understood_keep_every_claim() {
     }
     let mut config = config_over(&all);
     config.policy.orphan_grace = secs(1);
-    let daemon = Daemon::start(helm.client().clone(), config.clone(), "ns-invalid").await;
+    let daemon = Daemon::start(
+        helm.daemon_client(&config.clone()).await,
+        config.clone(),
+        "ns-invalid",
+    )
+    .await;
 
     assert!(
         wait_until(secs(15), || async {
@@ -452,7 +467,7 @@ async fn deletion_is_announced_once_per_deadline() {
     let mut config = ns.config();
     config.policy.ttl_after_finished = secs(12);
     config.deletion.notice_before = Some(secs(8));
-    let daemon = Daemon::start(ns.client().clone(), config, "notice").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "notice").await;
 
     let due = done + chrono::Duration::seconds(12);
     let stamp = |at: DateTime<Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -566,7 +581,7 @@ async fn storage_a_retain_volume_keeps_is_reported_as_retained() {
     let freed = bound_build(&ns, "freed", "Delete").await;
     let mut config = ns.config();
     config.deletion.read_volumes = true;
-    let daemon = Daemon::start(ns.client().clone(), config, "retain").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "retain").await;
 
     let deleted_note = |claim: &'static str| {
         let ns = &ns;
@@ -725,7 +740,7 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
     let mut config = ns.config();
     config.deletion.read_volumes = true;
     config.deletion.released_volume_ttl = Some(secs(6));
-    let daemon = Daemon::start(ns.client().clone(), config, "released").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "released").await;
 
     // Ours: marked before its claim's delete, then Released, then deleted after the TTL.
     assert!(
@@ -790,55 +805,6 @@ async fn only_the_released_volume_of_a_claim_workspace_gc_deleted_is_deleted() {
     daemon.stop().await;
 }
 
-/// The daemon's client as ServiceAccount `gc` of `ns` through `proxy`, with the daemon's rights
-/// on claims and on PersistentVolumes (cluster-wide, as the released-volumes component grants).
-async fn volume_client(cp: &ControlPlane, ns: &TestNamespace, proxy: &Proxy) -> kube::Client {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
-    let name = format!("{}-gc", ns.name());
-    let mut rules = daemon_role(true).rules.unwrap_or_default();
-    rules.push(policy_rule(
-        &[""],
-        &["persistentvolumes"],
-        &["get", "list", "watch", "patch", "delete"],
-    ));
-    let role = ClusterRole {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        rules: Some(rules),
-        ..Default::default()
-    };
-    Api::<ClusterRole>::all(ns.client().clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("cluster role");
-    let binding = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "gc".into(),
-            namespace: Some(ns.name().into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(ns.client().clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("cluster role binding");
-    let direct = cp.service_account_kubeconfig(ns.name(), "gc").await;
-    let through = proxy.kubeconfig(cp, &direct);
-    kube::Client::try_from(load_config(&through)).expect("a client through the proxy")
-}
-
 /// A claim DELETE answered 503 by a hop that never forwarded it was not carried out, so its
 /// Retain volume must not be marked: the claim lives on (kept: a re-run, here `keep`), and
 /// when someone else deletes it later, its Released volume and the data on it stay. (Before,
@@ -866,8 +832,11 @@ async fn a_delete_not_known_to_be_carried_out_leaves_the_retain_volume_alone() {
     .await
     .expect("keep ours for now");
     let proxy = Proxy::http(&cp).await;
-    let client = volume_client(&cp, &ns, &proxy).await;
-    let user = service_account(ns.name(), "gc");
+    let mut config = ns.config();
+    config.deletion.read_volumes = true;
+    config.deletion.released_volume_ttl = Some(secs(6));
+    let client = ns.daemon_client_via(&config, &proxy.url()).await;
+    let user = service_account(ns.name(), testkit::DAEMON_ACCOUNT);
     let lost_claim = "lost-build-workspace";
     // The hop answers every DELETE of this claim 503 and never forwards one.
     let unanswered = proxy.add(
@@ -875,9 +844,6 @@ async fn a_delete_not_known_to_be_carried_out_leaves_the_retain_volume_alone() {
             .user(user.clone())
             .name(lost_claim),
     );
-    let mut config = ns.config();
-    config.deletion.read_volumes = true;
-    config.deletion.released_volume_ttl = Some(secs(6));
     let daemon = Daemon::start(client, config, "unmarked").await;
     assert!(
         wait_until(secs(30), || async { proxy.hits(unanswered) >= 1 }).await,

@@ -149,7 +149,12 @@ async fn a_partial_completion_time_never_starts_the_ttl() {
         .create(&ns)
         .await;
 
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "partial").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "partial",
+    )
+    .await;
     let missing = ("keep", "completion-time-missing", 2.0);
     survives(&daemon, &ns, "failed-build-workspace", 0.0, missing).await;
     assert!(claim_exists(&ns, "zero-build-workspace").await);
@@ -230,7 +235,12 @@ async fn links_add_up_and_every_owner_must_allow() {
         .await;
     JobBuilder::new("again").phase("Building").create(&ns).await;
 
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "links").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "links",
+    )
+    .await;
     let running = ("keep", "owner-running", 2.0);
     survives(&daemon, &ns, "rerun-build-workspace", 0.0, running).await;
     assert!(claim_exists(&ns, "again-build-workspace").await);
@@ -297,7 +307,12 @@ async fn task_runs_are_owners() {
         .create(&ns)
         .await;
 
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "taskrun").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "taskrun",
+    )
+    .await;
     assert!(
         deleted_within(&ns, "owned-by-task", 10).await,
         "a TaskRun owner finished past its TTL lets its claim go"
@@ -353,7 +368,7 @@ async fn a_cluster_without_the_task_run_crd_works_and_picks_it_up_later() {
     ClaimBuilder::build_workspace("orphan-build-workspace")
         .create(&ns)
         .await;
-    let daemon = Daemon::start(client.clone(), config, "no-crd").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "no-crd").await;
     assert!(
         deleted_within(&ns, "orphan-build-workspace", 10).await,
         "without the CRD the daemon is ready and collects"
@@ -417,7 +432,12 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
     for claim in ["by-pipeline-run", "by-task-run"] {
         ClaimBuilder::build_workspace(claim).create(&ns).await;
     }
-    let daemon = Daemon::start(cp.client_via(&proxy.url()), config, "live-runs").await;
+    let daemon = Daemon::start(
+        ns.daemon_client_via(&config, &proxy.url()).await,
+        config,
+        "live-runs",
+    )
+    .await;
     proxy.stall();
     PipelineRunBuilder::new("late-run")
         .workspace_claim("by-pipeline-run")
@@ -496,7 +516,7 @@ async fn exclusions_add_up_across_file_environment_and_flags() {
             .create(ns)
             .await;
     }
-    let daemon = Daemon::start(cp.client(), config, "exclusions").await;
+    let daemon = Daemon::start(open.daemon_client(&config).await, config, "exclusions").await;
     assert!(
         deleted_within(&open, "orphan-build-workspace", 10).await,
         "the namespace nobody excluded is collected"
@@ -558,7 +578,7 @@ async fn the_audit_reports_the_earliest_change() {
         Some(created + chrono::Duration::seconds(6)),
         "max_age comes before the TTL"
     );
-    let daemon = Daemon::start(ns.client().clone(), config, "audit-time").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "audit-time").await;
     assert!(deleted_within(&ns, "long-build-workspace", 15).await);
     daemon.stop().await;
 }
@@ -670,7 +690,12 @@ async fn runs_pruned_while_the_job_validates_leave_the_claim_to_the_job() {
         .await;
     tekton_build(&ns, "nb", built).await;
     ClaimBuilder::for_job("nb").create(&ns).await;
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-validating").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "pruned-validating",
+    )
+    .await;
 
     let since = reconciled(&daemon).await;
     prune(&ns, "nb").await;
@@ -724,7 +749,12 @@ async fn runs_pruned_after_the_job_finished_keep_the_ttl_of_the_job() {
     }
     // One pruned while workspace-gc was down, one while it runs.
     prune(&ns, "old").await;
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-finished").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "pruned-finished",
+    )
+    .await;
     let within = ("keep", "within-ttl", 1.0);
     survives(&daemon, &ns, "recent-build-workspace", 0.0, within).await;
     let since = reconciled(&daemon).await;
@@ -758,7 +788,12 @@ async fn runs_pruned_after_the_job_is_gone_leave_an_orphan() {
         .await;
     tekton_build(&ns, "gone", finished).await;
     ClaimBuilder::for_job("gone").create(&ns).await;
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "pruned-gone").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "pruned-gone",
+    )
+    .await;
     let within = ("keep", "within-ttl", 1.0);
     survives(&daemon, &ns, "gone-build-workspace", 0.0, within).await;
     let since = reconciled(&daemon).await;
@@ -843,7 +878,12 @@ async fn a_job_that_names_a_claim_in_its_volumes_keeps_it_until_it_finishes() {
         )
         .create(&odd)
         .await;
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "job-volumes").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "job-volumes",
+    )
+    .await;
 
     assert!(
         deleted_within(&ns, "witness-build-workspace", 15).await,
@@ -891,7 +931,12 @@ async fn a_claim_the_server_reports_in_use_is_kept() {
         let claims = kube::api::ApiResource::erase::<PersistentVolumeClaim>(&());
         patch_status(&ns, &claims, claim, conditions).await;
     }
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "unused-false").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "unused-false",
+    )
+    .await;
     assert!(
         deleted_within(&ns, "unused", 15).await,
         "an orphan reported unused goes"
@@ -934,7 +979,12 @@ async fn a_finished_run_held_by_a_finalizer_keeps_its_ttl() {
     )
     .await
     .expect("add the finalizer");
-    let daemon = Daemon::start(ns.client().clone(), config.clone(), "terminating-run").await;
+    let daemon = Daemon::start(
+        ns.daemon_client(&config.clone()).await,
+        config.clone(),
+        "terminating-run",
+    )
+    .await;
     assert!(counted(&daemon, &ns, "keep", "within-ttl", 2.0).await);
 
     // Deleted: `held-build` stays, Terminating; `witness-build` is gone after it (one watch,

@@ -26,11 +26,11 @@ fn secs(n: u64) -> Duration {
 
 /// The real binary watching only `ns`, with a one-second orphan grace: a claim no owner
 /// protects is due at once.
-fn start_daemon(cp: &ControlPlane, ns: &TestNamespace, logs: &tempfile::TempDir) -> Process {
+async fn start_daemon(ns: &TestNamespace, logs: &tempfile::TempDir) -> Process {
     let mut vars = binary_vars(ns);
     set_var(&mut vars, "WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s");
     Process::spawn(
-        cp.kubeconfig_path(),
+        &ns.daemon_kubeconfig(&vars).await,
         &vars,
         "served",
         &logs.path().join("daemon.log"),
@@ -172,7 +172,7 @@ async fn task_runs_served_only_at_v1beta1_protect_their_claims() {
         .await;
 
     let logs = log_dir("served-versions");
-    let daemon = start_daemon(&cp, &ns, &logs);
+    let daemon = start_daemon(&ns, &logs).await;
     let witness = (
         "orphan-build-workspace",
         "bound-build-workspace",
@@ -253,7 +253,7 @@ async fn jobs_served_only_at_an_unknown_version_keep_their_claims() {
     let cp = ControlPlane::start(false);
     let ns = TestNamespace::new(&cp, "v1alpha2").await;
     let logs = log_dir("served-versions");
-    let daemon = start_daemon(&cp, &ns, &logs);
+    let daemon = start_daemon(&ns, &logs).await;
     assert!(
         wait_until(secs(30), || daemon.ready()).await,
         "{}",

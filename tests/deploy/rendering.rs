@@ -602,3 +602,49 @@ fn metrics_https_components_serve_tls_to_the_reader_role_and_scrape_it() {
         json!([{ "kind": "ServiceAccount", "name": scraper, "namespace": NAMESPACE }])
     );
 }
+
+/// The rights every test runs the daemon with (`testkit::shipped`, issue 46) are the rendered
+/// manifests' own: the base's ClusterRole (which the namespaced overlay's Roles and the chart
+/// equal, checked above and in tests/cluster/helm.rs), the Lease's Role, and each component's
+/// rules when the configuration turns its switch on. And no test kit file writes the daemon's
+/// rights on claims by hand: a copy could drift wider than what ships.
+#[test]
+fn the_test_kits_daemon_rights_are_derived_from_the_rendered_manifests() {
+    let rendered = Rendered::of(&manifests("base"));
+    let shipped = |rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>| {
+        grants(&serde_json::to_value(rules).expect("rules as JSON"))
+    };
+    let mut config = workspace_gc::config::Config::default();
+    assert_eq!(
+        shipped(testkit::shipped::cluster_rules(&config)),
+        grants(&rendered.get("ClusterRole", "workspace-gc")["rules"])
+    );
+    assert_eq!(
+        shipped(testkit::shipped::lease_rules()),
+        grants(&rendered.get("Role", "workspace-gc-lease")["rules"])
+    );
+    // Each component adds its own rules, and only when switched on.
+    config.namespace_policy.enabled = true;
+    config.deletion.read_volumes = true;
+    config.deletion.released_volume_ttl = Some(std::time::Duration::from_secs(60));
+    let overlay = Overlay::new(
+        &["base"],
+        &[
+            "components/namespace-policy",
+            "components/retained-volumes",
+            "components/released-volumes",
+        ],
+        "",
+    );
+    let all: BTreeSet<_> = (overlay.render().of_kind("ClusterRole").iter())
+        .flat_map(|role| grants(&role["rules"]))
+        .collect();
+    assert_eq!(shipped(testkit::shipped::cluster_rules(&config)), all);
+    for file in ["testkit/src/replicas.rs", "testkit/src/cluster.rs"] {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(file)).expect("read the test kit");
+        assert!(
+            !text.contains("&[\"persistentvolumeclaims\"]"),
+            "{file} writes rights on claims by hand instead of deriving them"
+        );
+    }
+}

@@ -149,7 +149,7 @@ async fn a_real_build_keeps_its_claim_while_its_step_mounts_it_then_the_daemon_d
     .await;
     let mut config = ns.config();
     config.policy.ttl_after_finished = Duration::from_secs(1);
-    let daemon = Daemon::start(ns.client().clone(), config, "node-build").await;
+    let daemon = Daemon::start(ns.daemon_client(&config).await, config, "node-build").await;
 
     // The step runs on the node: scheduled there, started by the kubelet after Tekton's
     // `prepare` init container, and Tekton reports the TaskRun Running.

@@ -1,0 +1,239 @@
+//! The delete protocol under the answers a real API server and the hops before it give, as the
+//! identity the manifests ship (issue 46): every outcome names its next step, a standing failure
+//! backs off whatever the answer was, and the reads after a lost answer use only the rights the
+//! shipped roles grant. Each replica is a ServiceAccount with the shipped Role, its requests
+//! through an HTTP proxy that plays the faults; the proxy also counts the requests it passes.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use testkit::{
+    ClaimBuilder, ControlPlane, Fault, Process, Proxy, Rule, TestNamespace, deleted, elected_vars,
+    expiring, in_secs, log_dir, metric, replica_through, service_account, wait_until,
+};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A rule that only counts: the request is forwarded at once.
+fn counted(verb: &'static str, user: &str, claim: &str) -> Rule {
+    Rule::new(
+        verb,
+        "persistentvolumeclaims",
+        Fault::DelayRequest(Duration::ZERO),
+    )
+    .user(user.to_owned())
+    .name(claim.to_owned())
+}
+
+/// The claim's UID, if it exists.
+async fn uid_of(ns: &TestNamespace, claim: &str) -> Option<String> {
+    (ns.api::<PersistentVolumeClaim>().get_opt(claim).await)
+        .unwrap_or_else(|e| panic!("get claim {claim}: {e}"))
+        .and_then(|claim| claim.metadata.uid)
+}
+
+/// A DELETE carried out whose answer was lost, and the re-run's new claim of the same name at
+/// once: the revocation is refused (the UID differs), and the daemon reads the claim, as the
+/// shipped roles allow (a LIST by name: they grant no `get`), finds another claim there, and
+/// knows the DELETE landed. The new claim is left alone.
+/// (Before, the read was a GET, forbidden as shipped: the claim was kept and the revocation
+/// retried every 10 s, for good.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_answer_then_a_new_claim_of_the_name_is_settled_with_the_shipped_rights() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "lost-rerun").await;
+    let proxy = Proxy::http(cp).await;
+    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+    let user = service_account(ns.name(), "gc");
+    let claim = "rerun-build-workspace";
+    // The DELETE is carried out; its answer never comes back.
+    let lost = proxy.add(
+        Rule::new("delete", "persistentvolumeclaims", Fault::LoseResponse)
+            .user(user.clone())
+            .name(claim)
+            .times(1),
+    );
+    // The revocation reaches the API server late: by then the re-run has made its claim.
+    proxy.add(
+        Rule::new(
+            "patch",
+            "persistentvolumeclaims",
+            Fault::DelayRequest(secs(3)),
+        )
+        .user(user.clone())
+        .name(claim)
+        .times(1),
+    );
+    let logs = log_dir("delete-protocol");
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &elected_vars(&ns, "4s"),
+        "gc",
+        &logs.path().join("gc.log"),
+    );
+    expiring(claim, in_secs(-60)).create(&ns).await;
+    let first = uid_of(&ns, claim).await;
+    assert!(
+        wait_until(secs(30), || async {
+            proxy.hits(lost) == 1 && uid_of(&ns, claim).await != first
+        })
+        .await,
+        "the DELETE was carried out:\n{}",
+        daemon.logs()
+    );
+    // The re-run's workspace, young and without an owner: kept for the orphan grace (1h).
+    ClaimBuilder::build_workspace(claim).create(&ns).await;
+    let rerun = uid_of(&ns, claim).await;
+    assert!(
+        wait_until(secs(30), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_deletes_late_total",
+                "",
+            ) == 1.0
+        })
+        .await,
+        "the daemon found the DELETE landed:\n{}",
+        daemon.logs()
+    );
+    // Every read it made was one its shipped rights allow (`metrics` checks it), and the
+    // re-run's claim was left alone.
+    daemon.metrics().await;
+    assert_eq!(uid_of(&ns, claim).await, rerun, "the re-run's claim stays");
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// The first DELETE is answered 503 by a hop that never forwarded it; its revocation is carried
+/// out but the answer lost; the retry of the revocation is answered 503; the next writes the
+/// value already there: 200, no new resourceVersion, no watch event. The claim, due, is still
+/// decided again and deleted once the faults end: no outcome waits for an event its own write
+/// is expected to cause. (Before, that no-op revocation ended the reconcile for good: a leak.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revocation_that_changes_nothing_still_leads_to_the_delete() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "noop-revoke").await;
+    let proxy = Proxy::http(cp).await;
+    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+    let user = service_account(ns.name(), "gc");
+    let claim = "noop-build-workspace";
+    let rule = |verb, fault| {
+        Rule::new(verb, "persistentvolumeclaims", fault)
+            .user(user.clone())
+            .name(claim)
+            .times(1)
+    };
+    proxy.add(rule("delete", Fault::unavailable()));
+    proxy.add(rule("patch", Fault::LoseResponse));
+    proxy.add(rule("patch", Fault::unavailable()));
+    let revocations = proxy.add(counted("patch", &user, claim));
+    let logs = log_dir("delete-protocol");
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &elected_vars(&ns, "4s"),
+        "gc",
+        &logs.path().join("gc.log"),
+    );
+    expiring(claim, in_secs(-60)).create(&ns).await;
+    assert!(
+        wait_until(secs(60), || deleted(&ns, claim)).await,
+        "the due claim is deleted once the faults end:\n{}",
+        daemon.logs()
+    );
+    assert!(
+        proxy.hits(revocations) >= 1,
+        "a revocation reached the API server and changed nothing"
+    );
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// A validating webhook on claim DELETEs whose pods are down (failurePolicy Fail): the API
+/// server answers every DELETE 500, "failed calling webhook". That answer is the API server's
+/// own refusal, given before anything is stored, so nothing is revoked, and the DELETEs back off
+/// as refusals do: 1, 2, 4, 8 s apart and on up to 5 minutes. Once the webhook is gone the
+/// claim is deleted at the next attempt. (Before, each 500 was taken for a lost answer: a
+/// revocation, whose own event ran the claim again at once, 5 DELETEs, 5 PATCHes and 5 Lease
+/// writes a second for the whole outage.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_that_is_down_costs_a_backoff_not_a_storm() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "webhook-down").await;
+    let proxy = Proxy::http(cp).await;
+    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+    let user = service_account(ns.name(), "gc");
+    let claim = "guarded-build-workspace";
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(ns.client().clone());
+    let name = format!("{}-down", ns.name());
+    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "down.workspace-gc.test",
+            // Nothing listens there: the webhook's pods are down.
+            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+            "rules": [{
+                "operations": ["DELETE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["persistentvolumeclaims"],
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name()}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+        }],
+    }))
+    .expect("a webhook configuration");
+    webhooks
+        .create(&PostParams::default(), &webhook)
+        .await
+        .expect("create the webhook configuration");
+    let deletes = proxy.add(counted("delete", &user, claim));
+    let revocations = proxy.add(counted("patch", &user, claim));
+    let logs = log_dir("delete-protocol");
+    let daemon = Process::spawn(
+        &kubeconfig,
+        &elected_vars(&ns, "4s"),
+        "gc",
+        &logs.path().join("gc.log"),
+    );
+    expiring(claim, in_secs(-60)).create(&ns).await;
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(deletes) >= 1 }).await,
+        "the DELETE was sent:\n{}",
+        daemon.logs()
+    );
+    // 20 s of outage: attempts at about 0, 1, 3, 7 and 15 s.
+    tokio::time::sleep(secs(20)).await;
+    let (sent, patched) = (proxy.hits(deletes), proxy.hits(revocations));
+    assert!(
+        (3..=6).contains(&sent),
+        "{sent} DELETEs in 20 s, not a backoff:\n{}",
+        daemon.logs()
+    );
+    assert_eq!(patched, 0, "a refusal is not revoked:\n{}", daemon.logs());
+    let text = daemon.metrics().await;
+    assert!(
+        metric(&text, "workspace_gc_deletions_total", "result=\"denied\"") >= 3.0,
+        "{text}"
+    );
+    assert!(uid_of(&ns, claim).await.is_some(), "kept meanwhile");
+    webhooks
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("the webhook is removed");
+    // The next attempt, about 31 s after the first, goes through.
+    assert!(
+        wait_until(secs(60), || deleted(&ns, claim)).await,
+        "deleted once the webhook is gone:\n{}",
+        daemon.logs()
+    );
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
