@@ -276,6 +276,26 @@ impl ControlPlane {
         self.script(&args).await;
     }
 
+    /// Pauses (SIGSTOP) or, with `paused` false, resumes (SIGCONT) one component of this
+    /// dedicated control plane, as a loaded machine stalls a process: what its watches deliver
+    /// meanwhile waits in their streams.
+    pub fn pause_component(&self, component: &str, paused: bool) {
+        assert!(
+            self.dedicated,
+            "faults are only for a dedicated control plane"
+        );
+        let file = self.dir.join(format!("{component}.pid"));
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        let pid = text.split_whitespace().next().expect("a pid");
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} ({component})");
+    }
+
     /// Starts a stopped component again, with its original flags, and waits until it is healthy.
     pub async fn start_component(&self, component: &str) {
         assert!(
