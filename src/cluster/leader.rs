@@ -98,6 +98,27 @@ pub enum FenceError {
     Write(#[source] kube::Error),
     #[error("recording the deletion on the lease took longer than the renew deadline")]
     TimedOut,
+    #[error(
+        "the lease names as many DELETEs in flight as it can hold; this one waits until earlier ones are answered"
+    )]
+    InFlightFull,
+}
+
+/// The most the Lease's `deletes-in-flight` annotation may take, in bytes: a quarter of the
+/// 256 KiB the API server allows for all of an object's annotations, beside the bucketed
+/// ledger and the rounds, so no write of the Lease (a renewal included) is ever refused for
+/// what DELETEs added. Past it, a DELETE is not sent (its claim retries after its backoff)
+/// until earlier ones are answered or revoked (issue 46, class 5).
+const IN_FLIGHT_BUDGET: usize = 64 * 1024;
+
+/// Whether `entries` and `delete` together fit the budget.
+fn room_for(entries: &BTreeMap<String, InFlight>, delete: &InFlight) -> bool {
+    if entries.contains_key(&delete.uid) {
+        return true;
+    }
+    let mut with = entries.clone();
+    with.insert(delete.uid.clone(), delete.clone());
+    in_flight_text(&with).is_some_and(|text| text.len() <= IN_FLIGHT_BUDGET)
 }
 
 /// How long a Lease write that records a DELETE waits for others decided with it.
@@ -307,6 +328,9 @@ impl Fence {
         let Some(elector) = &self.elector else {
             return Ok(());
         };
+        if !room_for(&elector.in_flight(), delete) {
+            return Err(FenceError::InFlightFull);
+        }
         let before = elector.name(ledger, delete);
         let mut held = elector.lease.lock().await;
         let written = self.carry(elector, &mut held, ledger.1, delete).await;
@@ -757,6 +781,28 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// However many DELETEs stay unanswered, the Lease's annotation stays within its budget:
+    /// a new one is refused past it, one already named always fits again.
+    #[test]
+    fn the_deletes_named_in_flight_stay_within_the_leases_budget() {
+        let delete = |i: usize| InFlight {
+            namespace: "a-namespace-of-a-realistic-length".into(),
+            name: format!("notebook-validation-job-number-{i}-build-workspace"),
+            uid: format!("{i:08}-1111-2222-3333-444444444444"),
+            resource_version: "123456789".into(),
+        };
+        let mut named = BTreeMap::new();
+        let mut i = 0;
+        while room_for(&named, &delete(i)) {
+            named.insert(delete(i).uid, delete(i));
+            i += 1;
+        }
+        assert!(i > 100, "room for {i}");
+        let text = in_flight_text(&named).expect("named");
+        assert!(text.len() <= IN_FLIGHT_BUDGET, "{}", text.len());
+        assert!(room_for(&named, &delete(0)), "one already named fits again");
+    }
 
     #[test]
     fn the_deletes_in_flight_read_back_as_written_and_garbage_names_none() {
