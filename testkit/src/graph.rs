@@ -518,6 +518,8 @@ fn annotation(profile: Profile) -> impl Strategy<Value = (String, Text)> {
         1 => plain(key("expires"), &["garbage", "2026-13-01T00:00:00Z"]),
         1 => plain(key("kep"), &["true"]),
         1 => plain("example.com/keep".to_owned(), &["true"]),
+        // The daemon's own, as a revocation leaves it (a resourceVersion), or odd.
+        1 => plain(key("revoked-delete"), &["4711", ""]),
     ]
 }
 

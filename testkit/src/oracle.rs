@@ -6,7 +6,8 @@
 //! A claim MAY be deleted only when all hold:
 //! 1. it has no `metadata.deletionTimestamp`;
 //! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` (exactly "true" or "false"), `ttl` (humantime,
-//!    trimmed, fitting `chrono::Duration`) or `expires` (RFC 3339, trimmed);
+//!    trimmed, fitting `chrono::Duration`), `expires` (RFC 3339, trimmed) or `revoked-delete`
+//!    (any string: the daemon's own record of a revocation, which decides nothing);
 //! 3. `keep` is not "true";
 //! 4. no pod of its namespace mounts it unless that pod's phase is "Succeeded" or "Failed"; no
 //!    `status.conditions` entry of type "Unused" has status "False"; and no job of its namespace
@@ -403,6 +404,7 @@ fn notes(meta: &Value) -> Option<Notes> {
             "expires" => {
                 notes.expires = Some(DateTime::parse_from_rfc3339(value.trim()).ok()?.into())
             }
+            "revoked-delete" => {}
             _ => return None,
         }
     }
