@@ -151,6 +151,10 @@ pub trait Clock: Send + Sync + 'static {
     fn server(&self) -> (DateTime<Utc>, DateTime<Utc>);
     /// The monotonic instant at which a deadline is met, as [`Clock::now`] judges it.
     fn instant_at(&self, deadline: DateTime<Utc>) -> Instant;
+    /// When an answer of the API server last contradicted the earlier ones (its clock moved
+    /// in a way no drift explains); `None` if none has. The cap's ledger is dated by the
+    /// estimate, so after such a jump it could forget deletions dated on the other clock.
+    fn contradicted_at(&self) -> Option<Instant>;
 }
 
 impl Clock for ServerClock {
@@ -167,5 +171,9 @@ impl Clock for ServerClock {
 
     fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {
         ServerClock::instant_at(self, deadline)
+    }
+
+    fn contradicted_at(&self) -> Option<Instant> {
+        ServerClock::contradicted_at(self)
     }
 }

@@ -230,6 +230,9 @@ struct Shared {
     metrics: OnceLock<Arc<Metrics>>,
     /// Whether the offset was last surely beyond [`WARN_BEYOND`]: the log says transitions only.
     skewed: AtomicBool,
+    /// When an answer last contradicted the earlier ones: API servers behind one address whose
+    /// clocks disagree, or a stepped clock.
+    contradicted: Mutex<Option<Instant>>,
 }
 
 impl ServerClock {
@@ -295,6 +298,16 @@ impl ServerClock {
         self.estimator().bounds(at)
     }
 
+    /// The monotonic instant an answer last contradicted the earlier ones; `None` if none has.
+    pub fn contradicted_at(&self) -> Option<tokio::time::Instant> {
+        let at = *self
+            .shared
+            .contradicted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        at.map(tokio::time::Instant::from_std)
+    }
+
     fn estimator(&self) -> std::sync::MutexGuard<'_, Estimator> {
         self.shared
             .estimator
@@ -324,11 +337,18 @@ impl ServerClock {
                 offset_upper_seconds = upper,
                 "the API server's clock is known; deadlines are judged by the earlier of it and this replica's"
             ),
-            Observed::Contradicts => warn!(
-                offset_lower_seconds = lower,
-                offset_upper_seconds = upper,
-                "the API server's clock disagrees with its earlier answers (a clock was stepped); estimating afresh"
-            ),
+            Observed::Contradicts => {
+                *self
+                    .shared
+                    .contradicted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(at);
+                warn!(
+                    offset_lower_seconds = lower,
+                    offset_upper_seconds = upper,
+                    "the API server's clock disagrees with its earlier answers (a clock was stepped, or API servers behind one address disagree); estimating afresh, and the blast-radius cap counts its window as full for a window"
+                )
+            }
             Observed::Agrees => {}
         }
         self.publish(at, local);

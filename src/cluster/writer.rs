@@ -71,6 +71,11 @@ pub enum Notice {
         max: u32,
         window: String,
     },
+    /// The API server's clock contradicted its earlier answers: the cap's window is counted
+    /// as full for this long.
+    ClockDisputed {
+        window: String,
+    },
     /// The claim becomes due at this instant if nothing changes.
     DeletionScheduled {
         at: String,
@@ -368,6 +373,17 @@ impl Writer {
                          deleted within {window}, the configured maximum; nothing was deleted"
                     )
                 },
+            ),
+            Notice::ClockDisputed { window } => (
+                EventType::Warning,
+                "ServerClockDisputed",
+                format!(
+                    "not deleted yet: the API server's clock contradicted its earlier answers \
+                     (API servers behind one address whose clocks disagree, or a clock stepped), \
+                     so the deletions of the last {window} cannot be dated for the \
+                     blast-radius cap; it counts the window as full until answers agree for \
+                     {window}"
+                ),
             ),
             Notice::DeletionScheduled { at, reason } => (
                 EventType::Normal,

@@ -144,6 +144,9 @@ pub enum Fault {
     /// Forwards, then closes the connection instead of answering: executed, but the client
     /// never hears how.
     LoseResponse,
+    /// Forwards at once and moves the answer's `Date` header ahead by this much: another API
+    /// server behind the same address (a load balancer) whose clock runs ahead.
+    DateAhead(Duration),
     /// Holds the request until the rule is removed or cleared, then forwards it whatever
     /// became of the client (gone, as an L7 load balancer serves a request whose client left);
     /// the API server's answer is recorded ([`super::Proxy::forwarded`]) and passed on if the
@@ -545,6 +548,18 @@ impl Interceptor {
             Some((_, Fault::DelayResponse(delay))) => tokio::time::sleep(delay).await,
             Some((id, Fault::Stall)) => self.rules.removed(id).await,
             Some((_, Fault::LoseResponse)) => return Err(Reset),
+            Some((_, Fault::DateAhead(ahead))) => {
+                let mut response = response;
+                let moved = (response.headers().get(http::header::DATE))
+                    .and_then(|date| date.to_str().ok())
+                    .and_then(|date| chrono::DateTime::parse_from_rfc2822(date).ok())
+                    .map(|date| date.with_timezone(&Utc) + ahead)
+                    .map(|date| date.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
+                if let Some(value) = moved.and_then(|text| HeaderValue::from_str(&text).ok()) {
+                    response.headers_mut().insert(http::header::DATE, value);
+                }
+                return Ok(response.map(Either::Left));
+            }
             _ => {}
         }
         Ok(response.map(Either::Left))

@@ -25,6 +25,10 @@ use super::{Cause, Controller};
 struct Cap {
     max: u32,
     window: String,
+    /// The window itself, for how long a clock dispute holds the cap full.
+    span: std::time::Duration,
+    /// The clock dispute whose notice went out: told once per dispute, not per claim.
+    disputed_told: Mutex<Option<Instant>>,
 }
 
 /// The delete pipeline's own state: the pace and the cap, the line of claims the cap holds
@@ -53,6 +57,8 @@ impl Deletes {
             cap: Cap {
                 max: deletion.max_deletions_per_window,
                 window: humantime::format_duration(deletion.window).to_string(),
+                span: deletion.window,
+                disputed_told: Mutex::default(),
             },
             line: Mutex::default(),
             mark_volumes: deletion.released_volume_ttl.is_some(),
@@ -72,6 +78,22 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         cause: Cause,
     ) -> Result<Reservation, Outcome> {
         let key = &claim.key;
+        if let Some(until) = self.clock_disputed_until() {
+            self.metrics.set_clock_disputed(true);
+            let first = {
+                let mut told = self.lock_disputed_told();
+                told.replace(until) != Some(until)
+            };
+            if first {
+                let window = self.deletes.cap.window.clone();
+                warn!(claim = %key, %window, "the API server's clock contradicted its earlier answers: the blast-radius cap counts its window as full; deletion deferred");
+                (self.cluster)
+                    .notify(claim, Notice::ClockDisputed { window })
+                    .await;
+            }
+            return Err(Outcome::At(until));
+        }
+        self.metrics.set_clock_disputed(false);
         let place = cause.place_in_line();
         let (admission, full, first) = {
             let mut limiter = self.lock_limiter();
@@ -108,7 +130,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Admission::Capped { until } => {
                 self.metrics.set_capped(true);
                 if first {
-                    let Cap { max, window } = &self.deletes.cap;
+                    let Cap { max, window, .. } = &self.deletes.cap;
                     warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
                     let notice = Notice::CapReached {
                         max: *max,
@@ -294,6 +316,22 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 .flatten()
                 .unwrap_or(Outcome::Retry(Failure::Unanswered)),
         }
+    }
+
+    /// Until when the cap counts its window as full because the API server's clock
+    /// contradicted its earlier answers: the ledger is dated by that clock's estimate, and an
+    /// estimate that jumped forward would otherwise forget the deletions dated on the slower
+    /// clock, for good (and the Lease's copy with them). `None` once a whole window has passed
+    /// since the last contradiction. Fails closed: deletions wait, none is forgotten.
+    fn clock_disputed_until(&self) -> Option<Instant> {
+        let until = self.clock.contradicted_at()? + self.deletes.cap.span;
+        (until > Instant::now()).then_some(until)
+    }
+
+    fn lock_disputed_told(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        (self.deletes.cap.disputed_told)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn release(&self, reservation: Reservation) {

@@ -256,6 +256,8 @@ impl LeaseRecords for FakeCluster {
 struct FakeClock {
     start: Instant,
     wall: DateTime<Utc>,
+    /// When an answer last contradicted the earlier ones.
+    contradicted: Mutex<Option<Instant>>,
 }
 
 impl Clock for FakeClock {
@@ -270,6 +272,10 @@ impl Clock for FakeClock {
 
     fn instant_at(&self, deadline: DateTime<Utc>) -> Instant {
         Instant::now() + (deadline - self.now()).to_std().unwrap_or(Duration::ZERO)
+    }
+
+    fn contradicted_at(&self) -> Option<Instant> {
+        *lock(&self.contradicted)
     }
 }
 
@@ -306,6 +312,7 @@ fn controller_with(
     let clock = FakeClock {
         start: Instant::now(),
         wall: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+        contradicted: Mutex::default(),
     };
     let (schedule, scheduler) = Scheduler::new();
     *lock(&cluster.scheduler) = Some(scheduler);
@@ -478,6 +485,30 @@ async fn a_delete_that_landed_late_stays_counted_against_the_cap() {
 /// Decide again at once: what follows a revocation that found its DELETE landed.
 fn at_once() -> Outcome {
     Outcome::At(Instant::now())
+}
+
+/// API servers behind one address whose clocks disagree: once an answer contradicts the
+/// earlier ones, the cap counts its window as full for a whole window (the ledger's dates
+/// cannot be trusted to expire), tells it once, and deletes again after.
+#[tokio::test(start_paused = true)]
+async fn a_clock_contradiction_holds_the_cap_full_for_a_window() {
+    let c = controller(FakeCluster::default(), 10, &[due("a"), due("b")], true);
+    *lock(&c.clock.contradicted) = Some(Instant::now());
+    let held = Outcome::At(Instant::now() + Duration::from_secs(3600));
+    assert_eq!(c.clone().reconcile(key("a")).await, held);
+    assert_eq!(c.clone().reconcile(key("b")).await, held);
+    assert!(
+        lock(&c.cluster.sent).is_empty(),
+        "nothing deleted meanwhile"
+    );
+    let told = lock(&c.cluster.notices)
+        .iter()
+        .filter(|n| matches!(n, Notice::ClockDisputed { .. }))
+        .count();
+    assert_eq!(told, 1, "told once per dispute");
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
 }
 
 /// The claim's writes so far, as the fake cluster logged them.

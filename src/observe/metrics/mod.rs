@@ -135,6 +135,7 @@ pub struct Metrics {
     blast_radius_capped: Gauge,
     blast_radius_cap_reached: Counter,
     blast_radius_unknown: Gauge,
+    blast_radius_clock_disputed: Gauge,
     blast_radius_ledger_faults: Family<LedgerFaultLabels, Counter>,
     standby_ledger_reads: Family<ResultLabels, Counter>,
     quota_used_ratio: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
@@ -172,6 +173,7 @@ impl Metrics {
             blast_radius_capped: Gauge::default(),
             blast_radius_cap_reached: Counter::default(),
             blast_radius_unknown: Gauge::default(),
+            blast_radius_clock_disputed: Gauge::default(),
             blast_radius_ledger_faults: Family::default(),
             standby_ledger_reads: Family::default(),
             quota_used_ratio: Family::default(),
@@ -313,6 +315,12 @@ impl Metrics {
             "blast_radius_unknown",
             "1 while deletions are held back because the count of the current window is not known",
             metrics.blast_radius_unknown.clone(),
+        );
+        r.register(
+            "blast_radius_clock_disputed",
+            "1 while deletions are held back because the API server's clock contradicted its \
+             earlier answers within the last window: the cap's window is counted as full",
+            metrics.blast_radius_clock_disputed.clone(),
         );
         r.register(
             "blast_radius_ledger_faults",

@@ -241,6 +241,10 @@ impl Metrics {
         self.blast_radius_unknown.set(unknown.into());
     }
 
+    pub fn set_clock_disputed(&self, disputed: bool) {
+        self.blast_radius_clock_disputed.set(disputed.into());
+    }
+
     /// The bounds of the API server's clock minus this replica's, in seconds.
     pub fn set_clock_offset(&self, lower: f64, upper: f64) {
         for (bound, value) in [("lower", lower), ("upper", upper)] {
