@@ -6,9 +6,12 @@
 //! or again after a per-claim exponential backoff when it failed (as client-go's rate-limited
 //! work queue does), reset by the next outcome that is not a failure. A reconcile that panics
 //! counts as a failure: its claim is retried, never lost. Unlike client-go's queue, a claim
-//! that is backing off is not run before its backoff ends, whatever wakes it: a failing
-//! reconcile's own writes (a revocation, a Lease write) change what it watches, and their
-//! events must not turn a standing failure into a storm. Waiting only delays a delete.
+//! whose write failed (a DELETE refused, throttled or unanswered) is not run before its backoff
+//! ends, whatever wakes it: a failing reconcile's own writes (a revocation, a Lease write)
+//! change what it watches, and their events must not turn a standing failure into a storm.
+//! Waiting only delays a delete. A claim that failed before writing anything (the cache behind
+//! the live re-check, a read that failed) is still run at once by a change, which is what it
+//! waits for.
 //!
 //! Why not kube-runtime's `Controller`: it reconciles one main kind's objects, handed over as
 //! `Arc<K>` from a reflector store of whole objects, and maps other kinds onto them one object at
@@ -101,6 +104,16 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Whether a claim that failed so waits for its whole backoff, whatever wakes it: its
+    /// write reached (or may have reached) the API server and failed, and its own writes'
+    /// events would otherwise run it again at once.
+    pub fn holds_back(self) -> bool {
+        matches!(
+            self,
+            Failure::Denied | Failure::Throttled | Failure::Unanswered
+        )
+    }
+
     pub fn category(self) -> &'static str {
         match self {
             Failure::LiveUnread => "live-unread",
@@ -158,7 +171,7 @@ pub struct Scheduler {
     dirty: HashSet<ObjectKey>,
     /// Failures in a row, per claim that is backing off.
     failures: HashMap<ObjectKey, u32>,
-    /// Until when each claim that is backing off waits, whatever asks for it.
+    /// Until when each claim whose write failed waits, whatever asks for it.
     backing_off: HashMap<ObjectKey, Instant>,
 }
 
@@ -265,7 +278,11 @@ impl Scheduler {
                 let failures = self.failures.entry(key.clone()).or_default();
                 *failures = failures.saturating_add(1);
                 let at = Instant::now() + backoff(*failures, failure);
-                self.backing_off.insert(key.clone(), at);
+                if failure.holds_back() {
+                    self.backing_off.insert(key.clone(), at);
+                } else {
+                    self.backing_off.remove(&key);
+                }
                 self.request(key.clone(), Some(at));
             }
         }
@@ -460,11 +477,9 @@ mod tests {
         assert_eq!(&secs[..9], &[0, 1, 3, 7, 15, 25, 28, 29, 31], "{secs:?}");
     }
 
-    /// A failing reconcile whose own write wakes its claim (a revocation's watch event) and
-    /// whose claim changes meanwhile still waits for its backoff: a standing failure costs one
-    /// attempt per backoff, not a storm. Once it succeeds, a wake runs it at once again.
-    #[tokio::test(start_paused = true)]
-    async fn a_claim_backing_off_waits_for_its_backoff_whatever_wakes_it() {
+    /// When a claim failing with `failure` five times in a row (each run waking it twice more,
+    /// as its own writes' events do) runs, in seconds; a change wakes it at 3.5 s and at 30 s.
+    async fn runs_woken_while_failing(failure: Failure) -> Vec<f64> {
         let (schedule, scheduler) = Scheduler::new();
         let starts = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
@@ -485,30 +500,43 @@ mod tests {
                         if n > 5 {
                             return Outcome::Done;
                         }
-                        // Its own write's event, while it runs and just after.
                         schedule.now(k.clone());
                         schedule.now(k);
-                        Outcome::Retry(Failure::Unanswered)
+                        Outcome::Retry(failure)
                     }
                 }
             },
             stop.clone(),
         ));
         schedule.now(key("x"));
-        // A change to the claim in the middle of a backoff.
         tokio::time::sleep(Duration::from_millis(3500)).await;
         schedule.now(key("x"));
         tokio::time::sleep(Duration::from_millis(26_500)).await;
-        // Not backing off any more: a change runs it at once.
         schedule.now(key("x"));
         tokio::time::sleep(Duration::from_secs(5)).await;
         stop.cancel();
         task.await.unwrap();
-        let secs: Vec<f64> = (starts.lock().unwrap().iter())
+        (starts.lock().unwrap().iter())
             .map(Duration::as_secs_f64)
-            .collect();
+            .collect()
+    }
+
+    /// A claim whose write failed waits for its backoff whatever wakes it, its own writes'
+    /// events included: a standing failure costs one attempt per backoff, not a storm. Once it
+    /// succeeds, a change runs it at once again.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_whose_write_failed_waits_for_its_backoff_whatever_wakes_it() {
+        let secs = runs_woken_while_failing(Failure::Unanswered).await;
         // 1, 2, 4, 8, then 10 s apart; then the success; then the change at once.
         assert_eq!(secs, vec![0.0, 1.0, 3.0, 7.0, 15.0, 25.0, 30.0], "{secs:?}");
+    }
+
+    /// A claim that failed before writing anything (here the cache was behind its live
+    /// re-check) is run again at once by a change: the change is what it waits for.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_wrote_nothing_is_run_at_once_by_a_change() {
+        let secs = runs_woken_while_failing(Failure::LiveDisagrees).await;
+        assert_eq!(secs[..3], [0.0, 0.0, 0.0], "{secs:?}");
     }
 
     #[tokio::test(start_paused = true)]
