@@ -97,6 +97,21 @@ struct FakeCluster {
     quotas_take: Mutex<Duration>,
     /// The receiving end of the controller's schedule: every wake-up it asked for.
     scheduler: Mutex<Option<Scheduler>>,
+    /// Where a revocation that changed the claim sends its watch event; none when unset.
+    events: Mutex<Option<crate::daemon::scheduler::Schedule>>,
+    /// For each revocation answered `Revoked`, whether it changed the claim (and so brought a
+    /// watch event); a revocation that wrote the value already there brings none. `true`
+    /// once none is left.
+    revocation_events: Mutex<VecDeque<bool>>,
+    /// Every claim write with its answer, and when it went out.
+    log: Mutex<Vec<(Instant, Write)>>,
+}
+
+/// A claim write as the model test sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Delete(DeleteResult),
+    Revoke(Revocation),
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -187,17 +202,27 @@ impl Writes for FakeCluster {
             deadline,
         });
         let answer = lock(&self.answers).pop_front();
-        answer
-            .unwrap_or(Ok(DeleteResult::Deleted))
-            .map(|result| self.answer(result))
+        let answer = answer.unwrap_or(Ok(DeleteResult::Deleted));
+        if let Ok(result) = answer {
+            lock(&self.log).push((Instant::now(), Write::Delete(result)));
+        }
+        answer.map(|result| self.answer(result))
     }
 
     async fn revoke(&self, delete: &InFlight) -> Revocation {
         let write = format!("revoke claim {} {}", delete.name, delete.resource_version);
         lock(&self.volume_writes).push(write);
-        lock(&self.revocations)
+        let revocation = lock(&self.revocations)
             .pop_front()
-            .unwrap_or(Revocation::Revoked)
+            .unwrap_or(Revocation::Revoked);
+        lock(&self.log).push((Instant::now(), Write::Revoke(revocation)));
+        if revocation == Revocation::Revoked
+            && lock(&self.revocation_events).pop_front().unwrap_or(true)
+            && let Some(events) = lock(&self.events).as_ref()
+        {
+            events.now(delete.key());
+        }
+        revocation
     }
 
     async fn notify(&self, _: &ClaimFacts, notice: Notice) {
@@ -1066,4 +1091,128 @@ async fn a_pressure_plan_decides_the_other_claims_under_the_settings_read_live()
     let outcome = c.clone().reconcile(key("newer")).await;
     assert_eq!(outcome, Outcome::Retry(Failure::LiveDisagrees));
     assert!(lock(&c.cluster.sent).is_empty());
+}
+
+/// What the world answers the claim's writes, in the model test: DELETEs refused, throttled,
+/// unanswered (a 5xx, a lost answer), or in conflict; revocations carried out (changing the
+/// claim, with a watch event, or writing the value already there, with none), unanswered or
+/// refused with the claim as it was. Once they run out, every write succeeds.
+mod model {
+    use proptest::prelude::*;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::daemon::scheduler::{BACKOFF_MAX, DENIED_BACKOFF_MAX};
+
+    fn delete_fault() -> impl Strategy<Value = DeleteResult> {
+        prop_oneof![
+            4 => Just(DeleteResult::Unanswered),
+            2 => Just(DeleteResult::Denied),
+            1 => Just(DeleteResult::Throttled),
+            1 => Just(DeleteResult::Conflict),
+        ]
+    }
+
+    fn revocation_fault() -> impl Strategy<Value = (Revocation, bool)> {
+        prop_oneof![
+            2 => Just((Revocation::Revoked, true)),
+            2 => Just((Revocation::Revoked, false)),
+            2 => Just((Revocation::Unanswered, false)),
+            1 => Just((Revocation::Refused, false)),
+        ]
+    }
+
+    /// Runs claim `a`, due, under the scheduler against those answers, in paused time, until it
+    /// is deleted or `limit` has passed; returns the log of its writes, from its start.
+    fn run(
+        answers: &[DeleteResult],
+        revocations: &[(Revocation, bool)],
+        limit: Duration,
+    ) -> Vec<(Duration, Write)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let cluster = FakeCluster::default();
+            lock(&cluster.answers).extend(answers.iter().map(|a| Ok(*a)));
+            lock(&cluster.revocations).extend(revocations.iter().map(|r| r.0));
+            lock(&cluster.revocation_events).extend(revocations.iter().map(|r| r.1));
+            // A refused revocation reads the claim as it was: the DELETE may still land.
+            *lock(&cluster.claim_state) = Some(("a-uid".into(), false));
+            let c = controller(cluster, 1000, &[due("a")], true);
+            let scheduler = lock(&c.cluster.scheduler).take().expect("the scheduler");
+            *lock(&c.cluster.events) = Some(c.schedule.clone());
+            let stop = CancellationToken::new();
+            let reconcile = {
+                let c = c.clone();
+                move |key| c.clone().reconcile(key)
+            };
+            let task = tokio::spawn(scheduler.run(4, reconcile, stop.clone()));
+            let start = Instant::now();
+            c.schedule.now(key("a"));
+            let deleted = |c: &Controller<FakeCluster, FakeClock>| {
+                (lock(&c.cluster.log).iter())
+                    .any(|(_, write)| *write == Write::Delete(DeleteResult::Deleted))
+            };
+            while !deleted(&c) && start.elapsed() < limit {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stop.cancel();
+            task.await.expect("the scheduler stops");
+            (lock(&c.cluster.log).iter())
+                .map(|(at, write)| (*at - start, *write))
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Safety: after a DELETE without a definite answer nothing but its revocation is sent
+        /// until one is answered. Liveness: once the faults end the claim is deleted, within the
+        /// backoffs the faults cost. Cost: a DELETE that failed is followed by another no sooner
+        /// than the first backoff, and each reconcile that failed waits at least a second more,
+        /// whatever wakes the claim (a revocation's own event included).
+        #[test]
+        fn any_answers_end_in_the_delete_with_a_backoff_and_nothing_sent_past_a_revocation(
+            answers in prop::collection::vec(delete_fault(), 0..8),
+            revocations in prop::collection::vec(revocation_fault(), 0..8),
+        ) {
+            let failures = answers.len() + revocations.len();
+            let ceiling = |answer: &DeleteResult| match answer {
+                DeleteResult::Denied => DENIED_BACKOFF_MAX,
+                _ => BACKOFF_MAX,
+            };
+            let bound = (answers.iter().map(ceiling).sum::<Duration>())
+                + BACKOFF_MAX * u32::try_from(revocations.len()).unwrap_or(u32::MAX)
+                + Duration::from_secs(60);
+            let log = run(&answers, &revocations, bound + Duration::from_secs(60));
+            let deleted = log.iter().find(|(_, w)| *w == Write::Delete(DeleteResult::Deleted));
+            prop_assert!(
+                deleted.is_some_and(|(at, _)| *at <= bound),
+                "not deleted within {bound:?} after {failures} faults: {log:?}"
+            );
+            let mut outstanding = false;
+            let mut last_delete: Option<Duration> = None;
+            for (at, write) in &log {
+                match write {
+                    Write::Delete(result) => {
+                        prop_assert!(!outstanding, "a DELETE sent past an unrevoked one: {log:?}");
+                        if let Some(before) = last_delete {
+                            prop_assert!(
+                                *at - before >= Duration::from_secs(1),
+                                "DELETEs {:?} apart: {log:?}", *at - before
+                            );
+                        }
+                        last_delete = Some(*at);
+                        outstanding = *result == DeleteResult::Unanswered;
+                    }
+                    Write::Revoke(Revocation::Revoked | Revocation::Landed) => outstanding = false,
+                    Write::Revoke(_) => {}
+                }
+            }
+        }
+    }
 }
