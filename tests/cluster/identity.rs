@@ -38,8 +38,9 @@ rules:
   - level: Metadata
 ";
 
-/// A kubeconfig for ServiceAccount `name` of [`NAMESPACE`], bound to cluster-admin: rights are
-/// not what this test is about.
+/// A kubeconfig for ServiceAccount `name` of [`NAMESPACE`], bound to cluster-admin: for the
+/// one-shot commands a person runs (`audit`, `create`), whose rights are not what this test is
+/// about; the daemon runs as it ships.
 async fn identity(control_plane: &ControlPlane, name: &str) -> std::path::PathBuf {
     let kubeconfig = control_plane
         .service_account_kubeconfig(NAMESPACE, name)
@@ -142,7 +143,6 @@ async fn every_request_names_workspace_gc_and_its_command_in_the_audit_log() {
     // run: deletes an expired orphan, writes its event and holds the Lease.
     let claim = "orphan-build-workspace";
     ClaimBuilder::build_workspace(claim).create(&ns).await;
-    let kubeconfig = identity(&control_plane, "gc-run").await;
     let vars = [
         ("WORKSPACE_GC_SELECTOR_NAMESPACES", NAMESPACE.to_owned()),
         ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s".to_owned()),
@@ -151,6 +151,8 @@ async fn every_request_names_workspace_gc_and_its_command_in_the_audit_log() {
             NAMESPACE.to_owned(),
         ),
     ];
+    // The daemon as it ships: its own ServiceAccount with the manifests' rights.
+    let kubeconfig = ns.daemon_kubeconfig(&vars).await;
     let daemon = Process::spawn(&kubeconfig, &vars, "gc-run", &logs.path().join("run.log"));
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), NAMESPACE);
     let events: Api<Event> = Api::namespaced(admin.clone(), NAMESPACE);
@@ -216,7 +218,11 @@ async fn every_request_names_workspace_gc_and_its_command_in_the_audit_log() {
             ][..],
         ),
     ] {
-        let user = format!("system:serviceaccount:{NAMESPACE}:gc-{command}");
+        let account = match command {
+            "run" => testkit::DAEMON_ACCOUNT.to_owned(),
+            _ => format!("gc-{command}"),
+        };
+        let user = format!("system:serviceaccount:{NAMESPACE}:{account}");
         let wanted = agent(command);
         // The log is written as requests complete; the last ones may lag a little.
         assert!(
