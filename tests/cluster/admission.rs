@@ -583,13 +583,15 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     let control_plane = ControlPlane::shared();
     let admin = control_plane.client();
     let ns = TestNamespace::new(control_plane, "guard-daemon").await;
-    let kubeconfig = control_plane
-        .service_account_kubeconfig(ns.name(), ACCOUNT)
-        .await;
-    grant(&ns, &ns).await;
-    let sa = control_plane
-        .service_account_client(ns.name(), ACCOUNT)
-        .await;
+    let vars = [
+        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
+        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".to_owned()),
+        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s".to_owned()),
+    ];
+    // The daemon as it ships (its ServiceAccount is the guard's `ACCOUNT`): RBAC lets it
+    // delete, the guard refuses.
+    let kubeconfig = ns.daemon_kubeconfig(&vars).await;
+    let sa = kube::Client::try_from(testkit::load_config(&kubeconfig)).expect("a client");
     ClaimBuilder::build_workspace("probe-build-workspace")
         .create(&ns)
         .await;
@@ -605,11 +607,6 @@ async fn the_daemon_counts_a_refused_delete_and_keeps_the_claim() {
     let claim = "orphan-build-workspace";
     ClaimBuilder::build_workspace(claim).create(&ns).await;
     let logs = tempfile::tempdir().unwrap();
-    let vars = [
-        ("WORKSPACE_GC_SELECTOR_NAMESPACES", ns.name().to_owned()),
-        ("WORKSPACE_GC_LEADER_ELECTION_ENABLED", "false".to_owned()),
-        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", "1s".to_owned()),
-    ];
     let daemon = Process::spawn(
         &kubeconfig,
         &vars,

@@ -9,7 +9,7 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{
     ClaimBuilder, ControlPlane, Daemon, JobBuilder, PipelineRunBuilder, PodBuilder, TestNamespace,
@@ -639,33 +639,12 @@ async fn readiness_flips_after_sync_and_a_denied_watch_recovers() {
     let sa_client = control_plane
         .service_account_client(ns.name(), "workspace-gc")
         .await;
-    // Everything but pods.
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some("workspace-gc".into()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(vec![
-            policy_rule(
-                &[""],
-                &["persistentvolumeclaims"],
-                &["get", "list", "watch", "delete"],
-            ),
-            policy_rule(
-                &["tekton.dev"],
-                &["pipelineruns", "taskruns"],
-                &["list", "watch"],
-            ),
-            policy_rule(
-                &["mlops.mlops.dev"],
-                &["notebookvalidationjobs"],
-                &["get", "list", "watch"],
-            ),
-            // Quota pressure is on by default, and its watch must list too.
-            policy_rule(&[""], &["resourcequotas"], &["list", "watch"]),
-            policy_rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
-        ]),
-    };
+    // The shipped rules but pods'.
+    let mut shipped = testkit::daemon_role(true);
+    if let Some(rules) = shipped.rules.as_mut() {
+        rules.retain(|rule| !(rule.resources.iter().flatten()).any(|r| r == "pods"));
+    }
+    let role = shipped;
     let roles = ns.api::<Role>();
     roles
         .create(&PostParams::default(), &role)

@@ -16,7 +16,7 @@ use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches;
 use crate::decide::facts::ObjectKey;
 use crate::observe::http::{BEAT_EVERY, Health};
-use crate::observe::metrics::{ErrorCategory, Kind};
+use crate::observe::metrics::{ErrorCategory, Kind, Metrics, Operation};
 
 use super::Controller;
 
@@ -117,6 +117,7 @@ fn apply_chunk<C: Cluster, K: Clock>(
             Ok(update) => update,
             Err((kind, error)) => {
                 controller.metrics.watch_restart(kind);
+                record_watch_error(&controller.metrics, &error);
                 if kind == Kind::Claims {
                     controller.claims_watch_broken(true);
                 }
@@ -201,6 +202,20 @@ fn record_reachability(health: &Health, answers: bool) {
 
 /// A watch failed to connect at all (refused, reset, timed out), as opposed to the API server
 /// answering with an error (403, 410, 5xx), which does not make the daemon unready.
+/// Counts a failed list or watch in `workspace_gc_api_errors_total{operation="watch"}` by its
+/// category, as every other request's failure is: a watch the daemon's RBAC forbids shows there.
+fn record_watch_error(metrics: &Metrics, error: &watcher::Error) {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => metrics.api_error(Operation::Watch, e),
+        watcher::Error::WatchError(status) => {
+            metrics.api_error(Operation::Watch, &kube::Error::Api(status.clone()));
+        }
+        watcher::Error::NoResourceVersion => {}
+    }
+}
+
 fn cannot_connect(error: &watcher::Error) -> bool {
     match error {
         watcher::Error::InitialListFailed(e)
