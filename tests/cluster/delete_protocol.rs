@@ -20,6 +20,42 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// A replica's world: its namespace, the proxy between it and the API server (rules are added
+/// before [`Replica::spawn`]), its kubeconfig as ServiceAccount `gc` with the shipped Role, and
+/// that account's username, which the rules match.
+struct Replica {
+    ns: TestNamespace,
+    proxy: Proxy,
+    kubeconfig: std::path::PathBuf,
+    user: String,
+}
+
+impl Replica {
+    async fn new(prefix: &str) -> Replica {
+        let cp = ControlPlane::shared();
+        let ns = TestNamespace::new(cp, prefix).await;
+        let proxy = Proxy::http(cp).await;
+        let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
+        let user = service_account(ns.name(), "gc");
+        Replica {
+            ns,
+            proxy,
+            kubeconfig,
+            user,
+        }
+    }
+
+    /// The daemon's binary with `vars`, elected on a 4 s Lease in the namespace unless `vars`
+    /// say otherwise; its log lives as long as the returned directory.
+    fn spawn(&self, vars: Option<&[(&'static str, String)]>) -> (Process, tempfile::TempDir) {
+        let logs = log_dir("delete-protocol");
+        let elected = elected_vars(&self.ns, "4s");
+        let vars = vars.unwrap_or(&elected);
+        let daemon = Process::spawn(&self.kubeconfig, vars, "gc", &logs.path().join("gc.log"));
+        (daemon, logs)
+    }
+}
+
 /// A rule that only counts: the request is forwarded at once.
 fn counted(verb: &'static str, user: &str, claim: &str) -> Rule {
     Rule::new(
@@ -46,11 +82,8 @@ async fn uid_of(ns: &TestNamespace, claim: &str) -> Option<String> {
 /// retried every 10 s, for good.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_answer_then_a_new_claim_of_the_name_is_settled_with_the_shipped_rights() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "lost-rerun").await;
-    let proxy = Proxy::http(cp).await;
-    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
-    let user = service_account(ns.name(), "gc");
+    let replica = Replica::new("lost-rerun").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
     let claim = "rerun-build-workspace";
     // The DELETE is carried out; its answer never comes back.
     let lost = proxy.add(
@@ -70,26 +103,20 @@ async fn a_lost_answer_then_a_new_claim_of_the_name_is_settled_with_the_shipped_
         .name(claim)
         .times(1),
     );
-    let logs = log_dir("delete-protocol");
-    let daemon = Process::spawn(
-        &kubeconfig,
-        &elected_vars(&ns, "4s"),
-        "gc",
-        &logs.path().join("gc.log"),
-    );
-    expiring(claim, in_secs(-60)).create(&ns).await;
-    let first = uid_of(&ns, claim).await;
+    let (daemon, _logs) = replica.spawn(None);
+    expiring(claim, in_secs(-60)).create(ns).await;
+    let first = uid_of(ns, claim).await;
     assert!(
         wait_until(secs(30), || async {
-            proxy.hits(lost) == 1 && uid_of(&ns, claim).await != first
+            proxy.hits(lost) == 1 && uid_of(ns, claim).await != first
         })
         .await,
         "the DELETE was carried out:\n{}",
         daemon.logs()
     );
     // The re-run's workspace, young and without an owner: kept for the orphan grace (1h).
-    ClaimBuilder::build_workspace(claim).create(&ns).await;
-    let rerun = uid_of(&ns, claim).await;
+    ClaimBuilder::build_workspace(claim).create(ns).await;
+    let rerun = uid_of(ns, claim).await;
     assert!(
         wait_until(secs(30), || async {
             metric(
@@ -105,7 +132,7 @@ async fn a_lost_answer_then_a_new_claim_of_the_name_is_settled_with_the_shipped_
     // Every read it made was one its shipped rights allow (`metrics` checks it), and the
     // re-run's claim was left alone.
     daemon.metrics().await;
-    assert_eq!(uid_of(&ns, claim).await, rerun, "the re-run's claim stays");
+    assert_eq!(uid_of(ns, claim).await, rerun, "the re-run's claim stays");
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
 }
@@ -117,11 +144,8 @@ async fn a_lost_answer_then_a_new_claim_of_the_name_is_settled_with_the_shipped_
 /// is expected to cause. (Before, that no-op revocation ended the reconcile for good: a leak.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_revocation_that_changes_nothing_still_leads_to_the_delete() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "noop-revoke").await;
-    let proxy = Proxy::http(cp).await;
-    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
-    let user = service_account(ns.name(), "gc");
+    let replica = Replica::new("noop-revoke").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
     let claim = "noop-build-workspace";
     let rule = |verb, fault| {
         Rule::new(verb, "persistentvolumeclaims", fault)
@@ -133,16 +157,10 @@ async fn a_revocation_that_changes_nothing_still_leads_to_the_delete() {
     proxy.add(rule("patch", Fault::LoseResponse));
     proxy.add(rule("patch", Fault::unavailable()));
     let revocations = proxy.add(counted("patch", &user, claim));
-    let logs = log_dir("delete-protocol");
-    let daemon = Process::spawn(
-        &kubeconfig,
-        &elected_vars(&ns, "4s"),
-        "gc",
-        &logs.path().join("gc.log"),
-    );
-    expiring(claim, in_secs(-60)).create(&ns).await;
+    let (daemon, _logs) = replica.spawn(None);
+    expiring(claim, in_secs(-60)).create(ns).await;
     assert!(
-        wait_until(secs(60), || deleted(&ns, claim)).await,
+        wait_until(secs(60), || deleted(ns, claim)).await,
         "the due claim is deleted once the faults end:\n{}",
         daemon.logs()
     );
@@ -163,11 +181,8 @@ async fn a_revocation_that_changes_nothing_still_leads_to_the_delete() {
 /// writes a second for the whole outage.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_webhook_that_is_down_costs_a_backoff_not_a_storm() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "webhook-down").await;
-    let proxy = Proxy::http(cp).await;
-    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
-    let user = service_account(ns.name(), "gc");
+    let replica = Replica::new("webhook-down").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
     let claim = "guarded-build-workspace";
     let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(ns.client().clone());
     let name = format!("{}-down", ns.name());
@@ -197,14 +212,8 @@ async fn a_webhook_that_is_down_costs_a_backoff_not_a_storm() {
         .expect("create the webhook configuration");
     let deletes = proxy.add(counted("delete", &user, claim));
     let revocations = proxy.add(counted("patch", &user, claim));
-    let logs = log_dir("delete-protocol");
-    let daemon = Process::spawn(
-        &kubeconfig,
-        &elected_vars(&ns, "4s"),
-        "gc",
-        &logs.path().join("gc.log"),
-    );
-    expiring(claim, in_secs(-60)).create(&ns).await;
+    let (daemon, _logs) = replica.spawn(None);
+    expiring(claim, in_secs(-60)).create(ns).await;
     assert!(
         wait_until(secs(30), || async { proxy.hits(deletes) >= 1 }).await,
         "the DELETE was sent:\n{}",
@@ -224,14 +233,14 @@ async fn a_webhook_that_is_down_costs_a_backoff_not_a_storm() {
         metric(&text, "workspace_gc_deletions_total", "result=\"denied\"") >= 3.0,
         "{text}"
     );
-    assert!(uid_of(&ns, claim).await.is_some(), "kept meanwhile");
+    assert!(uid_of(ns, claim).await.is_some(), "kept meanwhile");
     webhooks
         .delete(&name, &DeleteParams::default())
         .await
         .expect("the webhook is removed");
     // The next attempt, about 31 s after the first, goes through.
     assert!(
-        wait_until(secs(60), || deleted(&ns, claim)).await,
+        wait_until(secs(60), || deleted(ns, claim)).await,
         "deleted once the webhook is gone:\n{}",
         daemon.logs()
     );
@@ -248,17 +257,13 @@ async fn a_webhook_that_is_down_costs_a_backoff_not_a_storm() {
 /// for good, and 2 more were deleted: 4 under a cap of 2.)
 #[tokio::test(flavor = "multi_thread")]
 async fn api_servers_whose_clocks_disagree_never_open_the_cap() {
-    let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "clock-lb").await;
-    let proxy = Proxy::http(cp).await;
-    let kubeconfig = replica_through(cp, &ns, "gc", &proxy).await;
-    let user = service_account(ns.name(), "gc");
-    let (vars, names) = overdue_under_a_cap(&ns, "skew", 6, 2, "10m").await;
-    let logs = log_dir("delete-protocol");
-    let daemon = Process::spawn(&kubeconfig, &vars, "gc", &logs.path().join("gc.log"));
+    let replica = Replica::new("clock-lb").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
+    let (vars, names) = overdue_under_a_cap(ns, "skew", 6, 2, "10m").await;
+    let (daemon, _logs) = replica.spawn(Some(&vars));
     assert!(
         wait_until(secs(30), || async {
-            capped(&daemon).await && deleted_count(&ns, &names).await == 2
+            capped(&daemon).await && deleted_count(ns, &names).await == 2
         })
         .await,
         "the cap's 2 are deleted:\n{}",
@@ -291,11 +296,11 @@ async fn api_servers_whose_clocks_disagree_never_open_the_cap() {
         metric(&text, "workspace_gc_blast_radius_clock_disputed", "") == 1.0
     };
     let decided = wait_until(secs(30), || async {
-        disputed().await || deleted_count(&ns, &names).await > 2
+        disputed().await || deleted_count(ns, &names).await > 2
     })
     .await;
     assert_eq!(
-        deleted_count(&ns, &names).await,
+        deleted_count(ns, &names).await,
         2,
         "no more than the cap:\n{}",
         daemon.logs()
