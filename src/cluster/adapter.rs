@@ -10,7 +10,8 @@ use kube::Client;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
-use crate::cluster::leader::{Fence, InFlight};
+use crate::cluster::in_flight::InFlight;
+use crate::cluster::leader::Fence;
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::ports::{LeaseRecords, LiveReads, Writes};
 use crate::cluster::progress::{self, Delivery};
@@ -135,14 +136,6 @@ impl Writes for KubeCluster {
 }
 
 impl LeaseRecords for KubeCluster {
-    fn settle(&self, delete: &InFlight) {
-        self.writer.settle(delete);
-    }
-
-    fn found_in_flight(&self) -> Vec<InFlight> {
-        self.fence.found_in_flight()
-    }
-
     fn reach(&self) -> Duration {
         self.fence.reach()
     }

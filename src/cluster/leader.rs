@@ -23,11 +23,12 @@
 //!   compare-and-swap, proves that this replica still held it an instant before the DELETE;
 //!   and read back by whoever wins the lease next ([`Fence::found`]).
 //! - The same write names the DELETE about to be sent, and every earlier one not answered for
-//!   certain ([`InFlight`], `annotations::DELETES_IN_FLIGHT`): a DELETE that a proxy holds may
-//!   reach the API server long after its sender gave up, or lost the lease. Whoever wins the
-//!   lease next finds them ([`Fence::found_in_flight`]) and revokes each before deciding
-//!   anything (`daemon::controller`). An entry leaves with the next Lease write once its
-//!   DELETE or its revocation is answered ([`Fence::settle`]).
+//!   certain: what the registry of DELETEs in flight says the Lease must name
+//!   (`cluster::in_flight`, `annotations::DELETES_IN_FLIGHT`). A DELETE that a proxy holds may
+//!   reach the API server long after its sender gave up, or lost the lease. Winning the lease
+//!   hands what it named to the registry, and the controller revokes each before deciding
+//!   anything for its claim. An entry leaves with the next Lease write once its DELETE or its
+//!   revocation is answered.
 //! - While this replica leads, its own ledger is the record of what it deleted, whatever the
 //!   Lease says (RELIABILITY.md, "The ledger rule": written back when changed, remembered by a
 //!   standby, written with a Lease created again after `kubectl delete lease`).
@@ -48,42 +49,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::cluster::in_flight::{self, InFlight, LeaseNames, NotNamed};
 use crate::config::LeaderElectionConfig;
 use crate::contract::annotations::{DELETES_IN_FLIGHT, DELETIONS, QUOTA_ROUNDS};
-use crate::decide::facts::ObjectKey;
 use crate::observe::metrics::{LedgerFault, LedgerRead, Metrics, Operation};
-
-/// A claim DELETE that may still reach the API server: the claim it named, with the
-/// preconditions it carried. Revoked by changing the claim (`Writer::revoke`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InFlight {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
-}
-
-impl InFlight {
-    pub fn key(&self) -> ObjectKey {
-        ObjectKey::new(&self.namespace, &self.name)
-    }
-}
-
-/// The annotation text for `entries`; `None` (the key removed) when there are none.
-fn in_flight_text(entries: &BTreeMap<String, InFlight>) -> Option<String> {
-    if entries.is_empty() {
-        return None;
-    }
-    let list: Vec<&InFlight> = entries.values().collect();
-    serde_json::to_string(&list).ok()
-}
-
-/// The entries an annotation names; `Err` when it is not a list of them.
-fn parse_in_flight(text: &str) -> Result<BTreeMap<String, InFlight>, serde_json::Error> {
-    let list: Vec<InFlight> = serde_json::from_str(text)?;
-    Ok(list.into_iter().map(|e| (e.uid.clone(), e)).collect())
-}
 
 /// Why this replica may not write to the cluster now.
 #[derive(Debug, thiserror::Error)]
@@ -98,27 +67,8 @@ pub enum FenceError {
     Write(#[source] kube::Error),
     #[error("recording the deletion on the lease took longer than the renew deadline")]
     TimedOut,
-    #[error(
-        "the lease names as many DELETEs in flight as it can hold; this one waits until earlier ones are answered"
-    )]
-    InFlightFull,
-}
-
-/// The most the Lease's `deletes-in-flight` annotation may take, in bytes: a quarter of the
-/// 256 KiB the API server allows for all of an object's annotations, beside the bucketed
-/// ledger and the rounds, so no write of the Lease (a renewal included) is ever refused for
-/// what DELETEs added. Past it, a DELETE is not sent (its claim retries after its backoff)
-/// until earlier ones are answered or revoked (issue 46, class 5).
-const IN_FLIGHT_BUDGET: usize = 64 * 1024;
-
-/// Whether `entries` and `delete` together fit the budget.
-fn room_for(entries: &BTreeMap<String, InFlight>, delete: &InFlight) -> bool {
-    if entries.contains_key(&delete.uid) {
-        return true;
-    }
-    let mut with = entries.clone();
-    with.insert(delete.uid.clone(), delete.clone());
-    in_flight_text(&with).is_some_and(|text| text.len() <= IN_FLIGHT_BUDGET)
+    #[error(transparent)]
+    NotNamed(#[from] NotNamed),
 }
 
 /// How long a Lease write that records a DELETE waits for others decided with it.
@@ -175,11 +125,9 @@ struct Elector {
     ledger: Mutex<Option<String>>,
     /// Quota pressure's rounds: to write with the next ledger, and as found when last won.
     rounds: Mutex<(Option<String>, Option<String>)>,
-    /// While leading, the DELETEs that may still land, by claim UID: written with every Lease
-    /// write that differs. On winning, those the Lease named, until settled.
-    in_flight: Mutex<BTreeMap<String, InFlight>>,
-    /// What the Lease named when this replica last won it, for the controller to revoke.
-    found_in_flight: Mutex<Vec<InFlight>>,
+    /// The DELETEs that may still land (`cluster::in_flight`): what the registry says the
+    /// Lease must name is written with every Lease write that differs.
+    names: Arc<dyn LeaseNames>,
     /// The DELETEs named for [`Fence::record`]'s shared writes.
     batch: Mutex<Batch>,
     leading: watch::Sender<bool>,
@@ -218,6 +166,7 @@ impl Leadership {
         namespace: &str,
         identity: String,
         metrics: Arc<Metrics>,
+        names: Arc<dyn LeaseNames>,
     ) -> Self {
         if !config.enabled {
             let (always, leading) = watch::channel(true);
@@ -243,8 +192,7 @@ impl Leadership {
             renewed: Mutex::new(None),
             ledger: Mutex::new(None),
             rounds: Mutex::default(),
-            in_flight: Mutex::default(),
-            found_in_flight: Mutex::default(),
+            names,
             batch: Mutex::default(),
             leading: sender,
         });
@@ -328,21 +276,13 @@ impl Fence {
         let Some(elector) = &self.elector else {
             return Ok(());
         };
-        if !room_for(&elector.in_flight(), delete) {
-            return Err(FenceError::InFlightFull);
-        }
-        let before = elector.name(ledger, delete);
+        elector.name(ledger, delete)?;
         let mut held = elector.lease.lock().await;
         let written = self.carry(elector, &mut held, ledger.1, delete).await;
         if written.is_err() {
             // Nothing is sent: this DELETE cannot land, and no later write may name it (the
-            // next leader would revoke a claim nobody deleted). What was named before, a
-            // DELETE the Lease handed over and not yet revoked, stays named.
-            let mut in_flight = elector.in_flight();
-            match before {
-                Some(before) => in_flight.insert(delete.uid.clone(), before),
-                None => in_flight.remove(&delete.uid),
-            };
+            // next leader would revoke a claim nobody deleted).
+            elector.names.not_named(delete);
         }
         written
     }
@@ -367,12 +307,8 @@ impl Fence {
         let read = held.as_ref().ok_or(FenceError::NotLeading)?;
         let (named, (written_generation, ledger)) = {
             let batch = elector.batch();
-            let mut in_flight = elector.in_flight();
-            // Taking the lease since it was named replaced what is named with what the Lease
-            // had: named again (no take can come now, the lease's lock is held).
-            in_flight.insert(delete.uid.clone(), delete.clone());
             let newest = batch.newest.clone().ok_or(FenceError::NotLeading)?;
-            (in_flight.clone(), newest)
+            (elector.names.on_lease(), newest)
         };
         let spec = json!({ "renewTime": MicroTime(Timestamp::now()) });
         let sent = Instant::now();
@@ -398,27 +334,6 @@ impl Fence {
             }
             Err(_) => Err(FenceError::TimedOut),
         }
-    }
-
-    /// The DELETE of claim `uid` (or its revocation) was answered for certain: it can no
-    /// longer land, and leaves the Lease with the next write. Until then it is named in
-    /// flight, so a DELETE not sent after all (the deadline passed after the record) is at
-    /// worst revoked once.
-    pub fn settle(&self, uid: &str) {
-        if let Some(elector) = &self.elector {
-            elector.in_flight().remove(uid);
-        }
-    }
-
-    /// The DELETEs in flight the Lease named when this replica last won it.
-    pub fn found_in_flight(&self) -> Vec<InFlight> {
-        self.elector.as_ref().map_or_else(Vec::new, |elector| {
-            elector
-                .found_in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-        })
     }
 
     /// Hands over quota pressure's rounds (`annotations::QUOTA_ROUNDS`), to be written in the
@@ -621,17 +536,12 @@ impl Elector {
         if take {
             // Whoever led before may have DELETEs on their way: they stay named, as the Lease
             // has them, until this replica has revoked them.
-            let found = self.found_on(&lease);
-            *self
-                .found_in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = found.values().cloned().collect();
-            *self.in_flight() = found;
+            self.names.won(self.found_on(&lease));
             self.batch().carried = None;
         }
         let sent = Instant::now();
         let written = if lease.metadata.resource_version.is_some() {
-            let named = self.in_flight().clone();
+            let named = self.names.on_lease();
             self.write(&lease, spec, ledger.as_deref(), &named).await
         } else {
             let created = Lease {
@@ -677,7 +587,7 @@ impl Elector {
                 patch["metadata"]["annotations"][QUOTA_ROUNDS] = json!(rounds);
             }
         }
-        let named = in_flight_text(named);
+        let named = in_flight::to_text(named);
         let on_lease = (read.metadata.annotations.as_ref())
             .and_then(|annotations| annotations.get(DELETES_IN_FLIGHT));
         if named.as_ref() != on_lease {
@@ -689,17 +599,14 @@ impl Elector {
             .await
     }
 
-    fn in_flight(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, InFlight>> {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
         self.batch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Names `delete` in flight, to be carried by the next write with `ledger` or a newer
-    /// one; returns what was named for its claim before.
-    fn name(&self, (ledger, generation): (&str, u64), delete: &InFlight) -> Option<InFlight> {
+    /// one.
+    fn name(&self, (ledger, generation): (&str, u64), delete: &InFlight) -> Result<(), NotNamed> {
+        self.names.name(delete)?;
         let mut batch = self.batch();
         if batch
             .newest
@@ -708,7 +615,7 @@ impl Elector {
         {
             batch.newest = Some((generation, ledger.to_owned()));
         }
-        self.in_flight().insert(delete.uid.clone(), delete.clone())
+        Ok(())
     }
 
     /// The DELETEs in flight `lease` names. One it cannot read names nothing this replica can
@@ -719,7 +626,7 @@ impl Elector {
         let Some(text) = text else {
             return BTreeMap::new();
         };
-        parse_in_flight(text).unwrap_or_else(|error| {
+        in_flight::parse(text).unwrap_or_else(|error| {
             warn!(%error, annotation = DELETES_IN_FLIGHT, "the lease names DELETEs in flight unreadably; they cannot be revoked");
             self.metrics.ledger_fault(LedgerFault::InFlight);
             BTreeMap::new()
@@ -767,7 +674,7 @@ impl Elector {
             return;
         };
         let spec = json!({ "holderIdentity": null, "renewTime": null, "acquireTime": null });
-        let named = self.in_flight().clone();
+        let named = self.names.on_lease();
         match self.write(&lease, spec, None, &named).await {
             Ok(_) => info!("released the lease"),
             Err(error) => {
@@ -781,49 +688,6 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// However many DELETEs stay unanswered, the Lease's annotation stays within its budget:
-    /// a new one is refused past it, one already named always fits again.
-    #[test]
-    fn the_deletes_named_in_flight_stay_within_the_leases_budget() {
-        let delete = |i: usize| InFlight {
-            namespace: "a-namespace-of-a-realistic-length".into(),
-            name: format!("notebook-validation-job-number-{i}-build-workspace"),
-            uid: format!("{i:08}-1111-2222-3333-444444444444"),
-            resource_version: "123456789".into(),
-        };
-        let mut named = BTreeMap::new();
-        let mut i = 0;
-        while room_for(&named, &delete(i)) {
-            named.insert(delete(i).uid, delete(i));
-            i += 1;
-        }
-        assert!(i > 100, "room for {i}");
-        let text = in_flight_text(&named).expect("named");
-        assert!(text.len() <= IN_FLIGHT_BUDGET, "{}", text.len());
-        assert!(room_for(&named, &delete(0)), "one already named fits again");
-    }
-
-    #[test]
-    fn the_deletes_in_flight_read_back_as_written_and_garbage_names_none() {
-        let delete = InFlight {
-            namespace: "ml".into(),
-            name: "nb-build-workspace".into(),
-            uid: "u1".into(),
-            resource_version: "42".into(),
-        };
-        let named = BTreeMap::from([(delete.uid.clone(), delete.clone())]);
-        let text = in_flight_text(&named).expect("one named");
-        assert_eq!(
-            text,
-            r#"[{"namespace":"ml","name":"nb-build-workspace","uid":"u1","resourceVersion":"42"}]"#
-        );
-        assert_eq!(parse_in_flight(&text).ok(), Some(named));
-        assert_eq!(in_flight_text(&BTreeMap::new()), None, "none: the key goes");
-        for garbage in ["", "{}", "[{\"uid\": 1}]", "[1]"] {
-            assert!(parse_in_flight(garbage).is_err(), "{garbage}");
-        }
-    }
 
     #[test]
     fn without_election_the_fence_always_allows() {

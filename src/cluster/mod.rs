@@ -6,10 +6,12 @@
 //! [`leader`] holds the Lease, which [`leader`] writes and which also carries the blast-radius
 //! count ([`crate::daemon::cap_ledger`]). The README's code map names every file that changes the
 //! cluster.
+//! [`in_flight`] is the registry of the DELETEs that may still land, which the Lease names.
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
 
 pub mod adapter;
 pub mod cache;
+pub mod in_flight;
 pub mod leader;
 pub mod live;
 pub mod ports;

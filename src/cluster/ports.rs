@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
-use crate::cluster::leader::InFlight;
+use crate::cluster::in_flight::InFlight;
 use crate::cluster::progress::Delivery;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
@@ -117,16 +117,10 @@ pub trait Writes: Send + Sync + 'static {
     fn mode(&self) -> Mode;
 }
 
-/// What the controller keeps on the Lease it holds: the DELETEs in flight, the cap's ledger and
-/// quota pressure's rounds, and how long the fence lets a DELETE go after a Lease write.
+/// What the controller keeps on the Lease it holds besides the DELETEs in flight (those are the
+/// registry's, `cluster::in_flight`): the cap's ledger and quota pressure's rounds, and how long
+/// the fence lets a DELETE go after a Lease write.
 pub trait LeaseRecords: Send + Sync + 'static {
-    /// A DELETE without a definite answer can no longer land: its claim was found gone,
-    /// re-created or being deleted. It leaves the Lease.
-    fn settle(&self, delete: &InFlight);
-
-    /// The DELETEs in flight the Lease named when this replica won it.
-    fn found_in_flight(&self) -> Vec<InFlight>;
-
     /// How long after its last Lease write this replica may still send a DELETE.
     fn reach(&self) -> Duration;
 

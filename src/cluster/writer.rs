@@ -17,7 +17,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::leader::{Fence, FenceError, InFlight};
+use crate::cluster::in_flight::InFlight;
+use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
 use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP, REVOKED};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
@@ -164,9 +165,7 @@ impl Writer {
         };
         // Checked again immediately before sending: the write above may have waited. Not
         // sent: nothing of it can land.
-        let deadline = self
-            .fenced(deadline)
-            .inspect_err(|_| self.fence.settle(&claim.uid))?;
+        let deadline = self.fenced(deadline)?;
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.key.namespace);
         let params = DeleteParams {
@@ -183,9 +182,6 @@ impl Writer {
         // revoked.
         let sent = tokio::time::timeout_at(deadline, api.delete(&claim.key.name, &params));
         let result = answered(sent.await, ("claim", &claim.key.to_string()), metrics);
-        if result != DeleteResult::Unanswered {
-            self.fence.settle(&claim.uid);
-        }
         Ok(if server_dry_run {
             Answer::Dry(result)
         } else {
@@ -208,12 +204,7 @@ impl Writer {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &delete.namespace);
         let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-        let revocation = match tokio::time::timeout_at(
-            deadline,
-            api.patch(&delete.name, &params, &patch),
-        )
-        .await
-        {
+        match tokio::time::timeout_at(deadline, api.patch(&delete.name, &params, &patch)).await {
             Ok(Ok(claim)) if claim.metadata.deletion_timestamp.is_some() => Revocation::Landed,
             Ok(Ok(_)) => Revocation::Revoked,
             Ok(Err(kube::Error::Api(status))) if status.is_not_found() => Revocation::Landed,
@@ -232,17 +223,7 @@ impl Writer {
                 warn!(claim = %delete.key(), "the revocation of a delete without an answer got no answer before its deadline");
                 Revocation::Unanswered
             }
-        };
-        if matches!(revocation, Revocation::Revoked | Revocation::Landed) {
-            self.fence.settle(&delete.uid);
         }
-        revocation
-    }
-
-    /// The claim `delete` named was found gone, re-created or being deleted: its DELETE can no
-    /// longer land on anything.
-    pub fn settle(&self, delete: &InFlight) {
-        self.fence.settle(&delete.uid);
     }
 
     /// The deadline a write must go out by: the earlier of `deadline` and the fence's reach;

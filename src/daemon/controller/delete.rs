@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::cluster::leader::{FenceError, InFlight};
+use crate::cluster::in_flight::Sent;
+use crate::cluster::leader::FenceError;
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
@@ -17,7 +18,6 @@ use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::volumes;
 use crate::observe::metrics::{DeleteResult, Mark};
 
-use super::in_flight::Outstanding;
 use super::recheck::Confirmed;
 use super::{Cause, Controller};
 
@@ -191,27 +191,18 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Some(DeleteResult::Unanswered) => {}
             _ => self.release(reservation),
         }
-        match &sent {
-            Ok(Answer::Real(DeleteResult::Deleted)) => {
-                self.lock_already_sent()
-                    .insert(claim.key.clone(), claim.uid.clone());
-                self.mark(claim, confirmed).await;
-            }
-            Ok(Answer::Real(DeleteResult::Unanswered)) => {
-                let delete = InFlight {
-                    namespace: claim.key.namespace.to_string(),
-                    name: claim.key.name.clone(),
-                    uid: claim.uid.clone(),
-                    resource_version: claim.resource_version.clone(),
-                };
-                let outstanding = Outstanding {
-                    delete,
-                    reservation: Some(reservation),
-                };
-                self.lock_outstanding()
-                    .insert(claim.key.clone(), outstanding);
-            }
-            _ => {}
+        // The registry learns how a real DELETE ended (a dry run's never could land).
+        let ended = match &sent {
+            Ok(Answer::Real(DeleteResult::Deleted)) => Some(Sent::Carried),
+            Ok(Answer::Real(DeleteResult::Unanswered)) => Some(Sent::Unanswered),
+            Ok(Answer::Dry(_)) => None,
+            Ok(Answer::Real(_)) | Err(_) => Some(Sent::Settled),
+        };
+        if let Some(ended) = ended {
+            self.sent(claim, ended, reservation);
+        }
+        if let Ok(Answer::Real(DeleteResult::Deleted)) = &sent {
+            self.mark(claim, confirmed).await;
         }
         // A delete that was refused frees nothing; one already gone, or unanswered (it may
         // have been carried out), may have: pressure then deletes fewer, never more.

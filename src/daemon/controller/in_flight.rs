@@ -1,13 +1,14 @@
-//! The DELETEs already sent. After one answered with success, its claim is read itself in the
-//! live re-check before anything is sent again; one without a definite answer is revoked before
-//! anything else is decided for it (RELIABILITY.md, "A late DELETE").
+//! Drives the registry of the DELETEs that may still land (`cluster::in_flight`): after one
+//! answered with success, its claim is read itself in the live re-check before anything is
+//! sent again; one without a definite answer, or named on the Lease when this replica won it,
+//! is revoked before anything else is decided for it (RELIABILITY.md, "A late DELETE").
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::{info, warn};
 
-use crate::cluster::leader::InFlight;
+use crate::cluster::in_flight::{self, InFlight, Sent};
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::Revocation;
 use crate::daemon::limiter::Reservation;
@@ -18,14 +19,8 @@ use crate::observe::metrics::Revoked;
 
 use super::Controller;
 
-/// A claim DELETE without a definite answer, and its slot of the cap while it may land: a
-/// revocation that proves it never can frees the slot. `None` for one the Lease named when
-/// this replica won it (the ledger recovered from the Lease counts it).
-#[derive(Debug, Clone)]
-pub(super) struct Outstanding {
-    pub(super) delete: InFlight,
-    pub(super) reservation: Option<Reservation>,
-}
+/// The registry, each DELETE holding its slot of the cap while it may land.
+pub type DeletesInFlight = in_flight::Shared<Reservation>;
 
 /// Why a claim's live re-check reads the claim itself ([`Controller::removal_unseen`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,19 +32,22 @@ pub(super) enum Unseen {
 }
 
 /// What is known of the DELETEs already sent.
-#[derive(Default)]
 pub(super) struct InFlightDeletes {
-    /// Claims (by UID) whose DELETE was answered with success: until the watch shows them
-    /// gone, the claim is read live before anything is sent again, since a cache the watch
-    /// has not caught up on still shows it as it was decided.
-    already_sent: Mutex<HashMap<ObjectKey, String>>,
+    /// Shared with the elector, which writes on the Lease what it says may still land.
+    registry: Arc<DeletesInFlight>,
     /// Whether the claims' watch has failed and delivered nothing since: its cache may still
     /// show a claim that is gone (deleted by the replica that led before, while this one's
     /// watch was down), so every claim is read live before its DELETE until it delivers again.
-    claims_watch_broken: std::sync::atomic::AtomicBool,
-    /// Claims whose DELETE got no definite answer: it may still reach the API server, so the
-    /// claim is revoked (changed) before anything else is decided for it.
-    outstanding: Mutex<HashMap<ObjectKey, Outstanding>>,
+    claims_watch_broken: AtomicBool,
+}
+
+impl InFlightDeletes {
+    pub(super) fn new(registry: Arc<DeletesInFlight>) -> Self {
+        Self {
+            registry,
+            claims_watch_broken: AtomicBool::new(false),
+        }
+    }
 }
 
 impl<C: Cluster, K: Clock> Controller<C, K> {
@@ -58,65 +56,50 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// and the watch has not shown the claim gone, or the claims' watch is broken. `None` when
     /// the cache can be trusted on it.
     pub(super) fn removal_unseen(&self, claim: &ClaimFacts) -> Option<Unseen> {
-        if self.lock_already_sent().get(&claim.key) == Some(&claim.uid) {
+        if self.registry().carried(&claim.key, &claim.uid) {
             return Some(Unseen::Answered);
         }
-        let broken =
-            (self.in_flight.claims_watch_broken).load(std::sync::atomic::Ordering::Relaxed);
+        let broken = self.in_flight.claims_watch_broken.load(Ordering::Relaxed);
         broken.then_some(Unseen::WatchBroken)
     }
 
     pub(super) fn claims_watch_broken(&self, broken: bool) {
-        (self.in_flight.claims_watch_broken).store(broken, std::sync::atomic::Ordering::Relaxed);
+        (self.in_flight.claims_watch_broken).store(broken, Ordering::Relaxed);
     }
 
-    pub(super) fn lock_already_sent(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
-        self.in_flight
-            .already_sent
+    pub(super) fn registry(&self) -> std::sync::MutexGuard<'_, in_flight::Registry<Reservation>> {
+        (self.in_flight.registry)
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn lock_outstanding(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Outstanding>> {
-        self.in_flight
-            .outstanding
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    /// The DELETE of `claim` ended its request as `sent`: the registry learns it, and keeps
+    /// `reservation` while it may land.
+    pub(super) fn sent(&self, claim: &ClaimFacts, sent: Sent, reservation: Reservation) {
+        let delete = InFlight {
+            namespace: claim.key.namespace.to_string(),
+            name: claim.key.name.clone(),
+            uid: claim.uid.clone(),
+            resource_version: claim.resource_version.clone(),
+        };
+        self.registry().sent(&delete, sent, Some(reservation));
     }
 
-    /// On winning the lease: every DELETE the Lease names in flight (sent by whoever led
-    /// before, maybe still held somewhere on its way) is registered, so that it is revoked at
-    /// its claim's next reconcile before anything else is decided for the claim. Registered
-    /// before the cap opens, so no reconcile is admitted past one; revoked in one place only,
-    /// the claim's reconcile, so each is sent once.
-    pub(super) fn register_found(&self) {
-        let found = self.cluster.found_in_flight();
-        if found.is_empty() {
+    /// On winning the lease: every claim owed a revocation (the DELETEs the Lease named,
+    /// sent by whoever led before, maybe still held somewhere on its way) is reconciled, which
+    /// revokes it before anything else is decided for the claim. The elector registered them
+    /// before the lease was won, so before the cap opens; revoked in one place only, the
+    /// claim's reconcile, so each is sent once.
+    pub(super) fn reconcile_owed(&self) {
+        let owed = self.registry().owed_keys();
+        if owed.is_empty() {
             return;
         }
         info!(
-            count = found.len(),
+            count = owed.len(),
             "the lease names deletes in flight: each is revoked before its claim is decided"
         );
-        let keys: Vec<ObjectKey> = {
-            let mut outstanding = self.lock_outstanding();
-            (found.into_iter())
-                .map(|delete| {
-                    let key = delete.key();
-                    let found = Outstanding {
-                        delete,
-                        reservation: None,
-                    };
-                    outstanding.insert(key.clone(), found);
-                    key
-                })
-                .collect()
-        };
-        for key in keys {
+        for key in owed {
             self.schedule.now(key);
         }
     }
@@ -125,10 +108,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// decided for it: until the revocation is answered, the claim is kept and nothing else
     /// is sent for it. `None` when no such DELETE is outstanding.
     pub(super) async fn resolve_outstanding(&self, key: &ObjectKey) -> Option<Outcome> {
-        let Outstanding {
-            delete,
-            reservation,
-        } = self.lock_outstanding().get(key).cloned()?;
+        let delete = self.registry().owed(key)?;
         if !self.is_leader() {
             // The Lease names it: whoever leads revokes it.
             return Some(Outcome::Done);
@@ -139,17 +119,15 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Revocation::Refused => match self.cluster.claim_state(key).await {
                 Found::Yes((uid, false)) if uid == delete.uid => Revocation::Refused,
                 Found::Unknown(_) => Revocation::Unanswered,
-                _ => {
-                    self.cluster.settle(&delete);
-                    Revocation::Landed
-                }
+                _ => Revocation::Landed,
             },
             other => other,
         };
         match revocation {
             Revocation::Revoked => {
                 // It can never land: its slot of the cap goes to another claim.
-                if let Some(reservation) = reservation {
+                let slot = self.registry().revoked(&delete, Revocation::Revoked);
+                if let Some(reservation) = slot {
                     self.release(reservation);
                 }
                 self.metrics.revocation(Revoked::Revoked);
@@ -157,8 +135,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             Revocation::Landed => {
                 // Until the watch shows it gone, a live read comes before any other DELETE.
-                self.lock_already_sent()
-                    .insert(key.clone(), delete.uid.clone());
+                self.registry().revoked(&delete, Revocation::Landed);
                 self.metrics.delete_late();
                 warn!(claim = %key, uid = %delete.uid, "a delete without an answer was carried out after all (it, or another, reached the API server); its volume, if kept by a Retain policy, is not marked and workspace-gc never deletes it");
             }
@@ -167,13 +144,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 warn!(claim = %key, "a delete without an answer is not revoked yet; the claim is kept and nothing else is sent for it");
                 return Some(Outcome::Retry(Failure::Unanswered));
             }
-        }
-        let mut outstanding = self.lock_outstanding();
-        if outstanding
-            .get(key)
-            .is_some_and(|o| o.delete.uid == delete.uid)
-        {
-            outstanding.remove(key);
         }
         // Each names its next step itself, never the watch event of its own write (a revocation
         // that writes the value already there changes nothing and brings no event). Revoked:

@@ -22,6 +22,7 @@ mod run;
 mod tests;
 
 pub use recheck::LIVE_BOUND;
+
 pub use run::{RunError, RunOptions, run};
 
 use std::sync::{Arc, RwLock};
@@ -39,7 +40,7 @@ use crate::decide::policy::Policy;
 use crate::observe::metrics::Metrics;
 
 use delete::Deletes;
-use in_flight::InFlightDeletes;
+use in_flight::{DeletesInFlight, InFlightDeletes};
 use notices::Notices;
 use pressure::Pressure;
 use recheck::Rechecks;
@@ -91,6 +92,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         metrics: Arc<Metrics>,
         schedule: Schedule,
         leading: watch::Receiver<bool>,
+        registry: Arc<DeletesInFlight>,
     ) -> Self {
         Controller {
             cluster,
@@ -101,7 +103,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             schedule,
             leading,
             deletes: Deletes::new(config),
-            in_flight: InFlightDeletes::default(),
+            in_flight: InFlightDeletes::new(registry),
             rechecks: Rechecks::new(config),
             pressure: Pressure::new(config),
             notices: Notices::new(config),

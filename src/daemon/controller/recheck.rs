@@ -124,7 +124,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 Found::Unknown(_) => return Err(Outcome::Retry(Failure::LiveUnread)),
             };
             if unseen == Some(Unseen::Answered) {
-                self.lock_already_sent().remove(key);
+                self.registry().seen_gone(key);
             }
             if gone {
                 info!(claim = %key, "the claim is gone or being deleted (an earlier delete was carried out); none is sent again");

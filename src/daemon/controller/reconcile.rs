@@ -33,7 +33,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
             self.lock_line().leave(key);
-            self.lock_already_sent().remove(key);
+            self.registry().seen_gone(key);
             self.notices.forget_claim(key);
             return Outcome::Done;
         };

@@ -29,9 +29,9 @@ use crate::observe::access::Gate;
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::Metrics;
 
-use super::Controller;
 use super::feed::apply_watches;
 use super::released::sweep_released;
+use super::{Controller, DeletesInFlight};
 
 /// How many claims are reconciled at once. A reconcile mostly waits: on the limiter, on a
 /// shared proof round or namespace snapshot (whose LISTs are bounded apart, in `cluster::live`),
@@ -116,12 +116,16 @@ pub async fn run(
         .leader_election
         .lease_namespace(options.pod_namespace.as_deref())
         .to_owned();
+    // The DELETEs that may still land: the controller drives it, the elector writes it on
+    // the Lease.
+    let registry = Arc::new(DeletesInFlight::default());
     let leadership = Leadership::start(
         client.clone(),
         &config.leader_election,
         &lease_namespace,
         options.identity.clone(),
         metrics.clone(),
+        registry.clone(),
     );
 
     let mode = if config.deletion.dry_run {
@@ -154,6 +158,7 @@ pub async fn run(
         metrics.clone(),
         schedule,
         leadership.subscribe(),
+        registry,
     ));
 
     // Fused, so that a task already seen to end is not polled again below.
@@ -244,7 +249,7 @@ async fn follow_leadership<C: Cluster, K: Clock>(
             info!("leading: this replica deletes");
             // The DELETEs the Lease names are registered first and the cap opens last, so no
             // reconcile is admitted before every one that may still land is known.
-            controller.register_found();
+            controller.reconcile_owed();
             controller.recover_rounds();
             controller.recover_cap();
             let keys: Vec<ObjectKey> = {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::{Change, Index, Scope, Update};
-use crate::cluster::leader::InFlight;
+use crate::cluster::in_flight::InFlight;
 use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
 use crate::cluster::watches::PROVEN;
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
@@ -83,8 +83,6 @@ struct FakeCluster {
     volume_writes: Mutex<Vec<String>>,
     /// The answers to the next revocations; `Revoked` once none is left.
     revocations: Mutex<VecDeque<Revocation>>,
-    /// The DELETEs in flight the Lease named when won.
-    found: Mutex<Vec<InFlight>>,
     /// The claims' Namespace's annotations as a live read finds them; `None`: unreadable.
     live_namespace: Mutex<Option<BTreeMap<String, String>>>,
     /// Every kind's resourceVersion as a consistent read finds it; `None`: unknown. Its
@@ -256,12 +254,6 @@ impl Writes for FakeCluster {
 }
 
 impl LeaseRecords for FakeCluster {
-    fn settle(&self, _: &InFlight) {}
-
-    fn found_in_flight(&self) -> Vec<InFlight> {
-        lock(&self.found).clone()
-    }
-
     fn reach(&self) -> Duration {
         Duration::from_secs(10)
     }
@@ -343,7 +335,10 @@ fn controller_with(
     *lock(&cluster.scheduler) = Some(scheduler);
     let (_, leading) = watch::channel(leading);
     let metrics = Arc::new(Metrics::register(&mut Registry::default()));
-    let controller = Controller::new(&config, cluster, clock, metrics, schedule, leading);
+    let registry = Arc::default();
+    let controller = Controller::new(
+        &config, cluster, clock, metrics, schedule, leading, registry,
+    );
     *controller.write_index() = synced(claims, &[]);
     controller.recover_cap();
     Arc::new(controller)
@@ -613,7 +608,8 @@ async fn a_refused_revocation_is_read_live() {
     lock(&c.cluster.revocations).push_back(Revocation::Refused);
     *lock(&c.cluster.claim_state) = Some(("new-uid".into(), false));
     assert_eq!(c.clone().reconcile(key("a")).await, at_once());
-    assert!(c.lock_outstanding().is_empty());
+    assert_eq!(c.registry().owed(&key("a")), None);
+    assert!(c.registry().on_lease().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -637,15 +633,15 @@ async fn a_standby_leaves_the_revocation_to_the_leader() {
 /// backoff (the revocation's own event is not relied on).
 #[tokio::test(start_paused = true)]
 async fn the_deletes_the_lease_names_are_revoked_once_by_their_claims_reconcile() {
-    let cluster = FakeCluster::default();
-    lock(&cluster.found).push(InFlight {
+    let found = InFlight {
         namespace: "ml".into(),
         name: "a".into(),
         uid: "a-uid".into(),
         resource_version: "1".into(),
-    });
-    let c = controller(cluster, 10, &[due("a")], true);
-    c.register_found();
+    };
+    let c = controller(FakeCluster::default(), 10, &[due("a")], true);
+    c.registry().won([(found.uid.clone(), found)].into());
+    c.reconcile_owed();
     assert!(writes(&c).is_empty(), "nothing sent on registering");
     assert_eq!(wakes(&c), [("a".to_owned(), None)]);
     assert_eq!(
@@ -653,7 +649,11 @@ async fn the_deletes_the_lease_names_are_revoked_once_by_their_claims_reconcile(
         Outcome::Retry(Failure::Unanswered)
     );
     assert_eq!(writes(&c), ["revoke claim a 1"]);
-    assert!(c.lock_outstanding().is_empty());
+    assert_eq!(c.registry().owed(&key("a")), None);
+    assert!(
+        c.registry().on_lease().is_empty(),
+        "off the Lease once revoked"
+    );
 }
 
 /// A revocation that writes the value already there is answered 200 and changes nothing, so
