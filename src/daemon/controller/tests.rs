@@ -83,6 +83,8 @@ struct FakeCluster {
     volume_writes: Mutex<Vec<String>>,
     /// The answers to the next revocations; `Revoked` once none is left.
     revocations: Mutex<VecDeque<Revocation>>,
+    /// Flips the controller's leadership, for a hand-over.
+    leading: Mutex<Option<watch::Sender<bool>>>,
     /// The claims' Namespace's annotations as a live read finds them; `None`: unreadable.
     live_namespace: Mutex<Option<BTreeMap<String, String>>>,
     /// Every kind's resourceVersion as a consistent read finds it; `None`: unknown. Its
@@ -333,7 +335,8 @@ fn controller_with(
     };
     let (schedule, scheduler) = Scheduler::new();
     *lock(&cluster.scheduler) = Some(scheduler);
-    let (_, leading) = watch::channel(leading);
+    let (sender, leading) = watch::channel(leading);
+    *lock(&cluster.leading) = Some(sender);
     let metrics = Arc::new(Metrics::register(&mut Registry::default()));
     let registry = Arc::default();
     let controller = Controller::new(
@@ -1093,16 +1096,33 @@ async fn a_pressure_plan_decides_the_other_claims_under_the_settings_read_live()
     assert!(lock(&c.cluster.sent).is_empty());
 }
 
-/// What the world answers the claim's writes, in the model test: DELETEs refused, throttled,
+/// What the world does to the claim's writes, in the model test: DELETEs refused, throttled,
 /// unanswered (a 5xx, a lost answer), or in conflict; revocations carried out (changing the
 /// claim, with a watch event, or writing the value already there, with none), unanswered or
-/// refused with the claim as it was. Once they run out, every write succeeds.
+/// refused with the claim as it was. Once they run out, every write succeeds. Besides, at
+/// instants of its own, the Lease is handed over and back, or the API server's clock
+/// contradicts its earlier answers.
 mod model {
     use proptest::prelude::*;
     use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::daemon::scheduler::{BACKOFF_MAX, DENIED_BACKOFF_MAX};
+
+    /// How long a hand-over keeps this replica standing by: a lease duration.
+    const STANDBY: Duration = Duration::from_secs(15);
+    /// How much longer a clock dispute holds the cap full (it began earlier than seen here).
+    const DISPUTED: Duration = Duration::from_secs(60);
+
+    /// What else happens, `.0` seconds after the claim is first decided.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Event {
+        /// This replica loses the Lease, and wins it back a lease duration later, the Lease
+        /// naming what it named (whoever led between revoked nothing).
+        HandOver,
+        /// An answer's `Date` contradicts the earlier ones: the cap counts its window as full.
+        ClockDisputed,
+    }
 
     fn delete_fault() -> impl Strategy<Value = DeleteResult> {
         prop_oneof![
@@ -1122,13 +1142,28 @@ mod model {
         ]
     }
 
-    /// Runs claim `a`, due, under the scheduler against those answers, in paused time, until it
-    /// is deleted or `limit` has passed; returns the log of its writes, from its start.
+    fn event() -> impl Strategy<Value = (u64, Event)> {
+        (
+            0..120u64,
+            prop_oneof![Just(Event::HandOver), Just(Event::ClockDisputed)],
+        )
+    }
+
+    /// What the model saw: every write of the claim, and when the cap was held full by a
+    /// dispute, both from the claim's start.
+    struct Seen {
+        log: Vec<(Duration, Write)>,
+        disputed: Vec<(Duration, Duration)>,
+    }
+
+    /// Runs claim `a`, due, under the scheduler against those answers and events, in paused
+    /// time, until it is deleted or `limit` has passed.
     fn run(
         answers: &[DeleteResult],
         revocations: &[(Revocation, bool)],
+        events: &[(u64, Event)],
         limit: Duration,
-    ) -> Vec<(Duration, Write)> {
+    ) -> Seen {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
@@ -1156,43 +1191,95 @@ mod model {
                 (lock(&c.cluster.log).iter())
                     .any(|(_, write)| *write == Write::Delete(DeleteResult::Deleted))
             };
+            let mut events: VecDeque<(u64, Event)> = {
+                let mut sorted = events.to_vec();
+                sorted.sort_by_key(|(at, _)| *at);
+                sorted.into()
+            };
+            let mut disputed = Vec::new();
             while !deleted(&c) && start.elapsed() < limit {
+                while let Some((at, event)) = events.front().copied()
+                    && start.elapsed() >= Duration::from_secs(at)
+                {
+                    events.pop_front();
+                    match event {
+                        Event::HandOver => hand_over(&c).await,
+                        Event::ClockDisputed => {
+                            let window = Duration::from_secs(3600);
+                            let now = Instant::now();
+                            *lock(&c.clock.contradicted) = Some(now - (window - DISPUTED));
+                            disputed.push((now - start, now - start + DISPUTED));
+                        }
+                    }
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             stop.cancel();
             task.await.expect("the scheduler stops");
-            (lock(&c.cluster.log).iter())
+            let log = (lock(&c.cluster.log).iter())
                 .map(|(at, write)| (*at - start, *write))
-                .collect()
+                .collect();
+            Seen { log, disputed }
         })
+    }
+
+    /// Loses the Lease, stands by for a lease duration, and wins it back as the daemon does:
+    /// the Lease's names handed to the registry, the owed claims and every claim woken.
+    async fn hand_over(c: &Arc<Controller<FakeCluster, FakeClock>>) {
+        let lead = |leading: bool| {
+            let sender = lock(&c.cluster.leading);
+            sender
+                .as_ref()
+                .expect("the leadership")
+                .send_replace(leading);
+        };
+        lead(false);
+        tokio::time::sleep(STANDBY).await;
+        let named = c.registry().on_lease();
+        c.registry().won(named);
+        lead(true);
+        c.reconcile_owed();
+        c.schedule.now(key("a"));
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
         /// Safety: after a DELETE without a definite answer nothing but its revocation is sent
-        /// until one is answered. Liveness: once the faults end the claim is deleted, within the
-        /// backoffs the faults cost. Cost: a DELETE that failed is followed by another no sooner
-        /// than the first backoff, and each reconcile that failed waits at least a second more,
-        /// whatever wakes the claim (a revocation's own event included).
+        /// until one is answered, and none while a clock dispute holds the cap full. Liveness:
+        /// once the faults end the claim is deleted, within the backoffs the faults cost, a
+        /// standby for each hand-over and the rest of each dispute. Cost: a DELETE that failed
+        /// is followed by another no sooner than the first backoff, whatever wakes the claim (a
+        /// revocation's own event, winning the Lease, included).
         #[test]
         fn any_answers_end_in_the_delete_with_a_backoff_and_nothing_sent_past_a_revocation(
             answers in prop::collection::vec(delete_fault(), 0..8),
             revocations in prop::collection::vec(revocation_fault(), 0..8),
+            events in prop::collection::vec(event(), 0..3),
         ) {
             let failures = answers.len() + revocations.len();
             let ceiling = |answer: &DeleteResult| match answer {
                 DeleteResult::Denied => DENIED_BACKOFF_MAX,
                 _ => BACKOFF_MAX,
             };
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            let delay = |event: &(u64, Event)| match event.1 {
+                // A revocation owed again on winning costs one more failure at worst.
+                Event::HandOver => STANDBY + BACKOFF_MAX * 2,
+                Event::ClockDisputed => DISPUTED + BACKOFF_MAX,
+            };
+            let last_event = events.iter().map(|(at, _)| Duration::from_secs(*at)).max();
             let bound = (answers.iter().map(ceiling).sum::<Duration>())
-                + BACKOFF_MAX * u32::try_from(revocations.len()).unwrap_or(u32::MAX)
+                + BACKOFF_MAX * count(revocations.len())
+                + events.iter().map(delay).sum::<Duration>()
+                + last_event.unwrap_or_default()
                 + Duration::from_secs(60);
-            let log = run(&answers, &revocations, bound + Duration::from_secs(60));
+            let Seen { log, disputed } =
+                run(&answers, &revocations, &events, bound + Duration::from_secs(60));
             let deleted = log.iter().find(|(_, w)| *w == Write::Delete(DeleteResult::Deleted));
             prop_assert!(
                 deleted.is_some_and(|(at, _)| *at <= bound),
-                "not deleted within {bound:?} after {failures} faults: {log:?}"
+                "not deleted within {bound:?} after {failures} faults and {events:?}: {log:?}"
             );
             let mut outstanding = false;
             let mut last_delete: Option<Duration> = None;
@@ -1200,6 +1287,10 @@ mod model {
                 match write {
                     Write::Delete(result) => {
                         prop_assert!(!outstanding, "a DELETE sent past an unrevoked one: {log:?}");
+                        prop_assert!(
+                            !disputed.iter().any(|(from, to)| from <= at && at < to),
+                            "a DELETE at {at:?} while the cap was disputed {disputed:?}"
+                        );
                         if let Some(before) = last_delete {
                             prop_assert!(
                                 *at - before >= Duration::from_secs(1),
@@ -1214,5 +1305,50 @@ mod model {
                 }
             }
         }
+    }
+
+    /// Cost under a standing failure, once its backoff has reached its ceiling: at most one
+    /// DELETE and one revocation each backoff for one that goes unanswered (a lost answer, a
+    /// 5xx not forwarded), one DELETE each denied backoff for a refusal (a webhook that is
+    /// down), and never a write storm (RELIABILITY.md, "Cost").
+    #[test]
+    fn a_standing_failure_costs_one_attempt_a_backoff() {
+        let minute = Duration::from_secs(60);
+        let per_minute = |log: &[(Duration, Write)], from: Duration, to: Duration| {
+            let deletes = (log.iter())
+                .filter(|(at, w)| (from..to).contains(at) && matches!(w, Write::Delete(_)))
+                .count();
+            let revocations = (log.iter())
+                .filter(|(at, w)| (from..to).contains(at) && matches!(w, Write::Revoke(_)))
+                .count();
+            let minutes = (to - from).as_secs_f64() / 60.0;
+            (deletes as f64 / minutes, revocations as f64 / minutes)
+        };
+        // Unanswered every time, each revocation carried out with its own watch event.
+        let answers = vec![DeleteResult::Unanswered; 500];
+        let revocations = vec![(Revocation::Revoked, true); 500];
+        let Seen { log, .. } = run(&answers, &revocations, &[], minute * 30);
+        let ceiling = minute.as_secs_f64() / BACKOFF_MAX.as_secs_f64();
+        let (ramp, _) = per_minute(&log, Duration::ZERO, minute * 10);
+        assert!(
+            ramp <= ceiling * 1.5,
+            "{ramp} DELETEs a minute while backing off"
+        );
+        let (deletes, revoked) = per_minute(&log, minute * 10, minute * 30);
+        assert!(
+            deletes >= ceiling * 0.9,
+            "still retried: {deletes} a minute"
+        );
+        assert!(deletes <= ceiling * 1.1, "{deletes} DELETEs a minute");
+        assert!(revoked <= ceiling * 1.1, "{revoked} revocations a minute");
+        // Denied every time: the refusal's own, longer, backoff.
+        let answers = vec![DeleteResult::Denied; 500];
+        let Seen { log, .. } = run(&answers, &[], &[], minute * 60);
+        let (deletes, revoked) = per_minute(&log, minute * 30, minute * 60);
+        let ceiling = minute.as_secs_f64() / DENIED_BACKOFF_MAX.as_secs_f64();
+        assert!(
+            deletes <= ceiling * 1.1 && revoked == 0.0,
+            "{deletes} a minute"
+        );
     }
 }
