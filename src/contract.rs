@@ -170,6 +170,13 @@ pub mod annotations {
     /// On a claim, written by workspace-gc alone: the resourceVersion of a DELETE of it that
     /// got no definite answer. Writing it gives the claim a new resourceVersion, so that
     /// DELETE fails its precondition (409) whenever it reaches the API server. Never read as
-    /// policy.
-    pub const REVOKED: &str = "workspace-gc.mlops.dev/revoked-delete";
+    /// policy. Outside [`PREFIX`]: a version from before the revocation (7c806ec and earlier)
+    /// takes any unknown key under the prefix for an invalid annotation and keeps the claim
+    /// for good, so a downgrade to it would strand every claim ever revoked; one outside the
+    /// prefix it ignores.
+    pub const REVOKED: &str = "revocation.workspace-gc.mlops.dev/revoked-delete";
+    /// Where versions before [`REVOKED`] moved out of [`PREFIX`] wrote it: read as known (never
+    /// an invalid annotation), and the guard admits a revocation under it, so those versions
+    /// still revoke during a rolling upgrade. Never written.
+    pub const REVOKED_UNDER_PREFIX: &str = "workspace-gc.mlops.dev/revoked-delete";
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use thiserror::Error;
 
-use crate::contract::annotations::{EXPIRES, KEEP, PREFIX, REVOKED, TTL};
+use crate::contract::annotations::{EXPIRES, KEEP, PREFIX, REVOKED_UNDER_PREFIX, TTL};
 
 /// Longest part of an offending value quoted back in an error, so a huge annotation cannot
 /// bloat logs and events.
@@ -53,7 +53,8 @@ pub(crate) fn quote(value: &str) -> String {
 pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ClaimAnnotations, AnnotationError> {
     // A misspelt key (`…/kep`) must not silently lose its meaning: it keeps the claim too.
     if let Some(key) = annotations.keys().find(|key| {
-        key.starts_with(PREFIX) && ![KEEP, TTL, EXPIRES, REVOKED].contains(&key.as_str())
+        key.starts_with(PREFIX)
+            && ![KEEP, TTL, EXPIRES, REVOKED_UNDER_PREFIX].contains(&key.as_str())
     }) {
         return Err(AnnotationError {
             key: "workspace-gc.mlops.dev/*",
@@ -177,6 +178,22 @@ mod tests {
             "{err}"
         );
         assert!(parse(&with("example.com/keep", "true")).is_ok());
+    }
+
+    /// The revocation decides nothing, under the key written now and the one versions before
+    /// wrote under the prefix; the key written now is outside the prefix, so that a version
+    /// from before the revocation, which refuses any unknown key under it, ignores it.
+    #[test]
+    fn the_revocation_is_known_under_either_key_and_written_outside_the_prefix() {
+        use crate::contract::annotations::REVOKED;
+        for key in [REVOKED, REVOKED_UNDER_PREFIX] {
+            assert_eq!(
+                parse(&with(key, "4711")),
+                Ok(ClaimAnnotations::default()),
+                "{key}"
+            );
+        }
+        assert!(!REVOKED.starts_with(PREFIX), "{REVOKED}");
     }
 
     #[test]

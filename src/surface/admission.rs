@@ -8,8 +8,9 @@
 //! by writing or removing that mark, equal to the volume's claimRef UID.
 //!
 //! The one change it lets the daemon make to a claim is its revocation annotation
-//! ([`REVOKED`]): writing it gives the claim a new resourceVersion, so a DELETE that got no
-//! answer fails its precondition whenever it arrives.
+//! ([`REVOKED`], or [`REVOKED_UNDER_PREFIX`] as versions before wrote it): writing it gives the
+//! claim a new resourceVersion, so a DELETE that got no answer fails its precondition whenever
+//! it arrives.
 //!
 //! With leader election, a second policy, the fence, takes the daemon's Lease as its parameter
 //! and lets a claim or volume DELETE through only from the pod the Lease names: a
@@ -31,7 +32,7 @@ use kube::api::ObjectMeta;
 
 use crate::config::labels::{cel_list, cel_string};
 use crate::config::{LeaderElectionConfig, SelectorConfig};
-use crate::contract::annotations::{DELETED_CLAIM_UID, REVOKED};
+use crate::contract::annotations::{DELETED_CLAIM_UID, REVOKED, REVOKED_UNDER_PREFIX};
 
 /// The name of the policy and of its binding.
 pub const NAME: &str = "workspace-gc-guard";
@@ -135,7 +136,13 @@ pub fn guard(
     let claims = |condition: String| of("persistentvolumeclaims", condition);
     let volumes = |condition: String| of("persistentvolumes", condition);
     let mark = cel_string(DELETED_CLAIM_UID);
-    let revoked = cel_string(REVOKED);
+    // The revocation as this version writes it, and as versions before wrote it under the
+    // prefix: a rolling upgrade runs both.
+    let (revoked, before) = (cel_string(REVOKED), cel_string(REVOKED_UNDER_PREFIX));
+    let revocation = |key: &str| {
+        format!("({key} in variables.newAnnotations && variables.newAnnotations[{key}] != '')")
+    };
+    let (writes_revoked, writes_before) = (revocation(&revoked), revocation(&before));
     let mut validations = vec![
         // The revocation only gives the claim a new resourceVersion. It is not limited to the
         // claims the selector matches: a claim whose label was taken off while a DELETE of it
@@ -149,12 +156,12 @@ pub fn guard(
                  && variables.newLabels == variables.labels \
                  && variables.newFinalizers == variables.finalizers \
                  && variables.newOwners == variables.owners \
-                 && {revoked} in variables.newAnnotations \
-                 && variables.newAnnotations[{revoked}] != '' \
-                 && variables.newAnnotations.all(k, k == {revoked} \
+                 && ({writes_revoked} || {writes_before}) \
+                 && variables.newAnnotations.all(k, k == {revoked} || k == {before} \
                  || (k in variables.annotations \
                  && variables.annotations[k] == variables.newAnnotations[k])) \
-                 && variables.annotations.all(k, k == {revoked} || k in variables.newAnnotations))"
+                 && variables.annotations.all(k, k == {revoked} || k == {before} \
+                 || k in variables.newAnnotations))"
             )),
             format!(
                 "workspace-gc changes a claim only to write its revocation annotation \

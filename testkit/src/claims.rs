@@ -69,7 +69,10 @@ pub async fn revoked(ns: &TestNamespace, name: &str) -> bool {
         .await
         .unwrap_or_else(|e| panic!("get claim {name}: {e}"))
         .and_then(|claim| claim.metadata.annotations)
-        .is_some_and(|notes| notes.contains_key(annotations::REVOKED))
+        .is_some_and(|notes| {
+            notes.contains_key(annotations::REVOKED)
+                || notes.contains_key(annotations::REVOKED_UNDER_PREFIX)
+        })
 }
 
 /// Lets the one DELETE of claim `name` that rule `held` holds go on to the API server (the

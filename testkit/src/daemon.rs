@@ -119,10 +119,21 @@ impl Process {
     /// (`WORKSPACE_GC_<SECTION>_<KEY>`), as pod `identity`, serving HTTP on a free port.
     /// Every other `WORKSPACE_GC_` variable of the test's environment is removed.
     pub fn spawn(kubeconfig: &Path, vars: &[(&str, String)], identity: &str, log: &Path) -> Self {
+        Self::spawn_binary(&daemon_binary(), kubeconfig, vars, identity, log)
+    }
+
+    /// [`Process::spawn`] of another build of the daemon (an earlier version, for upgrades).
+    pub fn spawn_binary(
+        binary: &Path,
+        kubeconfig: &Path,
+        vars: &[(&str, String)],
+        identity: &str,
+        log: &Path,
+    ) -> Self {
         let port = free_port();
         let file = std::fs::File::create(log)
             .unwrap_or_else(|e| panic!("create the log {}: {e}", log.display()));
-        let mut command = Command::new(daemon_binary());
+        let mut command = Command::new(binary);
         command
             .args(["run", "--listen", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", kubeconfig)

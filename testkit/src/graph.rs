@@ -13,6 +13,7 @@ use proptest::sample::{select, subsequence};
 use serde_json::{Value, json};
 use workspace_gc::cluster::cache::{Change, Index, TaskRunEntry, Update};
 use workspace_gc::cluster::resources::{self, PodVolumes};
+use workspace_gc::contract::annotations;
 use workspace_gc::decide::facts::{
     ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, RunEntry,
 };
@@ -510,8 +511,8 @@ fn annotation(profile: Profile) -> impl Strategy<Value = (String, Text)> {
         ),
     };
     let expires = key("expires");
-    // The daemon's own, as a revocation leaves it (a resourceVersion), or odd: in memory
-    // graphs, so the server graphs' draws (and the verdicts they reach) stay as they were.
+    // The daemon's own, as a revocation leaves it (a resourceVersion), or odd, under the key
+    // it writes and the one versions before wrote under the prefix: in memory graphs, so the server graphs' draws (and the verdicts they reach) stay as they were.
     let revoked = match profile {
         Profile::Memory => 1,
         Profile::Server => 0,
@@ -525,6 +526,7 @@ fn annotation(profile: Profile) -> impl Strategy<Value = (String, Text)> {
         1 => plain(key("kep"), &["true"]),
         1 => plain("example.com/keep".to_owned(), &["true"]),
         revoked => plain(key("revoked-delete"), &["4711", ""]),
+        revoked => plain(annotations::REVOKED.to_owned(), &["4711", ""]),
     ]
 }
 

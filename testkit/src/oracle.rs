@@ -7,7 +7,8 @@
 //! 1. it has no `metadata.deletionTimestamp`;
 //! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` (exactly "true" or "false"), `ttl` (humantime,
 //!    trimmed, fitting `chrono::Duration`), `expires` (RFC 3339, trimmed) or `revoked-delete`
-//!    (any string: the daemon's own record of a revocation, which decides nothing);
+//!    (any string: the daemon's own record of a revocation as versions before wrote it, which
+//!    decides nothing; it now writes it outside the prefix, where it is ignored like any other);
 //! 3. `keep` is not "true";
 //! 4. no pod of its namespace mounts it unless that pod's phase is "Succeeded" or "Failed"; no
 //!    `status.conditions` entry of type "Unused" has status "False"; and no job of its namespace

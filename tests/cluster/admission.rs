@@ -36,7 +36,7 @@ use testkit::{
     wait_until,
 };
 use workspace_gc::config::labels::LabelSelector;
-use workspace_gc::contract::annotations::{DELETED_CLAIM_UID, REVOKED};
+use workspace_gc::contract::annotations::{DELETED_CLAIM_UID, REVOKED, REVOKED_UNDER_PREFIX};
 use workspace_gc::observe::metrics::ErrorCategory;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -902,6 +902,15 @@ async fn the_guard_lets_the_daemon_change_a_claim_only_to_revoke_a_delete() {
         .patch("user-data", &params, &revocation(&unlabelled, "1"))
         .await
         .expect("the revocation of a claim the selector does not match is let through");
+    // As versions before wrote it, under the prefix: a rolling upgrade runs them beside this.
+    let under_prefix = json!({"metadata": {
+        "uid": unlabelled.metadata.uid,
+        "annotations": {REVOKED_UNDER_PREFIX: "999"},
+    }});
+    claims
+        .patch("user-data", &params, &Patch::Merge(under_prefix))
+        .await
+        .expect("a revocation under the key versions before wrote is let through");
 
     let merge = |value: Value| Patch::Merge(value);
     let refusals = [

@@ -37,3 +37,4 @@ mod quota;
 mod retention;
 mod safety;
 mod served_versions;
+mod upgrade;
