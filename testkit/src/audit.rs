@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::audit_log::AuditEvent;
 use serde_json::Value;
-use workspace_gc::contract::annotations::{self, REVOKED};
+use workspace_gc::contract::annotations::{self, REVOKED, REVOKED_UNDER_PREFIX};
 
 /// A Lease write that empties the holder (a release on shutdown). Known only where the body is
 /// logged; otherwise taken for a renewal.
@@ -57,10 +57,11 @@ pub const DEFAULT_RECHECK_BOUND: Duration = Duration::from_secs(10);
 ///
 /// - **preconditioned**: it names the claim's UID and resourceVersion;
 /// - if it took effect (answered with success): **fenced** and **re-checked** when it arrived,
-///   or else it arrived late (a hop held it after the daemon gave up) and the daemon
-///   **revoked** it afterwards: a PATCH of the claim by a daemon user carrying the revocation
-///   annotation with its resourceVersion. That is the bound that holds: a DELETE takes effect
-///   before the daemon's next answered write for that claim, or not at all;
+///   or else it arrived late (a hop held it after the daemon gave up); one the daemon
+///   **revoked** afterwards (a PATCH of the claim by a daemon user carrying the revocation
+///   annotation with its resourceVersion) is told apart as **late, landed**
+///   ([`ViolationKind::LateLanded`]): the bound that still holds (a DELETE takes effect before
+///   the daemon's next answered write for that claim, or not at all), not the promise;
 ///   - fenced: it was received from the Lease holder (the writer of the last successful Lease
 ///     write before it, unless that write released the Lease), within `renew_deadline` of
 ///     that write;
@@ -125,7 +126,11 @@ impl DeleteInvariant {
                     && e.resource == "persistentvolumeclaims"
                     && self.users.contains(&e.user)
             })
-            .filter_map(|e| Some((e, e.request["metadata"]["annotations"][REVOKED].as_str()?)))
+            .filter_map(|e| {
+                let written = &e.request["metadata"]["annotations"];
+                let version = written[REVOKED].as_str();
+                Some((e, version.or(written[REVOKED_UNDER_PREFIX].as_str())?))
+            })
             .collect();
         let revocations_of = |delete: &AuditEvent| {
             revocations
@@ -241,9 +246,19 @@ impl DeleteInvariant {
                     },
                 )),
             }
-            // Late, but revoked after it landed: within the bound that holds.
-            if revoked.iter().any(|r| r.at >= delete.at) {
-                late.clear();
+            // Late, and the daemon's revocation after it found it landed: the bound that holds
+            // (taken before the daemon's next answered write), but not the promise the re-check
+            // and the fence make. Told apart, never passed: only a hop that holds requests and
+            // delivers them in order makes it (RELIABILITY.md, "Never wrong").
+            if !late.is_empty() && revoked.iter().any(|r| r.at >= delete.at) {
+                let why: Vec<String> = late.drain(..).map(|(_, detail)| detail).collect();
+                late.push((
+                    ViolationKind::LateLanded,
+                    format!(
+                        "late and carried out, revoked after it landed: {}",
+                        why.join("; ")
+                    ),
+                ));
             }
             for (kind, detail) in late {
                 breach(kind, delete, detail);
@@ -320,6 +335,10 @@ pub enum ViolationKind {
     AfterRevocation,
     /// The Lease did not name it in flight when it arrived: a next leader could not revoke it.
     NotNamed,
+    /// Late, landed: it arrived past the fence or the re-check bound and was carried out, and
+    /// the daemon's revocation only found it landed. No client-side write can stop one that a
+    /// hop queues in order ahead of its revocation.
+    LateLanded,
 }
 
 /// Whether the Lease named `delete`'s UID in flight when it arrived: the in-flight

@@ -817,7 +817,7 @@ fn revoke(user: &str, rv: &str, at: i64, code: i64) -> AuditEvent {
 }
 
 #[test]
-fn a_late_delete_that_took_effect_is_a_violation_unless_revoked_after_it_landed() {
+fn a_late_delete_that_took_effect_is_a_violation_and_late_landed_when_revoked_after() {
     // Decided and fenced at 0–1 s; a hop delivers the DELETE 30 s later, and it lands.
     let landed_late = vec![
         renew(A, 0),
@@ -830,8 +830,14 @@ fn a_late_delete_that_took_effect_is_a_violation_unless_revoked_after_it_landed(
         "the daemon never knew"
     );
     // The daemon revoked it after it landed: the revocation found the claim being deleted.
+    // The bound that holds, told apart from a DELETE on time: late, landed.
     let revoked_after = [landed_late.clone(), vec![revoke(A, "7", 31_000, 200)]].concat();
-    assert_eq!(kinds(&revoked_after, &[]), []);
+    assert_eq!(kinds(&revoked_after, &[]), [ViolationKind::LateLanded]);
+    let told = invariant().check(&revoked_after, &[])[0].to_string();
+    assert!(
+        told.contains("renew deadline") && told.contains("bound"),
+        "{told}"
+    );
     // Refused by its precondition when it arrived: it changed nothing.
     let refused = [
         renew(A, 0),
