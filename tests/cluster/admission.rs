@@ -1213,6 +1213,10 @@ const HAND_OVER_BOUND: Duration = Duration::from_secs(10);
 /// --server-side` sends it), and after each a hand-over of the Lease, which the fence follows
 /// within [`HAND_OVER_BOUND`]: the ex-holder refused, the new holder admitted.
 ///
+/// Then the binding deleted and re-created after 3 s while another binding names the Lease kind
+/// (its Lease missing, so it admits everything): the fence follows the next hand-over, since the
+/// other binding keeps the kind's informer running.
+///
 /// Then the procedure docs/security.md ("The fence") forbids: the binding deleted (the fence is
 /// gone at once: the non-holder is admitted), left missing for 3 s (the API server drops the
 /// param informer of a kind no binding names at its next policy refresh, every second),
@@ -1299,7 +1303,82 @@ async fn the_fence_follows_the_lease_across_an_in_place_change_and_a_re_created_
         took.as_millis()
     );
 
-    // 2. Deleted and re-created identically after 3 s: what docs/security.md forbids.
+    // 2. Deleted and re-created while another binding names the Lease kind: that one keeps the
+    // API server's informer for the kind running through the gap. Its parameter is a Lease that
+    // does not exist, so it admits everything (`parameterNotFoundAction: Allow`) and the verdicts
+    // stay those of the fence under test.
+    let policies = Api::<ValidatingAdmissionPolicy>::all(admin.clone());
+    let other = format!("{fence_name}-other");
+    let mut other_policy = policies.get(&fence_name).await.expect("read the policy");
+    other_policy.metadata = ObjectMeta {
+        name: Some(other.clone()),
+        ..ObjectMeta::default()
+    };
+    policies
+        .create(&PostParams::default(), &other_policy)
+        .await
+        .expect("create another policy on the Lease kind");
+    let mut other_binding = recreatable(&bindings.get(&fence_name).await.unwrap());
+    other_binding.metadata.name = Some(other.clone());
+    other_binding.spec.policy_name.clone_from(&other);
+    if let Some(param_ref) = other_binding.spec.param_ref.as_mut() {
+        param_ref.name = Some("no-such-lease".into());
+    }
+    bindings
+        .create(&PostParams::default(), &other_binding)
+        .await
+        .expect("create another binding on the Lease kind");
+    tokio::time::sleep(secs(2)).await;
+    let current = bindings.get(&fence_name).await.expect("read the binding");
+    bindings
+        .delete(&fence_name, &DeleteParams::default())
+        .await
+        .expect("delete the binding");
+    assert!(
+        wait_until(secs(30), || async {
+            fence_admits(&as_y, &claim).await == Some(true)
+        })
+        .await,
+        "{version}: without its binding the fence is gone: the non-holder y is admitted"
+    );
+    tokio::time::sleep(secs(3)).await;
+    bindings
+        .create(&PostParams::default(), &recreatable(&current))
+        .await
+        .expect("re-create the binding");
+    fence_follows(&as_y, &as_x, &claim, HAND_OVER_BOUND)
+        .await
+        .unwrap_or_else(|last| panic!("{version}: the re-created binding fences again: {last:?}"));
+    hold_lease(&ns, lease, Some("workspace-gc-y")).await;
+    let took = fence_follows(&as_x, &as_y, &claim, HAND_OVER_BOUND)
+        .await
+        .unwrap_or_else(|last| {
+            panic!(
+                "{version}: re-created while another binding names Leases, the fence follows \
+                 the hand-over to y: {last:?}"
+            )
+        });
+    eprintln!(
+        "{version}: re-created while another binding named the Lease kind: the fence followed \
+         the hand-over to y in {} ms",
+        took.as_millis()
+    );
+    hold_lease(&ns, lease, Some("workspace-gc-x")).await;
+    fence_follows(&as_y, &as_x, &claim, HAND_OVER_BOUND)
+        .await
+        .unwrap_or_else(|last| panic!("{version}: the fence follows the hand-over to x: {last:?}"));
+    // Ours stays bound while the other goes: the kind is never unnamed.
+    bindings
+        .delete(&other, &DeleteParams::default())
+        .await
+        .expect("delete the other binding");
+    policies
+        .delete(&other, &DeleteParams::default())
+        .await
+        .expect("delete the other policy");
+    tokio::time::sleep(secs(2)).await;
+
+    // 3. Deleted and re-created identically after 3 s, alone: what docs/security.md forbids.
     let current = bindings.get(&fence_name).await.expect("read the binding");
     bindings
         .delete(&fence_name, &DeleteParams::default())
