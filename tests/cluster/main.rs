@@ -16,6 +16,8 @@
 //!   clocks, leader election and the blast-radius cap;
 //! - `delete_protocol`: the delete protocol's liveness and cost under the answers of a real API
 //!   server and the hops before it, as the shipped identity;
+//! - `unused_condition`: Kubernetes 1.37's `Unused` claim condition and a late DELETE (skipped
+//!   before 1.37);
 //! - `served_versions`, `identity`: what the daemon asks the server, and as whom;
 //! - `admission`, `metrics_https`, `helm`: the admission guard, the HTTPS metrics, the chart.
 
@@ -37,4 +39,5 @@ mod quota;
 mod retention;
 mod safety;
 mod served_versions;
+mod unused_condition;
 mod upgrade;
