@@ -6,15 +6,18 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{
     ClaimBuilder, ControlPlane, Fault, Process, Proxy, Rule, TestNamespace, capped, deleted,
     deleted_count, elected_vars, expiring, in_secs, log_dir, metric, overdue_under_a_cap,
-    replica_through, service_account, wait_until,
+    replica_through, service_account, set_var, wait_until,
 };
+use workspace_gc::contract::annotations::DELETES_IN_FLIGHT;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -312,6 +315,91 @@ async fn api_servers_whose_clocks_disagree_never_open_the_cap() {
         .iter()
         .any(|event| event.reason.as_deref() == Some("ServerClockDisputed"));
     assert!(told, "an event says why:\n{}", daemon.logs());
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// A large cap and a standing failure: every DELETE is reset by a hop (never carried out) and
+/// every revocation too, so each claim's DELETE stays named in flight on the Lease. What the
+/// Lease names stops at its budget, a quarter of the 256 KiB its annotations may take: further
+/// DELETEs are not sent, and the renewals, which carry the names, go on being accepted, so the
+/// replica keeps the Lease. (Before, the names grew past the API server's limit, and every Lease
+/// write, renewals included, was refused 422: the replica lost the Lease and stopped.)
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_lease_names_in_flight_never_stops_its_renewals() {
+    const CLAIMS: usize = 2_000;
+    let replica = Replica::new("lease-budget").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
+    let reset = |verb| Rule::new(verb, "persistentvolumeclaims", Fault::Reset).user(user.clone());
+    let deletes = proxy.add(reset("delete"));
+    proxy.add(reset("patch"));
+    let expired = in_secs(-60);
+    let names: Vec<String> = (0..CLAIMS)
+        .map(|i| format!("many-{i:04}-build-workspace"))
+        .collect();
+    futures::stream::iter(&names)
+        .map(|name| expiring(name, expired).create(ns))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let mut vars = elected_vars(ns, "4s");
+    set_var(
+        &mut vars,
+        "WORKSPACE_GC_DELETION_MAX_DELETIONS_PER_WINDOW",
+        &CLAIMS.to_string(),
+    );
+    let (daemon, _logs) = replica.spawn(Some(&vars));
+    let leases: Api<Lease> = ns.api();
+    let named = || async {
+        let lease = leases.get("workspace-gc").await.expect("the Lease");
+        let text = (lease.metadata.annotations.unwrap_or_default())
+            .remove(DELETES_IN_FLIGHT)
+            .unwrap_or_default();
+        let renewed = lease.spec.and_then(|spec| spec.renew_time).map(|t| t.0);
+        (text.len(), renewed)
+    };
+    // The DELETEs stop at the budget: the count holds still for seconds.
+    assert!(
+        wait_until(secs(120), || async {
+            let before = proxy.hits(deletes);
+            tokio::time::sleep(secs(3)).await;
+            before > 100 && proxy.hits(deletes) == before
+        })
+        .await,
+        "the DELETEs stop at the budget ({} sent):\n{}",
+        proxy.hits(deletes),
+        daemon.logs()
+    );
+    let sent = proxy.hits(deletes);
+    assert!(
+        (sent as usize) < CLAIMS,
+        "{sent} DELETEs: the budget stopped none"
+    );
+    let (size, renewed) = named().await;
+    assert!(
+        size <= 64 * 1024 && size > 48 * 1024,
+        "the Lease names {size} bytes in flight"
+    );
+    // For twice the lease, renewals still land: the renew time moves, the holder stays.
+    tokio::time::sleep(secs(8)).await;
+    let (_, later) = named().await;
+    assert!(later > renewed, "renewed since: {renewed:?} then {later:?}");
+    let text = daemon.metrics().await;
+    assert_eq!(
+        metric(&text, "workspace_gc_leader", ""),
+        1.0,
+        "still leading:\n{}",
+        daemon.logs()
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "workspace_gc_api_errors_total",
+            "operation=\"lease\""
+        ),
+        0.0,
+        "no Lease write refused:\n{text}"
+    );
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
 }
