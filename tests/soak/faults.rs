@@ -2,15 +2,18 @@
 //! replicas, the leader alone partitioned or its watches stalled, the leader SIGKILLed, a restart
 //! storm within one window of the cap, throttling bursts on the leader's connection, and
 //! requests a hop holds and forwards after the leader gave up (DELETEs and Lease writes, with
-//! the leader paused or not); each recorded as a [`Window`] for the report.
+//! the leader paused or not), and the delete protocol's ordinary faults (a webhook that is
+//! down, lost answers, revocations that change nothing); each recorded as a [`Window`] for the
+//! report.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 use crate::load::{Driver, Rng};
 use crate::replicas::Replica;
@@ -36,6 +39,8 @@ pub struct Faults {
     pub order: Vec<usize>,
     /// Held-and-forwarded faults so far.
     pub holds: usize,
+    /// Delete-protocol faults so far.
+    pub protocol: usize,
 }
 
 impl Faults {
@@ -222,20 +227,68 @@ impl Faults {
         }
     }
 
+    /// The delete protocol's ordinary faults, taking turns, each for 15 to 40 s and opening with
+    /// 10 claims due at once: a validating webhook on claim DELETEs whose pods are down
+    /// (`failurePolicy: Fail`: the API server answers each 500, a refusal); the leader's claim
+    /// DELETEs carried out with their answers lost; and its DELETEs answered 503 by the hop
+    /// (never forwarded) with their revocations' answers lost, so that each revocation is sent
+    /// again and writes the value already there (no new resourceVersion, no event).
+    async fn delete_protocol(&mut self, rng: &mut Rng) {
+        let target = self.leader().await.unwrap_or(0);
+        self.protocol += 1;
+        let proxy = &self.replicas[target].proxy;
+        let claims = |verb, fault| Rule::new(verb, "persistentvolumeclaims", fault);
+        let (what, rules) = match (self.protocol - 1) % 3 {
+            0 => ("a webhook on claim DELETEs is down", Vec::new()),
+            1 => (
+                "the leader's DELETE answers are lost",
+                vec![proxy.add(claims("delete", Fault::LoseResponse))],
+            ),
+            _ => (
+                "the leader's DELETEs 503 from the hop, its revocations' answers lost",
+                vec![
+                    proxy.add(claims("delete", Fault::unavailable())),
+                    proxy.add(claims("patch", Fault::LoseResponse).times(rng.between(1, 6))),
+                ],
+            ),
+        };
+        println!("soak: {what} ({})", self.replicas[target].name);
+        let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(self.driver.client.clone());
+        let webhook = rules.is_empty().then(down_webhook);
+        if let Some(webhook) = &webhook {
+            webhooks
+                .create(&PostParams::default(), webhook)
+                .await
+                .expect("create the webhook that is down");
+        }
+        self.driver.burst(10).await;
+        tokio::time::sleep(Duration::from_secs(rng.between(15, 40))).await;
+        if webhook.is_some() {
+            webhooks
+                .delete(DOWN_WEBHOOK, &DeleteParams::default())
+                .await
+                .expect("remove the webhook that is down");
+        }
+        let proxy = &self.replicas[target].proxy;
+        for rule in rules {
+            proxy.remove(rule);
+        }
+    }
+
     /// Injects the next fault: each kind in turn, in an order shuffled per round, so a run of
     /// eight faults or more has every kind.
     async fn inject(&mut self, rng: &mut Rng) {
         if self.order.is_empty() {
-            let mut kinds: Vec<usize> = (0..9).collect();
+            let mut kinds: Vec<usize> = (0..10).collect();
             for i in (1..kinds.len()).rev() {
                 kinds.swap(i, rng.below(i + 1));
             }
             if self.windows.is_empty() {
                 // The first round opens with a throttling burst, held-and-forwarded requests,
-                // the restart storm and the leader's partition, so that even a short run has
-                // them.
-                kinds.retain(|&k| ![3, 6, 7, 8].contains(&k));
-                kinds.extend([3, 6, 8, 7]);
+                // a delete-protocol fault, the restart storm and the leader's partition, so that
+                // even a short run has them.
+                kinds.retain(|&k| ![3, 6, 7, 8, 9].contains(&k));
+                kinds.extend([3, 6, 9, 8, 7]);
             }
             self.order = kinds;
         }
@@ -308,6 +361,10 @@ impl Faults {
                 self.hold_and_forward(rng).await;
                 "hold"
             }
+            9 => {
+                self.delete_protocol(rng).await;
+                "delete-protocol"
+            }
             _ => {
                 // A burst that meets the cap, then whoever leads is killed and restarted four
                 // times within one window: each new process must count from the Lease.
@@ -329,4 +386,28 @@ impl Faults {
         );
         self.windows.push(Window { fault, start, end });
     }
+}
+
+const DOWN_WEBHOOK: &str = "soak-webhook-down";
+
+/// A validating webhook on every claim DELETE that nothing serves.
+fn down_webhook() -> ValidatingWebhookConfiguration {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": DOWN_WEBHOOK},
+        "webhooks": [{
+            "name": "down.workspace-gc.soak",
+            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+            "rules": [{
+                "operations": ["DELETE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["persistentvolumeclaims"],
+            }],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+        }],
+    }))
+    .expect("a webhook configuration")
 }

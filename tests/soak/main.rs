@@ -24,7 +24,11 @@
 //!   or its DELETEs answered 503 by the hop without being forwarded; and held-and-forwarded
 //!   requests: the leader's next claim DELETEs and a Lease write held by its hop and forwarded
 //!   after the leader gave up on them, every other time with the leader paused (SIGSTOP) for
-//!   longer than the lease, so that the other replica takes over and revokes them.
+//!   longer than the lease, so that the other replica takes over and revokes them; and the
+//!   delete protocol's ordinary faults: a validating webhook on claim DELETEs that is down
+//!   (every DELETE answered 500, a refusal), the leader's DELETEs carried out with their answers
+//!   lost, and its DELETEs refused by the hop with its revocations' answers lost (the retried
+//!   revocation writes the value already there: no new resourceVersion, no event).
 //! - **The ground truth**: for every claim incarnation (UID), the history of the states that
 //!   decide its fate, each bracketed by the times before and after the API call that made it.
 //!   Protections (a pod, `keep`, a later deadline) are only ever added to a claim that is not
@@ -241,6 +245,7 @@ async fn soak(args: Args) -> bool {
         throttles: 0,
         order: Vec::new(),
         holds: 0,
+        protocol: 0,
     };
     let started = now();
     let workload_end = started + chrono::Duration::milliseconds((args.minutes * 60_000.0) as i64);

@@ -68,7 +68,7 @@ pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
         world.actions, world.failures
     );
     println!(
-        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms, {} throttling bursts, {} held-and-forwarded; {} daemon crashes",
+        "soak: faults: {} apiserver restarts, {} etcd restarts, {} compactions, {} partitions, {} stalls, {} leader kills, {} restart storms, {} throttling bursts, {} held-and-forwarded, {} delete-protocol; {} daemon crashes",
         restarts("apiserver-restart"),
         restarts("etcd-restart"),
         restarts("compaction"),
@@ -78,6 +78,7 @@ pub fn print(run: &Run, world: &World, faults: &Faults, verdict: &Verdict) {
         restarts("restart-storm"),
         restarts("throttle"),
         restarts("hold"),
+        restarts("delete-protocol"),
         faults.crashes
     );
     let forwarded = faults.forwarded();
