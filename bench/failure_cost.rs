@@ -64,17 +64,17 @@ impl Failure {
     }
 }
 
-/// The kinds of request counted, in the report's column order; the last counts the rest.
-const KINDS: [(&str, &str, &str); 6] = [
+/// The kinds of request counted, in the report's column order; a request counts in the first
+/// that matches, the last counts the rest.
+const KINDS: [(&str, &str, &str); 9] = [
     ("claim DELETEs", "delete", "persistentvolumeclaims"),
-    (
-        "claim PATCHes (revocations)",
-        "patch",
-        "persistentvolumeclaims",
-    ),
+    ("claim PATCHes (revocations)", "patch", "persistentvolumeclaims"),
     ("Lease writes", "patch", "leases"),
-    ("claim LISTs", "list", "persistentvolumeclaims"),
     ("pod LISTs", "list", "pods"),
+    ("other LISTs", "list", ""),
+    ("events", "", "events"),
+    ("watches", "watch", ""),
+    ("GETs", "get", ""),
     ("other", "", ""),
 ];
 
