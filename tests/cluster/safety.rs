@@ -290,11 +290,11 @@ async fn links_add_up_and_every_owner_must_allow() {
 async fn task_runs_are_owners() {
     let ns = TestNamespace::new(ControlPlane::shared(), "taskrun").await;
     let config = config_for(&[&ns]);
-    ClaimBuilder::build_workspace("bound-by-task")
+    ClaimBuilder::build_workspace("bound-by-task-build-workspace")
         .create(&ns)
         .await;
     PipelineRunBuilder::task_run("build-task-run")
-        .workspace_claim("bound-by-task")
+        .workspace_claim("bound-by-task-build-workspace")
         .running()
         .create(&ns)
         .await;
@@ -302,7 +302,7 @@ async fn task_runs_are_owners() {
         .succeeded_at(hours_ago(2))
         .create(&ns)
         .await;
-    ClaimBuilder::build_workspace("owned-by-task")
+    ClaimBuilder::build_workspace("owned-by-task-build-workspace")
         .owned_by(&owner)
         .create(&ns)
         .await;
@@ -314,13 +314,13 @@ async fn task_runs_are_owners() {
     )
     .await;
     assert!(
-        deleted_within(&ns, "owned-by-task", 10).await,
+        deleted_within(&ns, "owned-by-task-build-workspace", 10).await,
         "a TaskRun owner finished past its TTL lets its claim go"
     );
     let running = ("keep", "owner-running", 1.0);
-    survives(&daemon, &ns, "bound-by-task", 0.0, running).await;
+    survives(&daemon, &ns, "bound-by-task-build-workspace", 0.0, running).await;
     assert_eq!(
-        verdict(&ns, &config, "bound-by-task").await,
+        verdict(&ns, &config, "bound-by-task-build-workspace").await,
         (VerdictState::Keep, Reason::OwnerRunning)
     );
 
@@ -329,7 +329,7 @@ async fn task_runs_are_owners() {
         "conditions": [{"type": "Succeeded", "status": "False", "reason": "Failed"}],
     });
     patch_status(&ns, &task_run_resource(), "build-task-run", finished).await;
-    assert!(deleted_within(&ns, "bound-by-task", 15).await);
+    assert!(deleted_within(&ns, "bound-by-task-build-workspace", 15).await);
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(&metrics, "workspace_gc_cached_objects", "kind=\"taskruns\""),
