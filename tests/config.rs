@@ -912,6 +912,7 @@ const KEYS: &[&str] = &[
     "provenance.claim_suffixes",
     "provenance.label_managers",
     "provenance.trust_unrecorded",
+    "provenance.label_writers",
     "namespace_policy.enabled",
     "namespace_policy.may_shorten",
     "namespace_policy.min_ttl",

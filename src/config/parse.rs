@@ -171,6 +171,15 @@ pub(super) fn field_managers(list: Vec<String>) -> Result<Vec<String>, String> {
     }
 }
 
+/// Usernames as `request.userInfo.username` carries them: not empty, no quote (they are
+/// written into the admission guard's CEL).
+pub(super) fn usernames(list: Vec<String>) -> Result<Vec<String>, String> {
+    match (list.iter()).find(|user| user.trim().is_empty() || user.contains(['\'', '"', '\\'])) {
+        Some(odd) => Err(format!("{odd:?} is not a username")),
+        None => Ok(list),
+    }
+}
+
 /// Empty means "the pod's namespace".
 pub(super) fn optional_namespace(ns: String) -> Result<Option<String>, String> {
     if ns.is_empty() {

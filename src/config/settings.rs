@@ -21,7 +21,7 @@ use super::parse::{
     log_filter, log_format, name_suffixes, namespace_list, optional_duration, optional_namespace,
     optional_path, optional_positive_duration, optional_socket_address, optional_storage_class,
     positive_cap, positive_duration, positive_rate, round_interval, socket_address, subdomain_name,
-    tracking_selector,
+    tracking_selector, usernames,
 };
 use super::value::{At, FromEnv, Problem, Slot, Val};
 use super::{LabelSelector, LogFormat, Quantity};
@@ -652,6 +652,15 @@ settings! {
             parse: Ok,
             combine: replace,
             effect: Effect::Widens(turned_on),
+        },
+        /// The users the admission guard lets add the build-workspace label to an existing
+        /// claim; empty: no label guard (`workspace-gc admission-policy`).
+        label_writers: Vec<String> => Vec<String> = Spec {
+            flag: None,
+            default: Vec::new(),
+            parse: usernames,
+            combine: replace,
+            effect: Effect::Neither,
         },
     }
 
