@@ -429,7 +429,10 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
     let proxy = Proxy::start(cp.api_address()).await;
     let mut config = config_for(&[&ns]);
     config.policy.orphan_grace = secs(8);
-    for claim in ["by-pipeline-run", "by-task-run"] {
+    for claim in [
+        "by-pipeline-run-build-workspace",
+        "by-task-run-build-workspace",
+    ] {
         ClaimBuilder::build_workspace(claim).create(&ns).await;
     }
     let daemon = Daemon::start(
@@ -440,12 +443,12 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
     .await;
     proxy.stall();
     PipelineRunBuilder::new("late-run")
-        .workspace_claim("by-pipeline-run")
+        .workspace_claim("by-pipeline-run-build-workspace")
         .running()
         .create(&ns)
         .await;
     PipelineRunBuilder::task_run("late-task")
-        .workspace_claim("by-task-run")
+        .workspace_claim("by-task-run-build-workspace")
         .running()
         .create(&ns)
         .await;
@@ -464,8 +467,8 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
         "the live re-checks found both runs: {}",
         daemon.metrics().await
     );
-    assert!(claim_exists(&ns, "by-pipeline-run").await);
-    assert!(claim_exists(&ns, "by-task-run").await);
+    assert!(claim_exists(&ns, "by-pipeline-run-build-workspace").await);
+    assert!(claim_exists(&ns, "by-task-run-build-workspace").await);
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(&metrics, "workspace_gc_cached_objects", "kind=\"runs\"")
@@ -925,7 +928,10 @@ async fn a_job_that_names_a_claim_in_its_volumes_keeps_it_until_it_finishes() {
 async fn a_claim_the_server_reports_in_use_is_kept() {
     let ns = TestNamespace::new(ControlPlane::shared(), "unused-false").await;
     let config = config_for(&[&ns]);
-    for (claim, status) in [("in-use", "False"), ("unused", "True")] {
+    for (claim, status) in [
+        ("in-use-build-workspace", "False"),
+        ("unused-build-workspace", "True"),
+    ] {
         ClaimBuilder::build_workspace(claim).create(&ns).await;
         let conditions = json!({"conditions": [{"type": "Unused", "status": status}]});
         let claims = kube::api::ApiResource::erase::<PersistentVolumeClaim>(&());
@@ -938,7 +944,7 @@ async fn a_claim_the_server_reports_in_use_is_kept() {
     )
     .await;
     assert!(
-        deleted_within(&ns, "unused", 15).await,
+        deleted_within(&ns, "unused-build-workspace", 15).await,
         "an orphan reported unused goes"
     );
     assert!(
@@ -947,7 +953,7 @@ async fn a_claim_the_server_reports_in_use_is_kept() {
         daemon.metrics().await
     );
     assert!(
-        claim_exists(&ns, "in-use").await,
+        claim_exists(&ns, "in-use-build-workspace").await,
         "its Unused condition is False, yet it was deleted"
     );
     daemon.stop().await;
