@@ -478,6 +478,10 @@ mod tests {
             (json!({"annotations": {"a": 1}}), true),
             (json!({"ownerReferences": [{"name": "r"}]}), false),
             (json!({"ownerReferences": [{"name": 7}]}), true),
+            (json!({"labels": {"a": 1}}), true),
+            (json!({"managedFields": "x"}), true),
+            (json!({"managedFields": [{"manager": 7}]}), true),
+            (json!({"managedFields": [{"fieldsV1": "x"}]}), false),
         ] {
             let mut claim = json!({"metadata": {"name": "c", "namespace": "ml"}});
             claim["metadata"]
@@ -534,6 +538,9 @@ mod tests {
             LabelHistory::Owners(vec![owner("kubectl-label", false)])
         );
         assert_eq!(decode(json!([])).label, LabelHistory::Unrecorded);
+        // Fields of an odd shape own nothing: the label has no owner that made the claim.
+        let odd = decode(json!([{"manager": "m", "fieldsV1": "x"}]));
+        assert_eq!(odd.label, LabelHistory::Owners(Vec::new()));
         assert_eq!(decode(Value::Null).label, LabelHistory::Unrecorded);
     }
 
