@@ -762,7 +762,7 @@ fn any_policy() -> impl Strategy<Value = Policy> {
                     max_age,
                     keep_failed,
                     collection,
-                    provenance: Default::default(),
+                    provenance: Policy::default().provenance,
                 }
             },
         )

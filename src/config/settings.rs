@@ -26,7 +26,7 @@ use super::parse::{
 use super::value::{At, FromEnv, Problem, Slot, Val};
 use super::{LabelSelector, LogFormat, Quantity};
 use crate::contract::labels::BUILD_WORKSPACE;
-use crate::decide::provenance::CLAIM_SUFFIX;
+use crate::contract::naming::CLAIM_SUFFIX;
 
 /// How overriding a setting can change what is deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,8 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::contract::{OwnerKind, labels::BUILD_WORKSPACE, naming};
+use crate::contract::naming::{self, CLAIM_SUFFIX};
+use crate::contract::{OwnerKind, labels::BUILD_WORKSPACE};
 use crate::decide::facts::ClaimFacts;
 
 /// What a claim's own record says about how it came to carry the build-workspace label.
@@ -57,7 +58,8 @@ pub struct LabelOwner {
     pub made_claim: bool,
 }
 
-/// What makes a claim a candidate; [`Default`] is the operator's contract, the narrowest.
+/// What makes a claim a candidate; the configuration's default (`config::settings`) is the
+/// operator's contract, the narrowest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvenanceRule {
     /// A candidate's name ends with one of these, after a non-empty prefix.
@@ -66,19 +68,6 @@ pub struct ProvenanceRule {
     pub label_managers: Vec<String>,
     /// A claim with no managed fields at all passes on its name and labels alone.
     pub trust_unrecorded: bool,
-}
-
-/// The suffix of [`naming::claim`], the contract's only name shape.
-pub const CLAIM_SUFFIX: &str = "-build-workspace";
-
-impl Default for ProvenanceRule {
-    fn default() -> Self {
-        ProvenanceRule {
-            claim_suffixes: vec![CLAIM_SUFFIX.to_owned()],
-            label_managers: Vec::new(),
-            trust_unrecorded: false,
-        }
-    }
 }
 
 /// Why a labelled claim is not a candidate: the first part of the contract it lacks.
@@ -171,6 +160,12 @@ mod tests {
     use super::*;
     use crate::contract::{JOB_GROUP, JOB_KIND, JOB_VERSION};
     use crate::decide::facts::OwnerRef;
+    use crate::decide::policy::Policy;
+
+    /// The configuration's: the operator's contract.
+    fn contract() -> ProvenanceRule {
+        (*Policy::default().provenance).clone()
+    }
 
     fn claim(name: &str, provenance: Provenance) -> ClaimFacts {
         ClaimFacts {
@@ -195,7 +190,7 @@ mod tests {
 
     #[test]
     fn the_operators_claim_is_a_build_workspace() {
-        let rule = ProvenanceRule::default();
+        let rule = contract();
         let made = claim("nb-build-workspace", Provenance::operator("manager"));
         assert_eq!(missing(&made, &rule), None);
         let shared = claim(
@@ -207,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_label_added_later_is_not_provenance() {
-        let rule = ProvenanceRule::default();
+        let rule = contract();
         let later = claim("data-build-workspace", owners(&[("kubectl-label", false)]));
         let by = vec!["kubectl-label".to_owned()];
         assert_eq!(missing(&later, &rule), Some(Missing::AddedLater { by }));
@@ -227,21 +222,21 @@ mod tests {
         ));
         let trusted = ProvenanceRule {
             label_managers: vec!["helm".into()],
-            ..ProvenanceRule::default()
+            ..contract()
         };
         assert_eq!(missing(&both, &trusted), None);
     }
 
     #[test]
     fn a_foreign_name_or_missing_labels_are_not_provenance() {
-        let rule = ProvenanceRule::default();
+        let rule = contract();
         for name in ["data", "-build-workspace", "nb-build-workspace-2"] {
             let odd = claim(name, Provenance::operator("manager"));
             assert_eq!(missing(&odd, &rule), Some(Missing::Name), "{name}");
         }
         let wider = ProvenanceRule {
             claim_suffixes: vec![CLAIM_SUFFIX.into(), "-ws".into()],
-            ..ProvenanceRule::default()
+            ..contract()
         };
         assert_eq!(
             missing(&claim("nb-ws", Provenance::operator("m")), &wider),
@@ -262,7 +257,7 @@ mod tests {
             label: LabelHistory::Unrecorded,
         };
         let stripped = claim("nb-build-workspace", unrecorded);
-        let rule = ProvenanceRule::default();
+        let rule = contract();
         assert_eq!(missing(&stripped, &rule), Some(Missing::Unrecorded));
         let trusting = ProvenanceRule {
             trust_unrecorded: true,
@@ -285,9 +280,9 @@ mod tests {
         };
         let mut created = claim("nb-build-workspace", unrecorded);
         created.owner_references = vec![job("nb", JOB_KIND)];
-        assert_eq!(missing(&created, &ProvenanceRule::default()), None);
+        assert_eq!(missing(&created, &contract()), None);
         // Another job's claim, or a claim not named for a job, proves nothing by its owner.
         created.owner_references = vec![job("other", JOB_KIND)];
-        assert!(missing(&created, &ProvenanceRule::default()).is_some());
+        assert!(missing(&created, &contract()).is_some());
     }
 }

@@ -845,7 +845,7 @@ pub fn policy_of((ttl, failed, grace, max_age): (&str, &str, &str, &str)) -> Pol
         max_age: parse(max_age),
         keep_failed: 0,
         collection: policy::Collection::On,
-        provenance: std::sync::Arc::default(),
+        provenance: Policy::default().provenance,
     }
 }
 
