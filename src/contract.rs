@@ -89,7 +89,7 @@ impl OwnerKind {
 /// `{job}-build-workspace`.
 pub mod naming {
     /// The suffix the operator appends to a job's name to name its workspace claim.
-    const CLAIM_SUFFIX: &str = "-build-workspace";
+    pub const CLAIM_SUFFIX: &str = "-build-workspace";
     /// The suffix the operator appends to a job's name to name its PipelineRun.
     const RUN_SUFFIX: &str = "-build";
 

@@ -19,6 +19,7 @@ use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
 use workspace_gc::decide::annotations;
 use workspace_gc::decide::facts::{ClaimFacts, Facts, FailedRank, ObjectKey, Progress, Users};
 use workspace_gc::decide::policy::{self, Policy, Reason, Verdict};
+use workspace_gc::decide::provenance::Provenance;
 use workspace_gc::surface::commands::exit;
 
 /// The subcommands that load the configuration, with the arguments they require.
@@ -394,6 +395,7 @@ fn overdue(annotations: BTreeMap<String, String>) -> Facts {
             storage_class: None,
             volume_name: None,
             reported_in_use: false,
+            provenance: Provenance::operator("jupyter-notebook-validator-operator"),
         },
         owners: Vec::new(),
         failed_rank: FailedRank::NotFailed,

@@ -909,6 +909,10 @@ const KEYS: &[&str] = &[
     "quota.enabled",
     "quota.high_water",
     "quota.low_water",
+    "provenance.claim_suffixes",
+    "provenance.label_managers",
+    "provenance.trust_unrecorded",
+    "provenance.label_writers",
     "namespace_policy.enabled",
     "namespace_policy.may_shorten",
     "namespace_policy.min_ttl",
@@ -1318,5 +1322,61 @@ fn proof_rounds_are_at_least_half_a_second_apart() {
     assert_eq!(
         config.deletion.proof_round_interval,
         std::time::Duration::from_millis(500)
+    );
+}
+
+/// Provenance is the operator's contract by default, and each key only widens it: a name
+/// suffix or a trusted manager the file did not list, or trusting claims without managed
+/// fields, is named at start; dropping one is not. An empty suffix (every name) is refused.
+#[test]
+fn widening_provenance_is_named_and_an_empty_suffix_refused() {
+    let base = Config::default();
+    let policy = base.policy();
+    assert_eq!(policy.provenance.claim_suffixes, ["-build-workspace"]);
+    assert!(policy.provenance.label_managers.is_empty() && !policy.provenance.trust_unrecorded);
+    let widened = vars(&[
+        (
+            "WORKSPACE_GC_PROVENANCE_CLAIM_SUFFIXES",
+            "-build-workspace,-ws",
+        ),
+        (
+            "WORKSPACE_GC_PROVENANCE_LABEL_MANAGERS",
+            "argocd-controller",
+        ),
+        ("WORKSPACE_GC_PROVENANCE_TRUST_UNRECORDED", "true"),
+    ])
+    .unwrap();
+    let warnings = widened.widenings(&base);
+    for key in [
+        "provenance.claim_suffixes",
+        "provenance.label_managers",
+        "provenance.trust_unrecorded",
+    ] {
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with(&format!("{key} is overridden"))),
+            "{key}: {warnings:?}"
+        );
+    }
+    assert_eq!(
+        widened.policy().provenance.label_managers,
+        ["argocd-controller"]
+    );
+    assert!(
+        base.widenings(&widened).is_empty(),
+        "narrowing is not named"
+    );
+    for odd in ["\"\"", "\"-Build\"", "\"a b\""] {
+        rejected(
+            file(&format!("[provenance]\nclaim_suffixes = [{odd}]\n")),
+            "config.toml:2: provenance.claim_suffixes: ",
+            "is not a claim name suffix",
+        );
+    }
+    rejected(
+        file("[provenance]\nlabel_managers = [\" \"]\n"),
+        "config.toml:2: provenance.label_managers: ",
+        "is not a field manager name",
     );
 }

@@ -11,6 +11,7 @@
 //! garbage and states real Tekton never writes included (tests/tekton.rs runs the real one).
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prop_assert_eq;
@@ -19,6 +20,7 @@ use serde_json::{Value, json};
 use testkit::graph::{self, Profile, Seen, check, verdict_problem};
 use testkit::oracle::{self, World};
 use workspace_gc::decide::policy::{Decision, Policy, Reason, Verdict};
+use workspace_gc::decide::provenance::ProvenanceRule;
 
 /// How many graphs the normal test run checks (each has up to two namespaces of ~15 objects).
 const CASES: u32 = 4000;
@@ -57,6 +59,7 @@ fn the_daemon_agrees_with_the_oracle_on_generated_graphs() {
     assert!(seen.must > seen.claims / 20, "{seen:?}");
     assert!(seen.deleted < seen.claims * 3 / 4, "{seen:?}");
     assert!(seen.kept_by_count > 10, "{seen:?}");
+    assert!(seen.kept_unproven > seen.claims / 10, "{seen:?}");
 }
 
 /// The watch path: the same graph reached through watch events from an earlier graph (updates
@@ -96,9 +99,17 @@ fn at(secs_ago: i64) -> String {
     graph::rfc3339(now() - Duration::seconds(secs_ago))
 }
 
+/// The claim every hand-made world checks: of the operator's name shape.
+const C: &str = "c-build-workspace";
+
+/// A claim as the operator makes it (its labels, set by the write that made it), with `meta`'s
+/// fields set over its metadata.
 fn claim(name: &str, age: i64, meta: Value) -> Value {
-    let mut object =
-        json!({"metadata": {"name": name, "namespace": NS, "creationTimestamp": at(age)}});
+    let mut object = json!({"metadata": {
+        "name": name, "namespace": NS, "creationTimestamp": at(age),
+        "labels": graph::operator_labels(),
+        "managedFields": [graph::made_labelled("manager")],
+    }});
     for (key, value) in meta.as_object().into_iter().flatten() {
         object["metadata"][key] = value.clone();
     }
@@ -138,12 +149,12 @@ fn judge(world: &World) -> (bool, bool) {
 #[test]
 fn the_oracle_deletes_orphans_after_the_grace_only() {
     let old = World {
-        claims: vec![claim("c", 601, json!({}))],
+        claims: vec![claim(C, 601, json!({}))],
         ..World::default()
     };
     assert_eq!(judge(&old), (true, true));
     let young = World {
-        claims: vec![claim("c", 599, json!({}))],
+        claims: vec![claim(C, 599, json!({}))],
         ..World::default()
     };
     assert_eq!(judge(&young), (false, false));
@@ -152,8 +163,8 @@ fn the_oracle_deletes_orphans_after_the_grace_only() {
 #[test]
 fn the_oracle_reads_namespace_settings_within_their_bounds() {
     let world = |annotations: Value| World {
-        claims: vec![claim("c", 7200, json!({}))],
-        runs: vec![run("r", &["c"], done(3601))],
+        claims: vec![claim(C, 7200, json!({}))],
+        runs: vec![run("r", &[C], done(3601))],
         namespaces: vec![json!({"metadata": {"name": NS, "annotations": annotations}})],
         namespace_bounds: Some(graph::MEMORY_BOUNDS),
         ..World::default()
@@ -164,7 +175,7 @@ fn the_oracle_reads_namespace_settings_within_their_bounds() {
     let failed = json!({"conditions": [{"type": "Succeeded", "status": "False"}],
                         "completionTime": at(3601)});
     let mut failed_world = world(json!({"workspace-gc.mlops.dev/ttl-after-failed": "2h"}));
-    failed_world.runs = vec![run("r", &["c"], failed)];
+    failed_world.runs = vec![run("r", &[C], failed)];
     assert_eq!(
         judge(&failed_world),
         (false, false),
@@ -197,7 +208,7 @@ fn the_oracle_reads_namespace_settings_within_their_bounds() {
     assert_eq!(judge(&unseen), (false, false), "no Namespace object");
     // max-age under orphan-grace keeps every claim too.
     let orphan = |annotations: Value| World {
-        claims: vec![claim("c", 1900, json!({}))],
+        claims: vec![claim(C, 1900, json!({}))],
         namespaces: vec![json!({"metadata": {"name": NS, "annotations": annotations}})],
         namespace_bounds: Some(graph::MEMORY_BOUNDS),
         ..World::default()
@@ -217,18 +228,18 @@ fn the_oracle_reads_namespace_settings_within_their_bounds() {
 #[test]
 fn the_oracle_adds_up_every_link() {
     let mut world = World {
-        claims: vec![claim("c", 7200, json!({}))],
-        runs: vec![run("first", &["c"], done(3601))],
+        claims: vec![claim(C, 7200, json!({}))],
+        runs: vec![run("first", &[C], done(3601))],
         ..World::default()
     };
     assert_eq!(judge(&world), (true, true), "one finished run past its TTL");
-    world.task_runs.push(run("rerun", &["c"], running()));
+    world.task_runs.push(run("rerun", &[C], running()));
     assert_eq!(
         judge(&world),
         (false, false),
         "a running TaskRun binds it too"
     );
-    world.task_runs[0] = run("rerun", &["c"], done(3599));
+    world.task_runs[0] = run("rerun", &[C], done(3599));
     assert_eq!(
         judge(&world),
         (false, false),
@@ -252,7 +263,7 @@ fn the_oracle_adds_up_every_link() {
 #[test]
 fn the_oracle_keeps_claims_unfinished_jobs_name_and_the_server_reports_in_use() {
     let with_job = |phase: &str, pod_config: Value| World {
-        claims: vec![claim("c", 7200, json!({}))],
+        claims: vec![claim(C, 7200, json!({}))],
         jobs: vec![{
             let mut b = job("b", json!({"phase": phase}));
             b["spec"] = json!({"podConfig": pod_config});
@@ -265,8 +276,8 @@ fn the_oracle_keeps_claims_unfinished_jobs_name_and_the_server_reports_in_use() 
                            {"name": "d", "persistentVolumeClaim": {"claimName": claim}}]})
     };
     assert_eq!(judge(&with_job("Building", naming("other"))), (true, true));
-    assert_eq!(judge(&with_job("Succeeded", naming("c"))), (true, true));
-    assert_eq!(judge(&with_job("Building", naming("c"))), (false, false));
+    assert_eq!(judge(&with_job("Succeeded", naming(C))), (true, true));
+    assert_eq!(judge(&with_job("Building", naming(C))), (false, false));
     for odd in [
         json!("x"),
         json!({"volumes": "c"}),
@@ -374,7 +385,7 @@ fn the_oracle_needs_a_real_completion_time() {
 #[test]
 fn the_oracle_reads_references_by_uid_and_kind() {
     let owned = |reference: Value| World {
-        claims: vec![claim("c", 60, json!({"ownerReferences": reference}))],
+        claims: vec![claim(C, 60, json!({"ownerReferences": reference}))],
         jobs: vec![job("nb", json!({"phase": "Running"}))],
         ..World::default()
     };
@@ -402,15 +413,100 @@ fn the_oracle_reads_references_by_uid_and_kind() {
 
 const JOB: &str = "NotebookValidationJob";
 
+/// An orphan long past its grace is deleted only with provenance: the label added later by
+/// another manager, a foreign name, the operator's labels missing, or no managedFields keep
+/// it; so does the daemon. Its own job as owner, or a widened policy, make it a candidate.
+#[test]
+fn the_oracle_deletes_only_claims_with_provenance() {
+    let label = json!({"f:mlops.redhat.com/build-workspace": {}});
+    let later = json!({"manager": "kubectl-label", "operation": "Update",
+                       "fieldsV1": {"f:metadata": {"f:labels": label}}});
+    let create = json!({"manager": "kubectl-create", "operation": "Update",
+                        "fieldsV1": {"f:spec": {"f:accessModes": {}}}});
+    let world = |name: &str, meta: Value| World {
+        claims: vec![claim(name, 7200, meta)],
+        ..World::default()
+    };
+    let cases = [
+        (world(C, json!({})), true, "the operator's"),
+        (
+            world(C, json!({"managedFields": [create.clone(), later.clone()]})),
+            false,
+            "labelled later",
+        ),
+        (
+            world(C, json!({"managedFields": [create]})),
+            false,
+            "no owner of the label",
+        ),
+        (world("data", json!({})), false, "a foreign name"),
+        (
+            world("-build-workspace", json!({})),
+            false,
+            "no job in the name",
+        ),
+        (
+            world(
+                C,
+                json!({"labels": {"mlops.redhat.com/build-workspace": "true"}}),
+            ),
+            false,
+            "the label alone",
+        ),
+        (world(C, json!({"managedFields": []})), false, "no record"),
+        (
+            world(
+                C,
+                json!({"managedFields": [], "labels": {},
+                       "ownerReferences": reference("mlops.mlops.dev/v1alpha1", JOB, "c", "gone")}),
+            ),
+            true,
+            "owned by its own (gone) job",
+        ),
+        (
+            world(
+                C,
+                json!({"managedFields": [],
+                       "ownerReferences": reference("mlops.mlops.dev/v1alpha1", JOB, "nb", "gone")}),
+            ),
+            false,
+            "owned by another job",
+        ),
+    ];
+    for (world, may, what) in &cases {
+        assert_eq!(judge(world), (*may, *may), "{what}");
+        let checked = check(world, &Policy::default(), now(), &mut Seen::default());
+        assert_eq!(checked, Ok(()), "{what}");
+    }
+    let wider = Policy {
+        provenance: Arc::new(ProvenanceRule {
+            claim_suffixes: vec!["-build-workspace".into(), "a".into()],
+            label_managers: vec!["kubectl-label".into()],
+            trust_unrecorded: true,
+        }),
+        ..Policy::default()
+    };
+    for (index, may) in [(1, true), (3, true), (6, true), (5, false)] {
+        let (world, _, what) = &cases[index];
+        let judged = oracle::judge(world, &world.claims[0], &wider, now());
+        assert_eq!(judged.may_delete, may, "widened: {what}");
+        assert_eq!(
+            check(world, &wider, now(), &mut Seen::default()),
+            Ok(()),
+            "{what}"
+        );
+    }
+}
+
 #[test]
 fn the_oracle_keeps_used_kept_and_terminating_claims() {
     let pod = |phase: Option<&str>, ns: &str| {
         json!({"metadata": {"name": "p", "namespace": ns},
-               "spec": {"volumes": [{"persistentVolumeClaim": {"claimName": "c"}}]},
+               "spec": {"volumes": [{"persistentVolumeClaim": {"claimName": C}}]},
                "status": {"phase": phase}})
     };
     let with_pod = |pod: Value| World {
-        claims: vec![claim("c", 7200, json!({}))],
+        claims: vec![claim(C, 7200, json!({}))],
         pods: vec![pod],
         ..World::default()
     };
@@ -428,7 +524,7 @@ fn the_oracle_keeps_used_kept_and_terminating_claims() {
 
     let annotated = |key: &str, value: &str| World {
         claims: vec![claim(
-            "c",
+            C,
             7200,
             json!({"annotations": {format!("workspace-gc.mlops.dev/{key}"): value}}),
         )],
@@ -456,7 +552,7 @@ fn the_oracle_keeps_used_kept_and_terminating_claims() {
         assert_eq!(judge(&annotated(key, value)), (true, true), "{key}={value}");
     }
     let terminating = World {
-        claims: vec![claim("c", 7200, json!({"deletionTimestamp": at(1)}))],
+        claims: vec![claim(C, 7200, json!({"deletionTimestamp": at(1)}))],
         ..World::default()
     };
     assert_eq!(judge(&terminating), (false, false));
@@ -465,8 +561,8 @@ fn the_oracle_keeps_used_kept_and_terminating_claims() {
 #[test]
 fn the_oracle_lets_expires_and_max_age_override_running_owners() {
     let world = |age: i64, annotations: Value| World {
-        claims: vec![claim("c", age, json!({"annotations": annotations}))],
-        runs: vec![run("r", &["c"], running())],
+        claims: vec![claim(C, age, json!({"annotations": annotations}))],
+        runs: vec![run("r", &[C], running())],
         ..World::default()
     };
     let expires = json!({"workspace-gc.mlops.dev/expires": at(1)});
@@ -476,11 +572,11 @@ fn the_oracle_lets_expires_and_max_age_override_running_owners() {
     // The ttl annotation replaces the policy's, both ways.
     let ttl = |ttl: &str, done_ago: i64| World {
         claims: vec![claim(
-            "c",
+            C,
             7200,
             json!({"annotations": {"workspace-gc.mlops.dev/ttl": ttl}}),
         )],
-        runs: vec![run("r", &["c"], done(done_ago))],
+        runs: vec![run("r", &[C], done(done_ago))],
         ..World::default()
     };
     assert_eq!(judge(&ttl("2h", 3601)), (false, false));
@@ -491,14 +587,14 @@ fn the_oracle_lets_expires_and_max_age_override_running_owners() {
 #[test]
 fn the_oracle_finds_the_first_instant_a_claim_is_due() {
     let world = World {
-        claims: vec![claim("c", 100, json!({}))],
-        runs: vec![run("r", &["c"], done(60))],
+        claims: vec![claim(C, 100, json!({}))],
+        runs: vec![run("r", &[C], done(60))],
         ..World::default()
     };
     let due = oracle::due_at(&world, &world.claims[0], &Policy::default(), now());
     assert_eq!(due, Some(now() + Duration::seconds(3600 - 60)));
     let running = World {
-        runs: vec![run("r", &["c"], running())],
+        runs: vec![run("r", &[C], running())],
         ..world
     };
     let due = oracle::due_at(&running, &running.claims[0], &Policy::default(), now());
@@ -514,7 +610,7 @@ fn the_oracle_finds_the_first_instant_a_claim_is_due() {
 #[test]
 fn the_property_check_reports_a_forbidden_delete() {
     let world = World {
-        claims: vec![claim("c", 60, json!({}))],
+        claims: vec![claim(C, 60, json!({}))],
         ..World::default()
     };
     let judged = oracle::judge(&world, &world.claims[0], &Policy::default(), now());
@@ -577,7 +673,7 @@ fn regression_a_gone_owner_hides_no_other_owner() {
     ]);
     regression(
         World {
-            claims: vec![claim("c", -60, json!({"ownerReferences": refs}))],
+            claims: vec![claim(C, -60, json!({"ownerReferences": refs}))],
             jobs: vec![job("other", json!({"phase": "Succeeded"}))],
             ..World::default()
         },
@@ -592,8 +688,8 @@ fn regression_a_reference_hides_no_binding_run() {
     let refs = references(&[("tekton.dev/v1", "PipelineRun", "r", "uid-r")]);
     regression(
         World {
-            claims: vec![claim("c", 7200, json!({"ownerReferences": refs}))],
-            runs: vec![run("r", &[], done(7000)), run("rerun", &["c"], running())],
+            claims: vec![claim(C, 7200, json!({"ownerReferences": refs}))],
+            runs: vec![run("r", &[], done(7000)), run("rerun", &[C], running())],
             ..World::default()
         },
         false,
@@ -625,8 +721,8 @@ fn regression_a_finished_owner_without_a_completion_time_keeps_the_claim() {
 fn regression_a_running_task_run_keeps_the_claim() {
     regression(
         World {
-            claims: vec![claim("c", 7200, json!({}))],
-            task_runs: vec![run("t", &["c"], running())],
+            claims: vec![claim(C, 7200, json!({}))],
+            task_runs: vec![run("t", &[C], running())],
             ..World::default()
         },
         false,
@@ -639,7 +735,7 @@ fn regression_a_finished_task_run_owner_lets_the_ttl_run() {
     let refs = references(&[("tekton.dev/v1", "TaskRun", "t", "uid-t")]);
     regression(
         World {
-            claims: vec![claim("c", 7200, json!({"ownerReferences": refs}))],
+            claims: vec![claim(C, 7200, json!({"ownerReferences": refs}))],
             task_runs: vec![run("t", &[], done(3601))],
             ..World::default()
         },

@@ -13,6 +13,7 @@ use workspace_gc::decide::facts::{
     Progress, Users,
 };
 use workspace_gc::decide::policy::{Collection, Policy, Reason, Verdict, decide, scheduled};
+use workspace_gc::decide::provenance::{LabelHistory, LabelOwner, Provenance};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
@@ -34,6 +35,7 @@ fn claim() -> ClaimFacts {
         storage_class: None,
         volume_name: None,
         reported_in_use: false,
+        provenance: Provenance::operator("jupyter-notebook-validator-operator"),
     }
 }
 
@@ -129,7 +131,30 @@ fn every_verdict_and_reason() {
     };
     let at = |h: i64| t0() + hours(h);
     let done_at_1h = || facts(vec![job(finished(Some(at(1)))), run(finished(Some(at(1))))]);
+    // An orphan long past every deadline, even its own `expires`, whose label another manager
+    // added after it was made: not workspace-gc's claim.
+    let labelled_later = {
+        let mut facts = facts(Vec::new());
+        facts.claim.provenance.label = LabelHistory::Owners(vec![LabelOwner {
+            manager: "kubectl-label".into(),
+            made_claim: false,
+        }]);
+        facts
+            .claim
+            .annotations
+            .insert(EXPIRES.into(), "2026-11-01T12:00:00Z".into());
+        facts
+    };
     let rows: Vec<(&str, Facts, DateTime<Utc>, Verdict)> = vec![
+        (
+            "labelled later by another manager",
+            labelled_later,
+            at(24 * 365),
+            Verdict::Keep {
+                reason: Reason::NotABuildWorkspace,
+                recheck_at: None,
+            },
+        ),
         (
             "finished past its TTL",
             done_at_1h(),
@@ -647,9 +672,10 @@ fn any_facts() -> impl Strategy<Value = Facts> {
                 why: "unread".into()
             }),
         ],
+        any_provenance(),
     )
         .prop_map(
-            |(created, owners, notes, users, deleting, reported_in_use, rank)| {
+            |(created, owners, notes, users, deleting, reported_in_use, rank, provenance)| {
                 let mut facts = facts(owners);
                 // Linking ranks exactly the claims with a failed owner.
                 let failed = facts.owners.iter().any(|o| {
@@ -671,9 +697,38 @@ fn any_facts() -> impl Strategy<Value = Facts> {
                     facts.claim.annotations.insert(key.to_owned(), value);
                 }
                 facts.users = users;
+                facts.claim.provenance = provenance;
                 facts
             },
         )
+}
+
+/// The operator's record mostly; else a label added later, no record, or labels missing.
+fn any_provenance() -> impl Strategy<Value = Provenance> {
+    let owner = |manager: &str, made_claim| LabelOwner {
+        manager: manager.into(),
+        made_claim,
+    };
+    let operator = Provenance::operator("manager");
+    prop_oneof![
+        6 => Just(operator.clone()),
+        1 => Just(Provenance {
+            label: LabelHistory::Owners(vec![owner("manager", true), owner("kubectl-label", false)]),
+            ..operator.clone()
+        }),
+        1 => Just(Provenance {
+            label: LabelHistory::Owners(Vec::new()),
+            ..operator.clone()
+        }),
+        1 => Just(Provenance {
+            label: LabelHistory::Unrecorded,
+            ..operator.clone()
+        }),
+        1 => Just(Provenance {
+            operator_labels: false,
+            ..operator
+        }),
+    ]
 }
 
 fn any_policy() -> impl Strategy<Value = Policy> {
@@ -707,6 +762,7 @@ fn any_policy() -> impl Strategy<Value = Policy> {
                     max_age,
                     keep_failed,
                     collection,
+                    provenance: Policy::default().provenance,
                 }
             },
         )
@@ -719,8 +775,9 @@ fn verdict_key(verdict: &Verdict) -> (workspace_gc::decide::policy::VerdictState
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
-    /// Never delete a claim in use, kept, with a bad annotation, terminating, with an owner or
-    /// users of unknown state, or (with no owner found) younger than the orphan grace.
+    /// Never delete a claim in use, kept, with a bad annotation, terminating, without
+    /// provenance, with an owner or users of unknown state, or (with no owner found) younger
+    /// than the orphan grace.
     #[test]
     fn never_deletes_what_must_be_kept(facts in any_facts(), policy in any_policy(), now in any_instant()) {
         let verdict = decide(&facts, &policy, now).verdict;
@@ -733,6 +790,10 @@ proptest! {
         };
         prop_assert!(!in_use, "deleted a claim in use");
         prop_assert!(facts.claim.deletion_timestamp.is_none(), "acted on a terminating claim");
+        let provenance = &facts.claim.provenance;
+        let made_labelled = matches!(&provenance.label,
+            LabelHistory::Owners(owners) if !owners.is_empty() && owners.iter().all(|o| o.made_claim));
+        prop_assert!(provenance.operator_labels && made_labelled, "deleted a claim without provenance");
         prop_assert_eq!(policy.collection, Collection::On, "deleted where collection is not on");
         let parsed = annotations::parse(&facts.claim.annotations);
         prop_assert!(parsed.is_ok(), "deleted despite an invalid annotation");

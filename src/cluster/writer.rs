@@ -68,6 +68,8 @@ pub enum Notice {
     Deleted(Reason, Option<String>),
     WouldDelete(Reason),
     InvalidAnnotation(String),
+    /// Labelled, but kept as no build workspace: what it lacks.
+    NotABuildWorkspace(String),
     CapReached {
         max: u32,
         window: String,
@@ -339,6 +341,14 @@ impl Writer {
                 EventType::Warning,
                 "InvalidAnnotation",
                 format!("kept: {detail}"),
+            ),
+            Notice::NotABuildWorkspace(detail) => (
+                EventType::Warning,
+                "NotABuildWorkspace",
+                format!(
+                    "kept, never deleted by workspace-gc: it carries the build-workspace label, \
+                     but {detail}; remove the label, or see docs/policy.md#provenance"
+                ),
             ),
             Notice::CapReached { max, window } => (
                 EventType::Warning,

@@ -21,6 +21,7 @@ pub mod quantity;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -34,6 +35,7 @@ pub use self::settings::{
 };
 use crate::decide::namespace::{Bounds, Policies};
 use crate::decide::policy::{Collection, Policy};
+use crate::decide::provenance::ProvenanceRule;
 use crate::decide::quota::Waters;
 
 /// Process exit code for an invalid configuration (or command line): nothing is started.
@@ -159,6 +161,11 @@ impl Config {
             max_age: chrono(self.policy.max_age),
             keep_failed: self.policy.keep_failed,
             collection: Collection::On,
+            provenance: Arc::new(ProvenanceRule {
+                claim_suffixes: self.provenance.claim_suffixes.clone(),
+                label_managers: self.provenance.label_managers.clone(),
+                trust_unrecorded: self.provenance.trust_unrecorded,
+            }),
         }
     }
 }

@@ -147,6 +147,39 @@ pub(super) fn namespace_list(list: Vec<String>) -> Result<Vec<String>, String> {
     Ok(list)
 }
 
+/// Name suffixes: each non-empty and of characters a claim's name may hold, since an empty
+/// one would make every name a candidate's.
+pub(super) fn name_suffixes(list: Vec<String>) -> Result<Vec<String>, String> {
+    for suffix in &list {
+        let fits = !suffix.is_empty()
+            && (suffix.bytes())
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !fits {
+            return Err(format!(
+                "{suffix:?} is not a claim name suffix (lowercase letters, digits, '-' and '.', not empty)"
+            ));
+        }
+    }
+    Ok(list)
+}
+
+/// Field manager names, as `metadata.managedFields[].manager` records them: not empty.
+pub(super) fn field_managers(list: Vec<String>) -> Result<Vec<String>, String> {
+    match list.iter().find(|manager| manager.trim().is_empty()) {
+        Some(empty) => Err(format!("{empty:?} is not a field manager name")),
+        None => Ok(list),
+    }
+}
+
+/// Usernames as `request.userInfo.username` carries them: not empty, no quote (they are
+/// written into the admission guard's CEL).
+pub(super) fn usernames(list: Vec<String>) -> Result<Vec<String>, String> {
+    match (list.iter()).find(|user| user.trim().is_empty() || user.contains(['\'', '"', '\\'])) {
+        Some(odd) => Err(format!("{odd:?} is not a username")),
+        None => Ok(list),
+    }
+}
+
 /// Empty means "the pod's namespace".
 pub(super) fn optional_namespace(ns: String) -> Result<Option<String>, String> {
     if ns.is_empty() {

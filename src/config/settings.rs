@@ -17,15 +17,16 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::parse::{
-    annotation_map, creator_labels, duration, fraction, keep_count, lease_seconds, log_filter,
-    log_format, namespace_list, optional_duration, optional_namespace, optional_path,
-    optional_positive_duration, optional_socket_address, optional_storage_class, positive_cap,
-    positive_duration, positive_rate, round_interval, socket_address, subdomain_name,
-    tracking_selector,
+    annotation_map, creator_labels, duration, field_managers, fraction, keep_count, lease_seconds,
+    log_filter, log_format, name_suffixes, namespace_list, optional_duration, optional_namespace,
+    optional_path, optional_positive_duration, optional_socket_address, optional_storage_class,
+    positive_cap, positive_duration, positive_rate, round_interval, socket_address, subdomain_name,
+    tracking_selector, usernames,
 };
 use super::value::{At, FromEnv, Problem, Slot, Val};
 use super::{LabelSelector, LogFormat, Quantity};
 use crate::contract::labels::BUILD_WORKSPACE;
+use crate::contract::naming::CLAIM_SUFFIX;
 
 /// How overriding a setting can change what is deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -625,6 +626,44 @@ settings! {
         },
     }
 
+    /// What makes a labelled claim a build workspace at all (docs/policy.md, "Provenance"):
+    /// the operator's contract by default; each key can only widen it.
+    [provenance] ProvenanceConfig {
+        /// A candidate's name ends with one of these, after a non-empty prefix.
+        claim_suffixes: Vec<String> => Vec<String> = Spec {
+            flag: None,
+            default: vec![CLAIM_SUFFIX.to_owned()],
+            parse: name_suffixes,
+            combine: replace,
+            effect: Effect::Widens(more_names),
+        },
+        /// Field managers trusted to add the build-workspace label to a claim they did not make.
+        label_managers: Vec<String> => Vec<String> = Spec {
+            flag: None,
+            default: Vec::new(),
+            parse: field_managers,
+            combine: replace,
+            effect: Effect::Widens(more_names),
+        },
+        /// A claim with no managedFields passes on its name and labels alone.
+        trust_unrecorded: bool => bool = Spec {
+            flag: None,
+            default: false,
+            parse: Ok,
+            combine: replace,
+            effect: Effect::Widens(turned_on),
+        },
+        /// The users the admission guard lets add the build-workspace label to an existing
+        /// claim; empty: no label guard (`workspace-gc admission-policy`).
+        label_writers: Vec<String> => Vec<String> = Spec {
+            flag: None,
+            default: Vec::new(),
+            parse: usernames,
+            combine: replace,
+            effect: Effect::Neither,
+        },
+    }
+
     /// Per-namespace settings: annotations on a Namespace refine the policy for its claims,
     /// within these bounds. Needs `list`/`watch` on Namespaces (the namespaced overlay has
     /// neither: the cluster's policy applies there).
@@ -702,6 +741,12 @@ fn shorter_failed_ttl(s: Sides<'_, Option<Duration>>) -> Option<String> {
 /// Keeping fewer deletes more.
 fn fewer(s: Sides<'_, u32>) -> Option<String> {
     (s.now < s.was).then(|| claims(s.was, s.now))?
+}
+
+/// A list that accepts a name the file's did not.
+fn more_names(s: Sides<'_, Vec<String>>) -> Option<String> {
+    let wider = s.now.iter().any(|name| !s.was.contains(name));
+    wider.then(|| claims(format!("{:?}", s.was), format!("{:?}", s.now)))?
 }
 
 fn turned_off(s: Sides<'_, bool>) -> Option<String> {
@@ -813,6 +858,6 @@ mod tests {
             ttl.map(Setting::env).as_deref(),
             Some("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED")
         );
-        assert_eq!(SECTIONS.len(), 9);
+        assert_eq!(SECTIONS.len(), 10);
     }
 }

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::contract::{OwnerKind, naming};
+use crate::decide::provenance::Provenance;
 
 /// Identifies one namespaced object (a claim, a run, a job, a pod).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -98,7 +99,8 @@ impl OwnerRef {
 }
 
 /// Everything the policy reads about the claim itself (labels are matched by the API server's
-/// label selector and not kept; of the annotations only workspace-gc's own are).
+/// label selector and kept only as [`Provenance`]; of the annotations only workspace-gc's own
+/// are).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClaimFacts {
     pub key: ObjectKey,
@@ -120,6 +122,9 @@ pub struct ClaimFacts {
     /// controller saw a pod using it. It only ever keeps a claim: it lags that controller, and
     /// older releases write none.
     pub reported_in_use: bool,
+    /// How it came to carry the build-workspace label, read at ingest (the cache drops the
+    /// managed fields it is read from).
+    pub provenance: Provenance,
 }
 
 impl ClaimFacts {
@@ -145,6 +150,7 @@ impl ClaimFacts {
             storage_class: None,
             volume_name: None,
             reported_in_use: false,
+            provenance: Provenance::operator("example"),
         }
     }
 }

@@ -7,5 +7,6 @@ pub mod facts;
 pub mod linking;
 pub mod namespace;
 pub mod policy;
+pub mod provenance;
 pub mod quota;
 pub mod volumes;

@@ -1,12 +1,14 @@
 //! The pure decision: what to do with one claim, from facts, a policy and `now`.
 
 use std::fmt;
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::decide::annotations::{self, ClaimAnnotations};
 use crate::decide::facts::{Facts, FailedRank, OwnerState, Progress, Users};
+use crate::decide::provenance::{self, ProvenanceRule};
 
 /// Cluster-wide policy; per-claim annotations refine it. Its `Default` is the configuration's
 /// (`config::settings`).
@@ -29,6 +31,9 @@ pub struct Policy {
     pub keep_failed: u32,
     /// Whether claims may be deleted at all (a namespace can switch collection off).
     pub collection: Collection,
+    /// What makes a labelled claim a build workspace at all. Shared: every namespace's policy
+    /// holds the cluster's.
+    pub provenance: Arc<ProvenanceRule>,
 }
 
 /// Whether a namespace's claims are collected.
@@ -85,6 +90,9 @@ pub enum Reason {
     // Keep.
     /// The claim is already being deleted; its finalizers belong to Kubernetes.
     AlreadyTerminating,
+    /// Labelled, but its own record does not say the operator (or `workspace-gc create`) made
+    /// it a build workspace (see `provenance`).
+    NotABuildWorkspace,
     /// A workspace-gc annotation does not parse.
     InvalidAnnotation,
     /// An owner's state could not be read.
@@ -119,7 +127,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 25] = [
         Reason::Expired,
         Reason::OwnerGone,
         Reason::TtlExpired,
@@ -130,6 +138,7 @@ impl Reason {
         Reason::ReferencedByJob,
         Reason::KeepAnnotation,
         Reason::AlreadyTerminating,
+        Reason::NotABuildWorkspace,
         Reason::InvalidAnnotation,
         Reason::OwnerUnknown,
         Reason::UsersUnknown,
@@ -159,6 +168,7 @@ impl Reason {
             Reason::ReferencedByJob => "referenced-by-job",
             Reason::KeepAnnotation => "keep-annotation",
             Reason::AlreadyTerminating => "already-terminating",
+            Reason::NotABuildWorkspace => "not-a-build-workspace",
             Reason::InvalidAnnotation => "invalid-annotation",
             Reason::OwnerUnknown => "owner-unknown",
             Reason::UsersUnknown => "users-unknown",
@@ -193,6 +203,9 @@ impl Reason {
             }
             Reason::KeepAnnotation => "it is annotated keep=true",
             Reason::AlreadyTerminating => "it is already being deleted",
+            Reason::NotABuildWorkspace => {
+                "it is labelled, but nothing shows the operator made it a build workspace"
+            }
             Reason::InvalidAnnotation => "a workspace-gc annotation does not parse",
             Reason::OwnerUnknown => "an owner's state could not be read",
             Reason::UsersUnknown => "the pods that may mount it could not be read",
@@ -323,13 +336,24 @@ impl Decision {
 /// Decides what to do with one claim. Pure: the same facts, policy and `now` give the same
 /// decision.
 ///
-/// Order matters and is the safety argument: terminating, bad annotations, use, `keep`,
-/// unreadable or foreign owners, and a namespace that switches collection off (or could not be
-/// read, or has a setting not understood) all keep the claim before any deadline is looked at.
+/// Order matters and is the safety argument: terminating, a claim that is no build workspace
+/// (a label without provenance), bad annotations, use, `keep`, unreadable or foreign owners,
+/// and a namespace that switches collection off (or could not be read, or has a setting not
+/// understood) all keep the claim before any deadline is looked at.
 pub fn decide(facts: &Facts, policy: &Policy, now: DateTime<Utc>) -> Decision {
     let claim = &facts.claim;
     if claim.deletion_timestamp.is_some() {
         return Decision::keep(Reason::AlreadyTerminating, None);
+    }
+    // Not workspace-gc's claim: nothing else about it counts, not even its own `expires`.
+    if let Some(missing) = provenance::missing(claim, &policy.provenance) {
+        return Decision::with_detail(
+            Verdict::Keep {
+                reason: Reason::NotABuildWorkspace,
+                recheck_at: None,
+            },
+            missing.to_string(),
+        );
     }
     let annotations = match annotations::parse(&claim.annotations) {
         Ok(parsed) => parsed,

@@ -19,6 +19,12 @@
 //! DELETE that a paused ex-leader sent, or that a proxy held, is refused once the API server
 //! has seen the new holder's Lease (docs/security.md states the window).
 //!
+//! Optionally (`provenance.label_writers`), a third policy, the label guard, refuses adding the
+//! build-workspace label to an existing claim by anyone but the identities listed (the
+//! operator's ServiceAccount, whoever runs `workspace-gc create`): a claim is a build workspace
+//! when it is made one, and a label added later is what the daemon's provenance rule
+//! (docs/policy.md#provenance) cannot always tell from the first, when one manager did both.
+//!
 //! Rendered from the same configuration as the daemon (`workspace-gc admission-policy`), so
 //! the two agree by construction; the shipped copy in `manifests/components/admission-guard`
 //! is checked against the shipped `config.toml` by tests/cluster/admission.rs.
@@ -33,12 +39,16 @@ use kube::api::ObjectMeta;
 use crate::config::labels::{cel_list, cel_string};
 use crate::config::{LeaderElectionConfig, SelectorConfig};
 use crate::contract::annotations::{DELETED_CLAIM_UID, REVOKED, REVOKED_UNDER_PREFIX};
+use crate::contract::labels::BUILD_WORKSPACE;
 
 /// The name of the policy and of its binding.
 pub const NAME: &str = "workspace-gc-guard";
 
 /// The name of the fence's policy and of its binding.
 pub const FENCE_NAME: &str = "workspace-gc-fence";
+
+/// The name of the label guard's policy and of its binding.
+pub const LABEL_GUARD_NAME: &str = "workspace-gc-label-guard";
 
 /// Where the API server puts the name of the pod a ServiceAccount token is bound to.
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
@@ -362,16 +372,77 @@ pub fn fence(
     (policy, binding)
 }
 
+/// The label guard: a policy and its binding that refuse an UPDATE of a claim (a patch, an
+/// apply) that adds the build-workspace label, absent or of another value before, by any user
+/// but `writers` (usernames, `system:serviceaccount:NS:NAME` for a ServiceAccount). Creating a
+/// labelled claim is not matched: the operator and the creator make their claims labelled.
+/// Every other update of a claim is outside it, by its match condition.
+pub fn label_guard(
+    writers: &[String],
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let (key, value) = BUILD_WORKSPACE;
+    let labelled = |object: &str| {
+        format!(
+            "has({object}.metadata.labels) && {k} in {object}.metadata.labels \
+             && {object}.metadata.labels[{k}] == {v}",
+            k = cel_string(key),
+            v = cel_string(value),
+        )
+    };
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata(LABEL_GUARD_NAME),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec![String::new()]),
+                    api_versions: Some(vec!["*".into()]),
+                    resources: Some(vec!["persistentvolumeclaims".into()]),
+                    operations: Some(vec!["UPDATE".into()]),
+                    ..NamedRuleWithOperations::default()
+                }]),
+                ..MatchResources::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "adds-the-build-workspace-label".into(),
+                expression: format!("!({}) && ({})", labelled("oldObject"), labelled("object")),
+            }]),
+            validations: Some(vec![rule(
+                "label-added-by-writer",
+                format!("request.userInfo.username in {}", cel_list(writers)),
+                format!(
+                    "the label {key}={value} is added to an existing claim only by {} \
+                     (provenance.label_writers): a claim is a build workspace when it is made one",
+                    writers.join(", ")
+                ),
+            )]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: metadata(LABEL_GUARD_NAME),
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: LABEL_GUARD_NAME.into(),
+            validation_actions: vec!["Deny".into()],
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        },
+    };
+    (policy, binding)
+}
+
 fn yaml(object: &impl serde::Serialize) -> Result<String, String> {
     serde_saphyr::to_string(object).map_err(|e| e.to_string())
 }
 
 /// The guard as the YAML `workspace-gc admission-policy` prints and the component ships: the
-/// guard, then the fence on `lease` when the daemon elects a leader.
+/// guard, then the fence on `lease` when the daemon elects a leader, then the label guard when
+/// `label_writers` names anyone.
 pub fn render(
     selector: &SelectorConfig,
     lease: Option<&Lease>,
     service_account: &str,
+    label_writers: &[String],
 ) -> Result<String, String> {
     let (policy, binding) = guard(selector, service_account);
     let mut text = format!(
@@ -394,6 +465,16 @@ pub fn render(
     if let Some(lease) = lease {
         let (policy, binding) = fence(lease, service_account);
         text.push_str(&format!("---\n{}---\n{}", yaml(&policy)?, yaml(&binding)?));
+    }
+    if !label_writers.is_empty() {
+        let (policy, binding) = label_guard(label_writers);
+        text.push_str(&format!(
+            "---\n# The label guard: only {} may add the build-workspace label to an existing\n\
+             # claim (provenance.label_writers).\n{}---\n{}",
+            label_writers.join(", "),
+            yaml(&policy)?,
+            yaml(&binding)?
+        ));
     }
     Ok(text)
 }
@@ -435,8 +516,8 @@ mod tests {
             name: "workspace-gc".into(),
             namespace: "gc".into(),
         };
-        let fenced = render(&selector, Some(&lease), "gc:workspace-gc").unwrap();
-        let unfenced = render(&selector, None, "gc:workspace-gc").unwrap();
+        let fenced = render(&selector, Some(&lease), "gc:workspace-gc", &[]).unwrap();
+        let unfenced = render(&selector, None, "gc:workspace-gc", &[]).unwrap();
         assert_eq!(fenced.matches("\nkind: ").count(), 4, "{fenced}");
         assert_eq!(unfenced.matches("\nkind: ").count(), 2, "{unfenced}");
         assert!(fenced.contains("rule lease-holder") && !unfenced.contains("rule lease-holder"));
@@ -444,5 +525,20 @@ mod tests {
             fenced.contains("parameterNotFoundAction: Allow"),
             "{fenced}"
         );
+    }
+
+    #[test]
+    fn the_label_guard_comes_only_with_writers_and_names_them() {
+        let selector = Config::default().selector;
+        let writers = vec!["system:serviceaccount:op:manager".to_owned()];
+        let guarded = render(&selector, None, "gc:workspace-gc", &writers).unwrap();
+        assert_eq!(guarded.matches("\nkind: ").count(), 4, "{guarded}");
+        assert!(guarded.contains("rule label-added-by-writer"), "{guarded}");
+        assert!(
+            guarded.contains("request.userInfo.username in ['system:serviceaccount:op:manager']"),
+            "{guarded}"
+        );
+        let plain = render(&selector, None, "gc:workspace-gc", &[]).unwrap();
+        assert!(!plain.contains(LABEL_GUARD_NAME), "{plain}");
     }
 }

@@ -257,6 +257,27 @@ pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
         count(rows, VerdictState::Protected),
         count(rows, VerdictState::Keep)
     );
+    out.push_str(&unproven(rows));
+    out
+}
+
+/// The labelled claims kept as no build workspace, each with what it lacks: a mislabelled
+/// claim is for an admin to see, not to lose. Empty when there are none.
+fn unproven(rows: &[Row]) -> String {
+    let unproven: Vec<&Row> = (rows.iter())
+        .filter(|r| r.decision.verdict.reason() == Reason::NotABuildWorkspace)
+        .collect();
+    if unproven.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "{} labelled claims are no build workspace (kept; docs/policy.md#provenance):\n",
+        unproven.len()
+    );
+    for row in unproven {
+        let detail = row.decision.detail.as_deref().unwrap_or_default();
+        let _ = writeln!(out, "  {}/{}: {detail}", row.namespace, row.name);
+    }
     out
 }
 
@@ -399,6 +420,7 @@ mod tests {
     use crate::contract::OwnerKind;
     use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, RunEntry, VolumeClaims};
     use crate::decide::policy::Policy;
+    use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
     use chrono::TimeZone;
     use std::collections::BTreeMap;
 
@@ -419,6 +441,7 @@ mod tests {
             storage_class: None,
             volume_name: None,
             reported_in_use: false,
+            provenance: Provenance::operator("manager"),
         }
     }
 
@@ -493,6 +516,31 @@ mod tests {
             ]
         );
         assert_eq!(due(&rows), 1);
+    }
+
+    /// A labelled claim without provenance is a row like any other, and a line under the table
+    /// saying what it lacks; the table has no such lines when every claim is a build workspace.
+    #[test]
+    fn claims_without_provenance_are_listed_with_what_they_lack() {
+        let policies = Policies::cluster_only(Policy::default());
+        let plain = table(&rows(&index(), &policies, now()), now());
+        assert!(!plain.contains("no build workspace"), "{plain}");
+        let mut index = index();
+        let mut data = claim("team-data", now() - Duration::days(30));
+        data.provenance.label = LabelHistory::Owners(vec![LabelOwner {
+            manager: "kubectl-label".into(),
+            made_claim: false,
+        }]);
+        index.update(Update::Claim(Change::Apply(data)));
+        let rows = rows(&index, &policies, now());
+        let text = table(&rows, now());
+        assert!(
+            text.contains("not-a-build-workspace")
+                && text.contains("1 labelled claims are no build workspace")
+                && text.contains("  ml/team-data: its name has none of the configured shapes"),
+            "{text}"
+        );
+        assert_eq!(due(&rows), 1, "only the finished build's claim is due");
     }
 
     #[test]

@@ -266,7 +266,13 @@ pub fn check_config(config: &Config) -> i32 {
 /// `workspace-gc admission-policy`: the admission guard for the configuration, as YAML.
 pub fn admission_policy(config: &Config, args: &AdmissionPolicyArgs) -> i32 {
     let lease = admission::Lease::of(&config.leader_election, &args.service_account);
-    match admission::render(&config.selector, lease.as_ref(), &args.service_account) {
+    let writers = &config.provenance.label_writers;
+    match admission::render(
+        &config.selector,
+        lease.as_ref(),
+        &args.service_account,
+        writers,
+    ) {
         Ok(text) => {
             print!("{text}");
             exit::OK

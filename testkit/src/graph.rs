@@ -22,8 +22,8 @@ use workspace_gc::decide::namespace::{Bounds, Policies};
 use workspace_gc::decide::policy::{self, Decision, Policy, Reason, Verdict};
 use workspace_gc::surface::audit;
 
-use super::BUILD_WORKSPACE_LABEL;
 use super::oracle::{self, NamespaceBounds, World};
+use super::shapes::{BUILD_WORKSPACE_LABEL, OPERATOR_CLAIM_LABELS};
 
 pub const JOB_KIND: &str = "NotebookValidationJob";
 pub const RUN_KIND: &str = "PipelineRun";
@@ -42,11 +42,17 @@ const CLAIMS: &[&str] = &[
     "shared",
     "nb",
 ];
-/// Only an in-memory claim can have an empty `{job}`; the server rejects a leading `-`.
+/// Only an in-memory claim can have an empty `{job}`; the server rejects a leading `-`. Three
+/// have a foreign name (no build workspace by provenance): those of the operator's shape that
+/// name no job keep orphans, and so deletions, frequent.
 const MEMORY_CLAIMS: &[&str] = &[
     "nb-build-workspace",
     "other-build-workspace",
     "x-build-workspace",
+    "retry-build-workspace",
+    "t1-build-workspace",
+    "shared-build-workspace",
+    "gone-build-workspace",
     "shared",
     "nb",
     "-build-workspace",
@@ -170,6 +176,46 @@ pub struct Claim {
     pub deleting: bool,
     /// The status of its `Unused` condition; `None` for none.
     pub unused: Option<&'static str>,
+    pub made: Made,
+}
+
+/// How a claim came to carry the build-workspace label, as its labels and `managedFields`
+/// record it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    /// By the operator: its labels, in the write that made the claim.
+    Operator,
+    /// Made without the label by one manager, labelled later by another (`kubectl-label`).
+    LabelledLater,
+    /// The operator's write, but only the build-workspace label of its set.
+    LabelOnly,
+    /// No `managedFields` at all (a client cleared them).
+    Unrecorded,
+}
+
+/// The operator's labels on a claim, as a JSON object.
+pub fn operator_labels() -> Value {
+    (OPERATOR_CLAIM_LABELS.iter())
+        .map(|(key, value)| ((*key).to_owned(), json!(value)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// The `managedFields` entry of `manager`'s create of a claim with the build-workspace label
+/// (and the rest of the operator's labels): it owns the labels and the spec.
+pub fn made_labelled(manager: &str) -> Value {
+    let labels: serde_json::Map<String, Value> = (OPERATOR_CLAIM_LABELS.iter())
+        .map(|(key, _)| (format!("f:{key}"), json!({})))
+        .collect();
+    made(manager, labels.into())
+}
+
+/// A create's entry: it owns `labels` (a `fieldsV1` object) and the claim's spec.
+fn made(manager: &str, labels: Value) -> Value {
+    json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+           "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+           "fieldsV1": {"f:metadata": {"f:labels": labels},
+                        "f:spec": {"f:accessModes": {}, "f:resources": {"f:requests": {"f:storage": {}}}}}})
 }
 
 /// An annotation value.
@@ -464,21 +510,35 @@ fn claim(name: String, profile: Profile) -> impl Strategy<Value = Claim> {
         1 => Just(Some("False")),
         1 => Just(Some("True")),
     ];
+    // The server records its own managedFields (tests/cluster/graphs_cluster.rs drops these):
+    // its claims are all made labelled in one write.
+    let made = match profile {
+        Profile::Memory => prop_oneof![
+            20 => Just(Made::Operator),
+            1 => Just(Made::LabelledLater),
+            1 => Just(Made::LabelOnly),
+            1 => Just(Made::Unrecorded),
+        ]
+        .boxed(),
+        Profile::Server => Just(Made::Operator).boxed(),
+    };
     (
         age,
         prop::collection::vec(annotation(profile), annotations),
         references,
         prop::bool::weighted(0.1),
         unused,
+        made,
     )
         .prop_map(
-            move |(age, annotations, references, deleting, unused)| Claim {
+            move |(age, annotations, references, deleting, unused, made)| Claim {
                 name: name.clone(),
                 age,
                 annotations,
                 references,
                 deleting,
                 unused,
+                made,
             },
         )
 }
@@ -736,12 +796,30 @@ impl Claim {
                 })
             })
             .collect();
+        let label = format!("f:{BUILD_WORKSPACE_LABEL}");
+        let (labels, managed) = match self.made {
+            Made::Operator => (operator_labels(), json!([made_labelled("manager")])),
+            Made::LabelledLater => {
+                let later = json!({"manager": "kubectl-label", "operation": "Update",
+                                   "fieldsV1": {"f:metadata": {"f:labels": {&label: {}}}}});
+                (
+                    operator_labels(),
+                    json!([made("kubectl-create", json!({})), later]),
+                )
+            }
+            Made::LabelOnly => (
+                json!({BUILD_WORKSPACE_LABEL: "true"}),
+                json!([made("manager", json!({&label: {}}))]),
+            ),
+            Made::Unrecorded => (operator_labels(), json!([])),
+        };
         let mut meta = json!({
             "name": self.name, "namespace": ns,
             "creationTimestamp": at(self.age),
-            "labels": {BUILD_WORKSPACE_LABEL: "true"},
+            "labels": labels,
             "annotations": annotations,
             "ownerReferences": references,
+            "managedFields": managed,
         });
         if self.deleting {
             // The server only sets this on a delete, which a finalizer holds.
@@ -769,6 +847,7 @@ pub fn policy_of((ttl, failed, grace, max_age): (&str, &str, &str, &str)) -> Pol
         max_age: parse(max_age),
         keep_failed: 0,
         collection: policy::Collection::On,
+        provenance: Policy::default().provenance,
     }
 }
 
@@ -971,6 +1050,8 @@ pub struct Seen {
     pub may_but_kept: usize,
     /// Keep verdicts by count-based retention (`newest-failed`).
     pub kept_by_count: usize,
+    /// Keep verdicts of labelled claims without provenance (`not-a-build-workspace`).
+    pub kept_unproven: usize,
     /// Keep verdicts whose recheck comes before the claim is due, by reason.
     pub early_recheck: std::collections::BTreeMap<Reason, usize>,
 }
@@ -1043,6 +1124,7 @@ pub fn verdict_problem(
         Verdict::Keep { reason, recheck_at } => {
             seen.may_but_kept += usize::from(judged.may_delete);
             seen.kept_by_count += usize::from(reason == Reason::NewestFailed);
+            seen.kept_unproven += usize::from(reason == Reason::NotABuildWorkspace);
             if let Some(due) = oracle::due_at(world, claim, policy, now) {
                 match recheck_at {
                     None => return Some("TIMELINESS: no recheck, but the claim becomes due"),

@@ -341,6 +341,9 @@ pub struct ClaimBuilder {
     owner_references: Vec<OwnerReference>,
     bound: bool,
     storage_class: Option<String>,
+    /// The create's field manager, as `metadata.managedFields` records it; `None`: the
+    /// client's default.
+    field_manager: Option<String>,
 }
 
 impl ClaimBuilder {
@@ -368,7 +371,14 @@ impl ClaimBuilder {
             owner_references: Vec::new(),
             bound: false,
             storage_class: None,
+            field_manager: None,
         }
+    }
+
+    /// Creates it as field manager `manager` (the operator's binary, `kubectl-create`).
+    pub fn field_manager(mut self, manager: &str) -> Self {
+        self.field_manager = Some(manager.to_owned());
+        self
     }
 
     /// `spec.storageClassName` (no StorageClass object is needed: nothing provisions it).
@@ -436,8 +446,12 @@ impl ClaimBuilder {
             status: None,
         };
         let api = ns.api::<PersistentVolumeClaim>();
+        let params = PostParams {
+            field_manager: self.field_manager,
+            ..PostParams::default()
+        };
         let created = api
-            .create(&PostParams::default(), &claim)
+            .create(&params, &claim)
             .await
             .unwrap_or_else(|e| panic!("create claim {}/{}: {e}", ns.name(), self.name));
         if !self.bound {

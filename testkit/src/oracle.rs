@@ -4,7 +4,16 @@
 //! [`Policy`] durations, so a mistake there cannot hide here.
 //!
 //! A claim MAY be deleted only when all hold:
-//! 1. it has no `metadata.deletionTimestamp`;
+//! 1. it has no `metadata.deletionTimestamp`, and it is a build workspace: (a) an
+//!    ownerReference names NotebookValidationJob (`mlops.mlops.dev`) `{job}` where the claim is
+//!    `{job}-build-workspace`; or (b) its name ends with one of the policy's
+//!    `provenance.claim_suffixes` after at least one character, its labels include
+//!    `app.kubernetes.io/managed-by: jupyter-notebook-validator-operator`,
+//!    `app.kubernetes.io/component: tekton-build` and `mlops.redhat.com/build-workspace: "true"`,
+//!    and either `metadata.managedFields` is empty or absent and the policy's
+//!    `provenance.trust_unrecorded` is set, or at least one entry's `fieldsV1` has
+//!    `f:metadata.f:labels.f:mlops.redhat.com/build-workspace`, and every such entry has
+//!    `f:spec.f:accessModes` or a `manager` among the policy's `provenance.label_managers`;
 //! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` (exactly "true" or "false"), `ttl` (humantime,
 //!    trimmed, fitting `chrono::Duration`), `expires` (RFC 3339, trimmed) or `revoked-delete`
 //!    (any string: the daemon's own record of a revocation as versions before wrote it, which
@@ -89,7 +98,7 @@ pub fn judge(world: &World, claim: &Value, policy: &Policy, now: DateTime<Utc>) 
     let keep = Judgement::default();
     let meta = &claim["metadata"];
     let namespace = text(&meta["namespace"]);
-    if !meta["deletionTimestamp"].is_null() {
+    if !meta["deletionTimestamp"].is_null() || !build_workspace(meta, policy) {
         return keep;
     }
     let Some(policy) = namespace_policy(world, namespace, policy) else {
@@ -141,6 +150,9 @@ pub fn due_at(
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
     let meta = &claim["metadata"];
+    if !build_workspace(meta, policy) {
+        return None;
+    }
     let notes = notes(meta)?;
     let policy = &namespace_policy(world, text(&meta["namespace"]), policy)?;
     let created = instant(&meta["creationTimestamp"]);
@@ -156,6 +168,49 @@ pub fn due_at(
         .into_iter()
         .filter(|t| *t > now && judge(world, claim, policy, *t).may_delete)
         .min()
+}
+
+/// Condition 1's provenance: the claim names its own job as owner, or the operator made it
+/// labelled (name, labels, and who owns the label in `managedFields`).
+fn build_workspace(meta: &Value, policy: &Policy) -> bool {
+    const LABEL: &str = "mlops.redhat.com/build-workspace";
+    let name = text(&meta["name"]);
+    let rule = &policy.provenance;
+    let its_job = name
+        .strip_suffix("-build-workspace")
+        .filter(|job| !job.is_empty());
+    let owned_by_its_job = list(&meta["ownerReferences"])
+        .any(|r| managed_kind(r) == Some(Kind::Job) && Some(text(&r["name"])) == its_job);
+    if owned_by_its_job {
+        return true;
+    }
+    let shaped = (rule.claim_suffixes.iter())
+        .any(|suffix| name.len() > suffix.len() && name.ends_with(suffix.as_str()));
+    let labels = &meta["labels"];
+    let labelled = [
+        (
+            "app.kubernetes.io/managed-by",
+            "jupyter-notebook-validator-operator",
+        ),
+        ("app.kubernetes.io/component", "tekton-build"),
+        (LABEL, "true"),
+    ]
+    .iter()
+    .all(|(key, value)| labels[key].as_str() == Some(value));
+    let entries: Vec<&Value> = list(&meta["managedFields"]).collect();
+    let owners: Vec<&&Value> = (entries.iter())
+        .filter(|e| e["fieldsV1"]["f:metadata"]["f:labels"][format!("f:{LABEL}")].is_object())
+        .collect();
+    let recorded = if entries.is_empty() {
+        rule.trust_unrecorded
+    } else {
+        !owners.is_empty()
+            && owners.iter().all(|e| {
+                e["fieldsV1"]["f:spec"]["f:accessModes"].is_object()
+                    || rule.label_managers.iter().any(|m| m == text(&e["manager"]))
+            })
+    };
+    shaped && labelled && recorded
 }
 
 /// The policy in `namespace`; `None` when nothing may be deleted there.

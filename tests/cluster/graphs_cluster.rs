@@ -166,9 +166,11 @@ async fn create(client: &Client, resource: &ApiResource, object: &Value) -> Dyna
     let mut body = object.clone();
     let status = body.as_object_mut().and_then(|o| o.remove("status"));
     if let Some(meta) = body["metadata"].as_object_mut() {
-        // Set by the server alone.
+        // Set by the server alone (it records the create's managed fields itself: the
+        // generated server claims are all made labelled in one write).
         meta.remove("creationTimestamp");
         meta.remove("deletionTimestamp");
+        meta.remove("managedFields");
     }
     let api = api(client, resource, object);
     let body: DynamicObject = serde_json::from_value(body).expect("a generated object decodes");

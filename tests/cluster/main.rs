@@ -11,6 +11,7 @@
 //!
 //! - `control_plane`: the test control plane itself; if it fails, the rest says little;
 //! - `safety`, `collector`, `retention`, `quota`, `creator`: what the daemon deletes and keeps;
+//! - `provenance`: which labelled claims are build workspaces, by their `managedFields`;
 //! - `graphs_cluster`: generated object graphs, the binary's audit against the oracle;
 //! - `faults`, `fault_tools`, `clock`, `leadership`, `lease_tamper`: faults, the fault tools,
 //!   clocks, leader election and the blast-radius cap;
@@ -35,6 +36,7 @@ mod identity;
 mod leadership;
 mod lease_tamper;
 mod metrics_https;
+mod provenance;
 mod quota;
 mod retention;
 mod safety;

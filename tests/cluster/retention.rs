@@ -10,9 +10,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{
-    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder,
-    PipelineRunBuilder, Proxy, Rule, TestNamespace, assert_decided, claim_exists, finished_build,
-    metric, service_account, wait_until,
+    ClaimBuilder, ControlPlane, Daemon, Fault, JobBuilder, PipelineRunBuilder, Proxy, Rule,
+    TestNamespace, assert_decided, claim_exists, finished_build, metric, service_account,
+    wait_until,
 };
 use workspace_gc::cluster::watches;
 use workspace_gc::config::Config;
@@ -553,7 +553,8 @@ async fn bound_build(ns: &TestNamespace, job: &str, policy: &str) -> String {
         .await
         .unwrap_or_else(|e| panic!("create volume {volume}: {e}"));
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": claim, "labels": {BUILD_WORKSPACE_LABEL: "true"}},
+        // The operator's claim: its labels, in the write that makes it.
+        "metadata": {"name": claim, "labels": testkit::graph::operator_labels()},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": volume, "storageClassName": "",
                  "resources": {"requests": {"storage": "1Gi"}}},
     }))

@@ -290,11 +290,11 @@ async fn links_add_up_and_every_owner_must_allow() {
 async fn task_runs_are_owners() {
     let ns = TestNamespace::new(ControlPlane::shared(), "taskrun").await;
     let config = config_for(&[&ns]);
-    ClaimBuilder::build_workspace("bound-by-task")
+    ClaimBuilder::build_workspace("bound-by-task-build-workspace")
         .create(&ns)
         .await;
     PipelineRunBuilder::task_run("build-task-run")
-        .workspace_claim("bound-by-task")
+        .workspace_claim("bound-by-task-build-workspace")
         .running()
         .create(&ns)
         .await;
@@ -302,7 +302,7 @@ async fn task_runs_are_owners() {
         .succeeded_at(hours_ago(2))
         .create(&ns)
         .await;
-    ClaimBuilder::build_workspace("owned-by-task")
+    ClaimBuilder::build_workspace("owned-by-task-build-workspace")
         .owned_by(&owner)
         .create(&ns)
         .await;
@@ -314,13 +314,13 @@ async fn task_runs_are_owners() {
     )
     .await;
     assert!(
-        deleted_within(&ns, "owned-by-task", 10).await,
+        deleted_within(&ns, "owned-by-task-build-workspace", 10).await,
         "a TaskRun owner finished past its TTL lets its claim go"
     );
     let running = ("keep", "owner-running", 1.0);
-    survives(&daemon, &ns, "bound-by-task", 0.0, running).await;
+    survives(&daemon, &ns, "bound-by-task-build-workspace", 0.0, running).await;
     assert_eq!(
-        verdict(&ns, &config, "bound-by-task").await,
+        verdict(&ns, &config, "bound-by-task-build-workspace").await,
         (VerdictState::Keep, Reason::OwnerRunning)
     );
 
@@ -329,7 +329,7 @@ async fn task_runs_are_owners() {
         "conditions": [{"type": "Succeeded", "status": "False", "reason": "Failed"}],
     });
     patch_status(&ns, &task_run_resource(), "build-task-run", finished).await;
-    assert!(deleted_within(&ns, "bound-by-task", 15).await);
+    assert!(deleted_within(&ns, "bound-by-task-build-workspace", 15).await);
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(&metrics, "workspace_gc_cached_objects", "kind=\"taskruns\""),
@@ -429,7 +429,10 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
     let proxy = Proxy::start(cp.api_address()).await;
     let mut config = config_for(&[&ns]);
     config.policy.orphan_grace = secs(8);
-    for claim in ["by-pipeline-run", "by-task-run"] {
+    for claim in [
+        "by-pipeline-run-build-workspace",
+        "by-task-run-build-workspace",
+    ] {
         ClaimBuilder::build_workspace(claim).create(&ns).await;
     }
     let daemon = Daemon::start(
@@ -440,12 +443,12 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
     .await;
     proxy.stall();
     PipelineRunBuilder::new("late-run")
-        .workspace_claim("by-pipeline-run")
+        .workspace_claim("by-pipeline-run-build-workspace")
         .running()
         .create(&ns)
         .await;
     PipelineRunBuilder::task_run("late-task")
-        .workspace_claim("by-task-run")
+        .workspace_claim("by-task-run-build-workspace")
         .running()
         .create(&ns)
         .await;
@@ -464,8 +467,8 @@ async fn the_live_recheck_finds_runs_the_stalled_watch_missed() {
         "the live re-checks found both runs: {}",
         daemon.metrics().await
     );
-    assert!(claim_exists(&ns, "by-pipeline-run").await);
-    assert!(claim_exists(&ns, "by-task-run").await);
+    assert!(claim_exists(&ns, "by-pipeline-run-build-workspace").await);
+    assert!(claim_exists(&ns, "by-task-run-build-workspace").await);
     let metrics = daemon.metrics().await;
     assert_eq!(
         metric(&metrics, "workspace_gc_cached_objects", "kind=\"runs\"")
@@ -925,7 +928,10 @@ async fn a_job_that_names_a_claim_in_its_volumes_keeps_it_until_it_finishes() {
 async fn a_claim_the_server_reports_in_use_is_kept() {
     let ns = TestNamespace::new(ControlPlane::shared(), "unused-false").await;
     let config = config_for(&[&ns]);
-    for (claim, status) in [("in-use", "False"), ("unused", "True")] {
+    for (claim, status) in [
+        ("in-use-build-workspace", "False"),
+        ("unused-build-workspace", "True"),
+    ] {
         ClaimBuilder::build_workspace(claim).create(&ns).await;
         let conditions = json!({"conditions": [{"type": "Unused", "status": status}]});
         let claims = kube::api::ApiResource::erase::<PersistentVolumeClaim>(&());
@@ -938,7 +944,7 @@ async fn a_claim_the_server_reports_in_use_is_kept() {
     )
     .await;
     assert!(
-        deleted_within(&ns, "unused", 15).await,
+        deleted_within(&ns, "unused-build-workspace", 15).await,
         "an orphan reported unused goes"
     );
     assert!(
@@ -947,7 +953,7 @@ async fn a_claim_the_server_reports_in_use_is_kept() {
         daemon.metrics().await
     );
     assert!(
-        claim_exists(&ns, "in-use").await,
+        claim_exists(&ns, "in-use-build-workspace").await,
         "its Unused condition is False, yet it was deleted"
     );
     daemon.stop().await;

@@ -264,9 +264,11 @@ async fn jobs_served_only_at_an_unknown_version_keep_their_claims() {
         .create(&ns)
         .await;
     ClaimBuilder::for_job("before").create(&ns).await;
-    ClaimBuilder::build_workspace("early").create(&ns).await;
+    ClaimBuilder::build_workspace("early-build-workspace")
+        .create(&ns)
+        .await;
     assert!(
-        wait_until(secs(60), || deleted(&ns, "early")).await,
+        wait_until(secs(60), || deleted(&ns, "early-build-workspace")).await,
         "an orphan is collected while the jobs can be read:\n{}",
         daemon.logs()
     );
@@ -289,7 +291,9 @@ async fn jobs_served_only_at_an_unknown_version_keep_their_claims() {
     ClaimBuilder::for_job("after").create(&ns).await;
     // Labelled, named for no job: only a job's own volumes could protect it, and they cannot
     // be read.
-    ClaimBuilder::build_workspace("scratch").create(&ns).await;
+    ClaimBuilder::build_workspace("scratch-build-workspace")
+        .create(&ns)
+        .await;
 
     let unknown = || async {
         kept_for(&daemon, &ns, "owner-unknown").await
@@ -301,7 +305,11 @@ async fn jobs_served_only_at_an_unknown_version_keep_their_claims() {
         daemon.metrics().await,
         daemon.logs()
     );
-    for claim in ["after-build-workspace", "before-build-workspace", "scratch"] {
+    for claim in [
+        "after-build-workspace",
+        "before-build-workspace",
+        "scratch-build-workspace",
+    ] {
         assert!(
             !deleted(&ns, claim).await,
             "{claim} must be kept while the jobs cannot be read, yet it was deleted:\n{}",

@@ -21,8 +21,8 @@ use crate::server::{
 };
 use crate::{LEASE, NAMESPACE, WATCHED, scratch, secs};
 use testkit::{
-    BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Overlay,
-    TestNamespace, strings, wait_until,
+    ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Overlay, TestNamespace, strings,
+    wait_until,
 };
 
 /// The ClusterRole, one line per (API group, resource, verbs): what a reviewer signs off.
@@ -617,7 +617,8 @@ async fn namespaced_overlay_applied_grants_rights_only_in_the_listed_namespaces(
     // The daemon, with exactly the overlay's flags, deletes an expired claim in team-a.
     let claim = format!("orphan-{}-build-workspace", std::process::id());
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": { "name": claim, "labels": { BUILD_WORKSPACE_LABEL: "true" } },
+        // The operator's claim: its labels, in the write that makes it.
+        "metadata": { "name": claim, "labels": testkit::graph::operator_labels() },
         "spec": { "accessModes": ["ReadWriteOnce"],
                   "resources": { "requests": { "storage": "1Gi" } } },
     }))

@@ -451,6 +451,7 @@ fn prometheus_component_scrapes_the_service_and_alerts_on_the_failure_modes() {
         "WorkspaceGCClockOffset",
         "WorkspaceGCAdmissionDenied",
         "WorkspaceGCInvalidNamespacePolicy",
+        "WorkspaceGCUnprovenLabelFlood",
     ] {
         assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
     }

@@ -260,7 +260,8 @@ impl Driver {
             world.count("new-owned");
         }
         let before = now();
-        let claim = ClaimBuilder::build_workspace(&format!("{job}-ws"))
+        // Of the operator's shape (provenance) but for no job's name: only the owner links it.
+        let claim = ClaimBuilder::build_workspace(&format!("{job}-owned-build-workspace"))
             .owner_reference(OwnerReference {
                 api_version: "mlops.mlops.dev/v1alpha1".into(),
                 kind: "NotebookValidationJob".into(),

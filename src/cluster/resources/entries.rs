@@ -5,16 +5,17 @@
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::ResourceQuota;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use serde_json::Value;
 
 use super::{ClaimObject, ClaimRef, OwnerObject, PodConfig, PodVolumes, Shape, to_chrono};
 use crate::config::quantity::{self, Quantity};
-use crate::contract::{OwnerKind, annotations};
+use crate::contract::{OwnerKind, annotations, labels};
 use crate::decide::facts::{
     ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
     VolumeClaims,
 };
+use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
 use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 use crate::decide::volumes::{Transition, VolumeFacts};
 
@@ -65,6 +66,41 @@ pub fn claim_facts(claim: &ClaimObject) -> ClaimFacts {
             .into_iter()
             .flatten()
             .any(|c| c.type_ == UNUSED_CONDITION && c.status == "False"),
+        provenance: provenance(meta),
+    }
+}
+
+/// The claim's provenance, from its labels and `managedFields`: read here, once, because the
+/// cache keeps neither.
+fn provenance(meta: &ObjectMeta) -> Provenance {
+    let labels = meta.labels.as_ref();
+    let operator_labels = (labels::OPERATOR.iter())
+        .all(|(key, value)| labels.and_then(|l| l.get(*key)).map(String::as_str) == Some(value));
+    let entries = meta.managed_fields.as_deref().unwrap_or_default();
+    if entries.is_empty() {
+        return Provenance {
+            operator_labels,
+            label: LabelHistory::Unrecorded,
+        };
+    }
+    let label_field = format!("f:{}", labels::BUILD_WORKSPACE.0);
+    let owns = |entry: &ManagedFieldsEntry, path: &[&str]| {
+        let fields = entry.fields_v1.as_ref().map(|f| &f.0);
+        (path.iter())
+            .fold(fields, |at, key| at.and_then(|v| v.get(key)))
+            .is_some()
+    };
+    let owners = (entries.iter())
+        .filter(|entry| owns(entry, &["f:metadata", "f:labels", &label_field]))
+        .map(|entry| LabelOwner {
+            manager: entry.manager.clone().unwrap_or_default(),
+            // Immutable once the claim exists: its owners wrote the claim's spec at creation.
+            made_claim: owns(entry, &["f:spec", "f:accessModes"]),
+        })
+        .collect();
+    Provenance {
+        operator_labels,
+        label: LabelHistory::Owners(owners),
     }
 }
 

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    ManagedFieldsEntry, ObjectMeta, OwnerReference, Time,
+};
 use k8s_openapi::{NamespaceResourceScope, Resource as _};
 use kube::Resource;
 use kube::api::{ApiResource, GroupVersionKind};
@@ -138,11 +140,12 @@ macro_rules! slim_meta {
     };
 }
 
-/// A claim as workspace-gc reads it: the metadata the facts keep, and of the rest only
+/// A claim as workspace-gc reads it: the metadata the facts keep (labels and managed fields
+/// only as long as it takes to read its provenance), and of the rest only
 /// `spec.{resources.requests, storageClassName, volumeName}` and `status.conditions`' types and
-/// statuses. Watching claims decodes into this instead of `PersistentVolumeClaim`, so managed
-/// fields, labels and the rest of the status are skipped by the parser. The fields read keep
-/// their API types, so a claim the full type would refuse for them is refused as before.
+/// statuses. Watching claims decodes into this instead of `PersistentVolumeClaim`, so the rest
+/// of the status is skipped by the parser. The fields read keep their API types, so a claim
+/// the full type would refuse for them is refused as before.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ClaimObject {
     #[serde(deserialize_with = "claim_meta")]
@@ -186,6 +189,8 @@ slim_meta!(claim_meta {
     deletion_timestamp: Time,
     annotations: BTreeMap<String, String>,
     owner_references: Vec<OwnerReference>,
+    labels: BTreeMap<String, String>,
+    managed_fields: Vec<ManagedFieldsEntry>,
 });
 
 /// A NotebookValidationJob, PipelineRun or TaskRun as workspace-gc reads it: its identity and,
@@ -385,6 +390,7 @@ mod tests {
     use super::*;
     use crate::contract::annotations;
     use crate::decide::facts::{ObjectKey, PodEntry};
+    use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
     use chrono::TimeZone;
     use serde_json::{Value, json};
 
@@ -441,8 +447,13 @@ mod tests {
                        "conditions": [{"type": "Unused", "status": "False", "reason": "InUse"}]}
         }))
         .unwrap();
-        assert!(claim.meta().labels.is_none() && claim.meta().managed_fields.is_none());
         let facts = claim_facts(&claim);
+        // Labels and managed fields are kept only as the provenance read from them.
+        let provenance = Provenance {
+            operator_labels: false,
+            label: LabelHistory::Owners(Vec::new()),
+        };
+        assert_eq!(facts.provenance, provenance);
         assert_eq!(
             (facts.uid.as_str(), facts.resource_version.as_str()),
             ("u", "5")
@@ -467,6 +478,10 @@ mod tests {
             (json!({"annotations": {"a": 1}}), true),
             (json!({"ownerReferences": [{"name": "r"}]}), false),
             (json!({"ownerReferences": [{"name": 7}]}), true),
+            (json!({"labels": {"a": 1}}), true),
+            (json!({"managedFields": "x"}), true),
+            (json!({"managedFields": [{"manager": 7}]}), true),
+            (json!({"managedFields": [{"fieldsV1": "x"}]}), false),
         ] {
             let mut claim = json!({"metadata": {"name": "c", "namespace": "ml"}});
             claim["metadata"]
@@ -477,6 +492,56 @@ mod tests {
             let slim = serde_json::from_value::<ClaimObject>(claim);
             assert_eq!((full.is_err(), slim.is_err()), (refused, refused), "{odd}");
         }
+    }
+
+    /// `managedFields` as the API server records them: the operator's create, a later
+    /// `kubectl label`, and the API server's own binder.
+    #[test]
+    fn a_claims_provenance_is_read_from_who_set_its_label() {
+        let label = json!({"f:mlops.redhat.com/build-workspace": {}});
+        let create = |manager: &str, labels: Value| {
+            json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                   "fieldsV1": {"f:metadata": {"f:labels": labels},
+                                "f:spec": {"f:accessModes": {}, "f:resources": {"f:requests": {}}}}})
+        };
+        let binder = json!({"manager": "kube-controller-manager", "operation": "Update",
+                            "fieldsV1": {"f:spec": {"f:volumeName": {}}}});
+        let later = json!({"manager": "kubectl-label", "operation": "Update",
+                           "fieldsV1": {"f:metadata": {"f:labels": label.clone()}}});
+        let decode = |managed: Value| {
+            let mut labels = serde_json::Map::new();
+            for (key, value) in crate::contract::labels::OPERATOR {
+                labels.insert(key.to_owned(), value.into());
+            }
+            claim_facts(
+                &serde_json::from_value::<ClaimObject>(json!({
+                    "metadata": {"name": "nb-build-workspace", "namespace": "ml",
+                                 "labels": labels, "managedFields": managed}
+                }))
+                .unwrap(),
+            )
+            .provenance
+        };
+        let owner = |manager: &str, made_claim| LabelOwner {
+            manager: manager.to_owned(),
+            made_claim,
+        };
+        let operator = decode(json!([create("manager", label.clone()), binder.clone()]));
+        assert!(operator.operator_labels);
+        assert_eq!(
+            operator.label,
+            LabelHistory::Owners(vec![owner("manager", true)])
+        );
+        let relabelled = decode(json!([create("kubectl-create", json!({})), binder, later]));
+        assert_eq!(
+            relabelled.label,
+            LabelHistory::Owners(vec![owner("kubectl-label", false)])
+        );
+        assert_eq!(decode(json!([])).label, LabelHistory::Unrecorded);
+        // Fields of an odd shape own nothing: the label has no owner that made the claim.
+        let odd = decode(json!([{"manager": "m", "fieldsV1": "x"}]));
+        assert_eq!(odd.label, LabelHistory::Owners(Vec::new()));
+        assert_eq!(decode(Value::Null).label, LabelHistory::Unrecorded);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What the daemon tells users as Events and warnings, once each: a deletion coming up
-//! (`deletion.notice_before`), and namespace settings it does not understand.
+//! (`deletion.notice_before`), namespace settings it does not understand, and a labelled claim
+//! that is no build workspace.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -26,6 +27,8 @@ pub(super) struct Notices {
     noticed: Mutex<HashMap<ObjectKey, (String, DateTime<Utc>)>>,
     /// Per namespace, the annotations last warned about (leader only): told once per change.
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    /// Per claim, the UID and what it lacks, last told (leader only): once per claim and lack.
+    unproven: Mutex<HashMap<ObjectKey, (String, String)>>,
 }
 
 impl Notices {
@@ -35,6 +38,7 @@ impl Notices {
                 .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)),
             noticed: Mutex::default(),
             warned: Mutex::default(),
+            unproven: Mutex::default(),
         }
     }
 
@@ -46,11 +50,13 @@ impl Notices {
     /// Forgets a claim that is gone: a claim re-created under its name is told again.
     pub(super) fn forget_claim(&self, key: &ObjectKey) {
         (self.noticed.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
+        (self.unproven.lock().unwrap_or_else(|e| e.into_inner())).remove(key);
     }
 
     /// Forgets the namespace warnings on standing by: the next leader tells them again.
     pub(super) fn forget_warnings(&self) {
         (self.warned.lock().unwrap_or_else(|e| e.into_inner())).clear();
+        (self.unproven.lock().unwrap_or_else(|e| e.into_inner())).clear();
     }
 }
 
@@ -80,6 +86,24 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
             }
             (self.cluster).notify_namespace(namespace, &invalid).await;
+        }
+    }
+
+    /// As the leader, warns on a labelled claim kept as no build workspace, saying what it
+    /// lacks: once per claim and lack, not on every reconcile.
+    pub(super) async fn tell_not_a_build_workspace(&self, claim: &ClaimFacts, detail: String) {
+        if !self.is_leader() {
+            return;
+        }
+        let first = {
+            let mut told = (self.notices.unproven.lock()).unwrap_or_else(|e| e.into_inner());
+            let this = (claim.uid.clone(), detail.clone());
+            told.insert(claim.key.clone(), this.clone()) != Some(this)
+        };
+        if first {
+            warn!(claim = %claim.key, %detail, "keeping a labelled claim that is no build workspace");
+            let notice = Notice::NotABuildWorkspace(detail);
+            self.cluster.notify(claim, notice).await;
         }
     }
 

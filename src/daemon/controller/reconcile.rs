@@ -55,6 +55,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     self.cluster
                         .notify(&claim, Notice::InvalidAnnotation(detail))
                         .await;
+                } else if reason == Reason::NotABuildWorkspace {
+                    let detail = decision.detail.unwrap_or_default();
+                    self.tell_not_a_build_workspace(&claim, detail).await;
                 }
                 let wake = self.wake_at(recheck_at, &scheduled);
                 self.announce_deletion(&claim, scheduled).await;

@@ -324,6 +324,8 @@ fn controller_with(
 ) -> Arc<Controller<FakeCluster, FakeClock>> {
     let mut config = Config::default();
     config.quota.enabled = false;
+    // Claims named `a`, `b`: the delete protocol is under test here, provenance in its module.
+    config.provenance.claim_suffixes = vec![String::new()];
     edit(&mut config);
     config.deletion.max_deletions_per_window = cap;
     config.deletion.window = Duration::from_secs(3600);
