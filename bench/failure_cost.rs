@@ -68,7 +68,11 @@ impl Failure {
 /// that matches, the last counts the rest.
 const KINDS: [(&str, &str, &str); 9] = [
     ("claim DELETEs", "delete", "persistentvolumeclaims"),
-    ("claim PATCHes (revocations)", "patch", "persistentvolumeclaims"),
+    (
+        "claim PATCHes (revocations)",
+        "patch",
+        "persistentvolumeclaims",
+    ),
     ("Lease writes", "patch", "leases"),
     ("pod LISTs", "list", "pods"),
     ("other LISTs", "list", ""),

@@ -254,6 +254,7 @@ read_volumes = true
 released_volume_ttl = "2d"
 deletes_per_second = 2
 max_deletions_per_window = 7
+max_deletions_percent = 25
 [leader_election]
 enabled = false
 lease_namespace = "ops"
@@ -273,6 +274,7 @@ annotations = { "example.com/note" = "anything, at all" }
     .unwrap();
     assert_eq!(config.deletion.deletes_per_second, 2.0);
     assert_eq!(config.deletion.max_deletions_per_window, 7);
+    assert_eq!(config.deletion.max_deletions_percent, Some(25.0));
     assert!(config.deletion.server_side_dry_run);
     assert_eq!(
         config.deletion.released_volume_ttl,
@@ -357,6 +359,13 @@ fn file_shape_errors_name_key_and_line() {
         "config.toml:2: deletion.max_deletions_per_window: ",
         "invalid value: integer `-1`",
     );
+    for percent in ["150", "-5", "nan"] {
+        rejected(
+            file(&format!("[deletion]\nmax_deletions_percent = {percent}\n")),
+            "config.toml:2: deletion.max_deletions_percent: ",
+            "must be a percentage",
+        );
+    }
     rejected(
         file("[policy]\nmax_age = \"1d\"\nmax_age = \"2d\"\n"),
         "config.toml:3: not valid TOML: ",
@@ -888,6 +897,7 @@ const KEYS: &[&str] = &[
     "deletion.deletes_per_second",
     "deletion.max_deletions_per_window",
     "deletion.window",
+    "deletion.max_deletions_percent",
     "deletion.notice_before",
     "deletion.read_volumes",
     "deletion.released_volume_ttl",

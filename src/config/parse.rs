@@ -119,6 +119,19 @@ pub(super) fn keep_count(keep: u32) -> Result<u32, String> {
     Ok(keep)
 }
 
+/// A percentage in (0, 100]; 0 is off.
+pub(super) fn optional_percent(percent: f64) -> Result<Option<f64>, String> {
+    if percent == 0.0 {
+        return Ok(None);
+    }
+    if percent.is_finite() && percent > 0.0 && percent <= 100.0 {
+        return Ok(Some(percent));
+    }
+    Err(format!(
+        "{percent} must be a percentage, greater than 0 and at most 100 (0: off)"
+    ))
+}
+
 pub(super) fn positive_cap(cap: u32) -> Result<u32, String> {
     match cap {
         0 => Err("0 must be at least 1; to delete nothing, set deletion.dry_run".to_owned()),

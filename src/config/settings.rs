@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::parse::{
     annotation_map, creator_labels, duration, field_managers, fraction, keep_count, lease_seconds,
     log_filter, log_format, name_suffixes, namespace_list, optional_duration, optional_namespace,
-    optional_path, optional_positive_duration, optional_socket_address, optional_storage_class,
-    positive_cap, positive_duration, positive_rate, round_interval, socket_address, subdomain_name,
-    tracking_selector, usernames,
+    optional_path, optional_percent, optional_positive_duration, optional_socket_address,
+    optional_storage_class, positive_cap, positive_duration, positive_rate, round_interval,
+    socket_address, subdomain_name, tracking_selector, usernames,
 };
 use super::value::{At, FromEnv, Problem, Slot, Val};
 use super::{LabelSelector, LogFormat, Quantity};
@@ -431,6 +431,16 @@ settings! {
             combine: replace,
             effect: Effect::WidensWith("deletion.max_deletions_per_window"),
         },
+        /// Besides the absolute cap, at most this percentage of the claims watched in any
+        /// `window` (at least one): a flood of candidates is taken a share at a time. 0: off.
+        #[serde(serialize_with = "serialize_percent_or_zero")]
+        max_deletions_percent: f64 => Option<f64> = Spec {
+            flag: None,
+            default: None,
+            parse: optional_percent,
+            combine: replace,
+            effect: Effect::Widens(larger_share),
+        },
         /// This long before a claim becomes due, the leader writes one `DeletionScheduled`
         /// event on it; `None`: no notice.
         #[serde(serialize_with = "serialize_duration_or_empty")]
@@ -769,6 +779,17 @@ fn larger_cap(s: Sides<'_, u32>) -> Option<String> {
     (s.now > s.was || now.window < was.window).then(|| claims(cap(was), cap(now)))?
 }
 
+/// A larger share of the population per window, or none at all.
+fn larger_share(s: Sides<'_, Option<f64>>) -> Option<String> {
+    let show = |share: &Option<f64>| share.map_or_else(|| "off".to_owned(), |p| format!("{p}%"));
+    let larger = match (s.was, s.now) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(was), Some(now)) => now > was,
+    };
+    larger.then(|| claims(show(s.was), show(s.now)))?
+}
+
 /// Pressure starts earlier or deletes further; only counts with pressure on.
 fn lower_water(s: Sides<'_, f64>) -> Option<String> {
     (s.config.quota.enabled && s.now < s.was).then(|| claims(s.was, s.now))?
@@ -823,6 +844,10 @@ fn serialize_duration_or_empty<S: Serializer>(
         Some(d) => serialize_duration(d, s),
         None => s.serialize_str(""),
     }
+}
+
+fn serialize_percent_or_zero<S: Serializer>(p: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(p.unwrap_or(0.0))
 }
 
 fn serialize_or_empty<S: Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {

@@ -1,5 +1,6 @@
 //! Deletion pacing and the blast-radius cap: at most one deletion per `interval`, and at most
-//! `max_per_window` in any rolling `window`, so that a wrong selector cannot wipe a cluster.
+//! `max_per_window` in any rolling `window` (fewer when a `share` of the population of claims is
+//! smaller), so that a wrong selector cannot wipe a cluster.
 //! Pure: the caller passes the instant. While the cap holds claims back they wait in a
 //! [`Line`], earliest due first: a slot that frees goes to the claim that has waited longest
 //! for it, not to whichever retry comes first (under a saturated cap that would leave some
@@ -43,6 +44,10 @@ pub struct Reservation {
 pub struct Limiter {
     interval: Duration,
     max_per_window: u32,
+    /// At most this percentage of the claims the daemon watches in any window, as last told
+    /// ([`Limiter::population`]); `None`: the absolute cap alone.
+    share: Option<f64>,
+    population: usize,
     window: Duration,
     next_slot: Option<Instant>,
     /// `None` while the count of the current window is unknown.
@@ -67,6 +72,8 @@ impl Limiter {
         Self {
             interval,
             max_per_window,
+            share: None,
+            population: 0,
             window,
             next_slot: None,
             ledger: None,
@@ -75,9 +82,39 @@ impl Limiter {
         }
     }
 
+    /// Caps each window at `percent` of the claims watched too (`deletion.max_deletions_percent`):
+    /// a flood of new candidates (a whole namespace relabelled at once) is taken a share at a
+    /// time, whatever the absolute cap allows.
+    pub fn with_share(mut self, percent: Option<f64>) -> Self {
+        self.share = percent;
+        self
+    }
+
+    /// How many claims the daemon watches now, which the share is taken of.
+    pub fn population(&mut self, claims: usize) {
+        self.population = claims;
+    }
+
+    /// The most deletions any window may hold now: the absolute cap, or the share of the
+    /// population when that is smaller, and never less than one.
+    pub fn max(&self) -> u32 {
+        let Some(percent) = self.share else {
+            return self.max_per_window;
+        };
+        let share = (percent / 100.0 * self.population as f64).ceil();
+        // Saturating: a share beyond u32 is the absolute cap anyway.
+        let share = if share >= f64::from(u32::MAX) {
+            u32::MAX
+        } else {
+            share as u32
+        };
+        self.max_per_window.min(share.max(1))
+    }
+
     /// Reserves a deletion slot, or says until when the cap holds. `ahead` claims wait in line
     /// before this one ([`Line::ahead`]): the slots they are owed are not this one's.
     pub fn reserve(&mut self, now: Instant, wall: DateTime<Utc>, ahead: usize) -> Admission {
+        let max = self.max();
         let Some(ledger) = &mut self.ledger else {
             return Admission::Unknown;
         };
@@ -85,7 +122,7 @@ impl Limiter {
         let slot = self.next_slot.map_or(now, |next| next.max(now));
         let at = wall + (slot - now);
         let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
-        let capped = match self.max_per_window.saturating_sub(ahead) {
+        let capped = match max.saturating_sub(ahead) {
             // Once the whole window has turned over, at least; a second if it is empty (those
             // ahead are taking their slots).
             0 => Some(
@@ -117,9 +154,10 @@ impl Limiter {
     /// Whether the window ending at `wall` holds the maximum: the next request is capped, unless
     /// a deletion stops counting first. Unknown counts as full.
     pub fn full(&self, wall: DateTime<Utc>) -> bool {
+        let max = u64::from(self.max());
         self.ledger
             .as_ref()
-            .is_none_or(|ledger| ledger.count(wall) >= u64::from(self.max_per_window))
+            .is_none_or(|ledger| ledger.count(wall) >= max)
     }
 
     /// Returns a slot that was not used (the live re-check kept the claim, or the delete was
@@ -264,6 +302,31 @@ mod tests {
     fn capped(limiter: &Limiter, wall: DateTime<Utc>) -> bool {
         let ledger = limiter.ledger.as_ref().expect("known");
         ledger.capped_until(wall, limiter.max_per_window).is_some()
+    }
+
+    /// With a share, a window holds at most that percentage of the claims watched (at least
+    /// one), and never more than the absolute cap.
+    #[test]
+    fn a_share_of_the_population_caps_each_window_below_the_absolute_cap() {
+        let (now, wall, window) = (Instant::now(), Utc::now(), Duration::from_secs(600));
+        let mut shared = limiter(Duration::ZERO, 100, window).with_share(Some(10.0));
+        for (population, max) in [(0, 1), (5, 1), (11, 2), (400, 40), (5_000, 100)] {
+            shared.population(population);
+            assert_eq!(shared.max(), max, "{population} claims");
+        }
+        shared.population(30);
+        for _ in 0..3 {
+            assert!(matches!(shared.reserve(now, wall, 0), Admission::At(_)));
+        }
+        assert!(shared.full(wall), "3 of 30 claims: 10%");
+        assert!(matches!(
+            shared.reserve(now, wall, 0),
+            Admission::Capped { .. }
+        ));
+        shared.population(40);
+        assert!(!shared.full(wall), "more claims, a larger share");
+        let unshared = limiter(Duration::ZERO, 100, window);
+        assert_eq!(unshared.max(), 100, "no share: the absolute cap");
     }
 
     fn slot(admission: Admission) -> Instant {

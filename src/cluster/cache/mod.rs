@@ -405,6 +405,11 @@ impl Index {
         self.claims.values()
     }
 
+    /// How many claims are tracked: the population the cap's share is taken of.
+    pub fn claim_count(&self) -> usize {
+        self.claims.len()
+    }
+
     /// The tracked claims of one namespace.
     pub fn claims_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a ClaimFacts> {
         self.claims()

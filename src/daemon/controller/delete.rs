@@ -21,9 +21,8 @@ use crate::observe::metrics::{DeleteResult, Mark};
 use super::recheck::Confirmed;
 use super::{Cause, Controller};
 
-/// The blast-radius cap as its notice tells it: at most `max` deletions in any `window`.
+/// The blast-radius cap's window as its notice tells it (the most it holds is the limiter's).
 struct Cap {
-    max: u32,
     window: String,
     /// The window itself, for how long a clock dispute holds the cap full.
     span: std::time::Duration,
@@ -48,14 +47,17 @@ impl Deletes {
     pub(super) fn new(config: &Config) -> Self {
         let deletion = &config.deletion;
         Deletes {
-            limiter: Mutex::new(Limiter::new(
-                // Validation refused every rate without an interval; the slowest pace otherwise.
-                deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
-                deletion.max_deletions_per_window,
-                deletion.window,
-            )),
+            limiter: Mutex::new(
+                Limiter::new(
+                    // Validation refused every rate without an interval; the slowest pace
+                    // otherwise.
+                    deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
+                    deletion.max_deletions_per_window,
+                    deletion.window,
+                )
+                .with_share(deletion.max_deletions_percent),
+            ),
             cap: Cap {
-                max: deletion.max_deletions_per_window,
                 window: humantime::format_duration(deletion.window).to_string(),
                 span: deletion.window,
                 disputed_told: Mutex::default(),
@@ -95,12 +97,14 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
         self.metrics.set_clock_disputed(false);
         let place = cause.place_in_line();
-        let (admission, full, first) = {
+        let population = self.read_index().claim_count();
+        let (admission, full, first, max) = {
             let mut limiter = self.lock_limiter();
+            limiter.population(population);
             let mut line = self.lock_line();
             // Judged at the earliest the API server's clock can read: never shorter windows.
             let (earliest, _) = self.clock.server();
-            let ahead = line.ahead(key, place, self.deletes.cap.max as usize);
+            let ahead = line.ahead(key, place, limiter.max() as usize);
             let admission = limiter.reserve(Instant::now(), earliest, ahead);
             let first = match admission {
                 Admission::At(_) => {
@@ -110,7 +114,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 Admission::Capped { .. } => line.join(key, place),
                 Admission::Unknown => false,
             };
-            (admission, limiter.full(earliest), first)
+            (admission, limiter.full(earliest), first, limiter.max())
         };
         match admission {
             Admission::At(reservation) => {
@@ -130,10 +134,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Admission::Capped { until } => {
                 self.metrics.set_capped(true);
                 if first {
-                    let Cap { max, window, .. } = &self.deletes.cap;
+                    // The cap as it stands: the absolute one, or the share of the population.
+                    let window = &self.deletes.cap.window;
                     warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
                     let notice = Notice::CapReached {
-                        max: *max,
+                        max,
                         window: window.clone(),
                     };
                     self.cluster.notify(claim, notice).await;

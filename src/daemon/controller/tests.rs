@@ -793,6 +793,26 @@ async fn each_claim_held_back_by_the_cap_is_told_once() {
     assert_eq!(lock(&c.cluster.sent).len(), 1);
 }
 
+/// With a share of the population, a flood of due claims is taken that share a window at a
+/// time, below the absolute cap, and the notice names the cap as it stands.
+#[tokio::test(start_paused = true)]
+async fn a_share_of_the_claims_watched_caps_a_flood() {
+    let names: Vec<String> = (0..20).map(|i| format!("flood-{i}")).collect();
+    let claims: Vec<ClaimFacts> = names.iter().map(|name| due(name)).collect();
+    let c = controller_with(FakeCluster::default(), 100, &claims, true, |config| {
+        config.deletion.max_deletions_percent = Some(10.0);
+    });
+    for name in &names {
+        c.clone().reconcile(key(name)).await;
+    }
+    assert_eq!(lock(&c.cluster.sent).len(), 2, "10% of 20 claims a window");
+    let notices = lock(&c.cluster.notices);
+    assert!(
+        (notices.iter()).any(|notice| matches!(notice, Notice::CapReached { max: 2, .. })),
+        "{notices:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_claim_held_back_is_told_once_however_the_window_moves() {
     let claims = [due("a"), due("b"), due("c"), due("d"), due("e")];
