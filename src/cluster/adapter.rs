@@ -16,10 +16,10 @@ use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::ports::{LeaseRecords, LiveReads, Writes};
 use crate::cluster::progress::{self, Delivery};
 use crate::cluster::served::Served;
-use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation, Writer};
+use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation, Writer};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
-use crate::decide::namespace::Invalid;
+
 use crate::decide::quota::{Pressure, QuotaEntry};
 use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::{Kind, Metrics};
@@ -108,9 +108,9 @@ impl Writes for KubeCluster {
             .await;
     }
 
-    async fn notify_namespace(&self, namespace: &str, invalid: &[Invalid]) {
+    async fn notify_namespace(&self, namespace: &str, notice: &NamespaceNotice) {
         (self.writer)
-            .notify_namespace(namespace, invalid, &self.metrics)
+            .notify_namespace(namespace, notice, &self.metrics)
             .await;
     }
 

@@ -16,10 +16,9 @@ use crate::cluster::cache::Scope;
 use crate::cluster::in_flight::InFlight;
 use crate::cluster::progress::Delivery;
 use crate::cluster::server_clock::ServerClock;
-use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
+use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
-use crate::decide::namespace::Invalid;
 use crate::decide::quota::{Pressure, QuotaEntry};
 use crate::decide::volumes::VolumeFacts;
 use crate::observe::metrics::Kind;
@@ -92,11 +91,11 @@ pub trait Writes: Send + Sync + 'static {
 
     fn notify_quota_pressure(&self, pressure: &Pressure) -> impl Future<Output = ()> + Send;
 
-    /// A warning on a Namespace whose workspace-gc annotations are not understood.
+    /// A warning on a Namespace.
     fn notify_namespace(
         &self,
         namespace: &str,
-        invalid: &[Invalid],
+        notice: &NamespaceNotice,
     ) -> impl Future<Output = ()> + Send;
 
     /// Writes the UID of the claim just deleted on its volume (see [`Writer::mark_volume`](crate::cluster::writer::Writer::mark_volume));

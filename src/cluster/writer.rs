@@ -61,6 +61,15 @@ impl Answer {
     }
 }
 
+/// What the daemon tells on a Namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NamespaceNotice {
+    /// Its workspace-gc annotations are not understood: every claim there is kept.
+    InvalidPolicy(Vec<Invalid>),
+    /// Many claims there gained the build-workspace label without provenance at once.
+    UnprovenLabelFlood { claims: usize, within: String },
+}
+
 /// What an event on a claim says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
@@ -416,9 +425,14 @@ impl Writer {
             .await;
     }
 
-    /// A warning on a Namespace whose workspace-gc annotations are not understood (its claims
-    /// are kept), if this replica leads. Written in that namespace, where its team looks.
-    pub async fn notify_namespace(&self, namespace: &str, invalid: &[Invalid], metrics: &Metrics) {
+    /// A warning on a Namespace, if this replica leads. Written in that namespace, where its
+    /// team looks.
+    pub async fn notify_namespace(
+        &self,
+        namespace: &str,
+        notice: &NamespaceNotice,
+        metrics: &Metrics,
+    ) {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Namespace".into()),
@@ -426,21 +440,29 @@ impl Writer {
             name: Some(namespace.to_owned()),
             ..ObjectReference::default()
         };
-        let problems: Vec<String> = invalid.iter().map(ToString::to_string).collect();
-        let note = format!(
-            "workspace-gc keeps every claim in this namespace until its annotations are fixed: {}",
-            problems.join("; ")
-        );
+        let (reason, note) = match notice {
+            NamespaceNotice::InvalidPolicy(invalid) => {
+                let problems: Vec<String> = invalid.iter().map(ToString::to_string).collect();
+                let note = format!(
+                    "workspace-gc keeps every claim in this namespace until its annotations are fixed: {}",
+                    problems.join("; ")
+                );
+                ("InvalidNamespacePolicy", note)
+            }
+            NamespaceNotice::UnprovenLabelFlood { claims, within } => (
+                "UnprovenLabelFlood",
+                format!(
+                    "{claims} claims here gained the build-workspace label without the provenance \
+                     of a build workspace within {within}: a common label applied to the \
+                     namespace, most likely; workspace-gc keeps them (reason \
+                     not-a-build-workspace); remove the label from claims that are not build \
+                     workspaces"
+                ),
+            ),
+        };
         let key = ObjectKey::new(namespace, namespace);
-        self.publish(
-            EventType::Warning,
-            "InvalidNamespacePolicy",
-            note,
-            &reference,
-            &key,
-            metrics,
-        )
-        .await;
+        self.publish(EventType::Warning, reason, note, &reference, &key, metrics)
+            .await;
     }
 
     /// Publishes an event, if this replica leads; failures are logged and counted, never fatal.

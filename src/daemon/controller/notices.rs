@@ -1,15 +1,16 @@
 //! What the daemon tells users as Events and warnings, once each: a deletion coming up
-//! (`deletion.notice_before`), namespace settings it does not understand, and a labelled claim
-//! that is no build workspace.
+//! (`deletion.notice_before`), namespace settings it does not understand, a labelled claim that
+//! is no build workspace, and a flood of those in one namespace.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
 use crate::cluster::ports::{Clock, Cluster};
-use crate::cluster::writer::Notice;
+use crate::cluster::writer::{NamespaceNotice, Notice};
 use crate::config::Config;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::policy::Reason;
@@ -29,6 +30,38 @@ pub(super) struct Notices {
     warned: Mutex<HashMap<String, BTreeMap<String, String>>>,
     /// Per claim, the UID and what it lacks, last told (leader only): once per claim and lack.
     unproven: Mutex<HashMap<ObjectKey, (String, String)>>,
+    /// Per namespace, when each claim there was first told to lack provenance within the last
+    /// [`FLOOD_WINDOW`], and whether the flood was told in it.
+    floods: Mutex<HashMap<String, Flood>>,
+}
+
+/// A flood of labelled claims without provenance in one namespace: this many first told within
+/// this long (the `WorkspaceGCUnprovenLabelFlood` alert's figures) is told on the Namespace.
+const FLOOD_CLAIMS: usize = 10;
+const FLOOD_WINDOW: Duration = Duration::from_secs(10 * 60);
+
+/// One namespace's claims first told to lack provenance, within the window.
+#[derive(Default)]
+struct Flood {
+    told: VecDeque<tokio::time::Instant>,
+    /// When the flood was last told: once a window.
+    announced: Option<tokio::time::Instant>,
+}
+
+impl Flood {
+    /// Counts one more claim at `now`; the number in the window when that makes a flood not
+    /// yet told in it.
+    fn count(&mut self, now: tokio::time::Instant) -> Option<usize> {
+        while (self.told.front()).is_some_and(|first| now.duration_since(*first) >= FLOOD_WINDOW) {
+            self.told.pop_front();
+        }
+        self.told.push_back(now);
+        let quiet = (self.announced).is_none_or(|at| now.duration_since(at) >= FLOOD_WINDOW);
+        (self.told.len() >= FLOOD_CLAIMS && quiet).then(|| {
+            self.announced = Some(now);
+            self.told.len()
+        })
+    }
 }
 
 impl Notices {
@@ -39,6 +72,7 @@ impl Notices {
             noticed: Mutex::default(),
             warned: Mutex::default(),
             unproven: Mutex::default(),
+            floods: Mutex::default(),
         }
     }
 
@@ -57,6 +91,7 @@ impl Notices {
     pub(super) fn forget_warnings(&self) {
         (self.warned.lock().unwrap_or_else(|e| e.into_inner())).clear();
         (self.unproven.lock().unwrap_or_else(|e| e.into_inner())).clear();
+        (self.floods.lock().unwrap_or_else(|e| e.into_inner())).clear();
     }
 }
 
@@ -85,7 +120,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             for problem in &invalid {
                 warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
             }
-            (self.cluster).notify_namespace(namespace, &invalid).await;
+            let notice = NamespaceNotice::InvalidPolicy(invalid);
+            (self.cluster).notify_namespace(namespace, &notice).await;
         }
     }
 
@@ -100,10 +136,24 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let this = (claim.uid.clone(), detail.clone());
             told.insert(claim.key.clone(), this.clone()) != Some(this)
         };
-        if first {
-            warn!(claim = %claim.key, %detail, "keeping a labelled claim that is no build workspace");
-            let notice = Notice::NotABuildWorkspace(detail);
-            self.cluster.notify(claim, notice).await;
+        if !first {
+            return;
+        }
+        warn!(claim = %claim.key, %detail, "keeping a labelled claim that is no build workspace");
+        let notice = Notice::NotABuildWorkspace(detail);
+        self.cluster.notify(claim, notice).await;
+        // Many at once in one namespace is the alarm it is (a common label applied to it).
+        let namespace = claim.key.namespace.to_string();
+        let flood = {
+            let mut floods = (self.notices.floods.lock()).unwrap_or_else(|e| e.into_inner());
+            let flood = floods.entry(namespace.clone()).or_default();
+            flood.count(tokio::time::Instant::now())
+        };
+        if let Some(claims) = flood {
+            let within = humantime::format_duration(FLOOD_WINDOW).to_string();
+            warn!(%namespace, claims, %within, "a flood of labelled claims without provenance");
+            let notice = NamespaceNotice::UnprovenLabelFlood { claims, within };
+            (self.cluster).notify_namespace(&namespace, &notice).await;
         }
     }
 

@@ -14,7 +14,7 @@ use crate::cluster::cache::{Change, Index, Scope, Update};
 use crate::cluster::in_flight::InFlight;
 use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
 use crate::cluster::watches::PROVEN;
-use crate::cluster::writer::{Answer, Mode, NotSent, Notice, Revocation};
+use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation};
 use crate::config::Config;
 use crate::contract::OwnerKind;
 use crate::contract::annotations::{NS_COLLECT, NS_TTL_AFTER_FINISHED};
@@ -22,7 +22,7 @@ use crate::daemon::scheduler::{Failure, Outcome, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::facts::{NamespaceEntry, PodEntry, Progress, RunEntry};
 use crate::decide::linking::Found;
-use crate::decide::namespace::Invalid;
+
 use crate::decide::policy::Reason;
 use crate::decide::quota::{Limit, Pressure, QuotaEntry, Resource};
 use crate::decide::volumes::{self, VolumeFacts};
@@ -73,6 +73,7 @@ struct FakeCluster {
     answers: Mutex<VecDeque<Result<DeleteResult, NotSent>>>,
     sent: Mutex<Vec<SentDelete>>,
     notices: Mutex<Vec<Notice>>,
+    namespace_notices: Mutex<Vec<(String, NamespaceNotice)>>,
     dry_run: bool,
     /// The claim as a live GET finds it (after an unanswered DELETE); `None`: gone.
     claim_state: Mutex<Option<(String, bool)>>,
@@ -231,7 +232,9 @@ impl Writes for FakeCluster {
 
     async fn notify_quota_pressure(&self, _: &Pressure) {}
 
-    async fn notify_namespace(&self, _: &str, _: &[Invalid]) {}
+    async fn notify_namespace(&self, namespace: &str, notice: &NamespaceNotice) {
+        lock(&self.namespace_notices).push((namespace.to_owned(), notice.clone()));
+    }
 
     async fn mark_volume(&self, volume: &VolumeFacts, claim_uid: &str) -> Option<VolumeFacts> {
         lock(&self.volume_writes).push(format!("mark {} {claim_uid}", volume.name));
@@ -791,6 +794,46 @@ async fn each_claim_held_back_by_the_cap_is_told_once() {
         .count();
     assert_eq!(capped, 2);
     assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+/// Labelled claims without provenance, many at once in one namespace (a common label applied
+/// to it): each is told on the claim, and the flood once on the Namespace, not on every claim
+/// past the threshold nor again within its window.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_claims_without_provenance_is_told_once_on_the_namespace() {
+    use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
+    let labelled_later = |name: &str| ClaimFacts {
+        provenance: Provenance {
+            operator_labels: true,
+            label: LabelHistory::Owners(vec![LabelOwner {
+                manager: "kubectl-label".into(),
+                made_claim: false,
+            }]),
+        },
+        ..due(name)
+    };
+    let names: Vec<String> = (0..25).map(|i| format!("data-{i}")).collect();
+    let claims: Vec<ClaimFacts> = names.iter().map(|name| labelled_later(name)).collect();
+    let c = controller(FakeCluster::default(), 100, &claims, true);
+    for name in &names {
+        c.clone().reconcile(key(name)).await;
+    }
+    assert!(lock(&c.cluster.sent).is_empty(), "none deleted");
+    let told = (lock(&c.cluster.notices).iter())
+        .filter(|notice| matches!(notice, Notice::NotABuildWorkspace(_)))
+        .count();
+    assert_eq!(told, 25, "each claim told");
+    let floods = lock(&c.cluster.namespace_notices).clone();
+    assert_eq!(
+        floods,
+        [(
+            "ml".to_owned(),
+            NamespaceNotice::UnprovenLabelFlood {
+                claims: 10,
+                within: "10m".into()
+            }
+        )]
+    );
 }
 
 /// With a share of the population, a flood of due claims is taken that share a window at a
