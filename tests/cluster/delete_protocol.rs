@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{
-    ClaimBuilder, ControlPlane, Fault, Process, Proxy, Rule, TestNamespace, capped, deleted,
-    deleted_count, elected_vars, expiring, in_secs, log_dir, metric, overdue_under_a_cap,
-    replica_through, service_account, set_var, wait_until,
+    ClaimBuilder, ControlPlane, DeleteInvariant, Fault, Process, Proxy, Rule, TestNamespace,
+    ViolationKind, capped, deleted, deleted_count, elected_vars, expiring, in_secs, log_dir,
+    metric, overdue_under_a_cap, read_audit, replica_through, service_account, set_var, wait_until,
 };
 use workspace_gc::contract::annotations::DELETES_IN_FLIGHT;
 
@@ -402,4 +402,68 @@ async fn what_the_lease_names_in_flight_never_stops_its_renewals() {
     );
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
+}
+
+/// A hop that queues requests in order and serves those whose client left (HAProxy's server
+/// queue without `abortonclose`): the leader's DELETE is held, and every revocation of it queues
+/// behind. The hop forwards them, in order, long after the DELETE's deadline: the DELETE lands
+/// (nothing changed the claim, so its precondition holds), and the revocations find the claim
+/// gone, so the daemon counts a late DELETE. No write of the client can overtake an earlier one
+/// in such a queue (RELIABILITY.md, "Never wrong"). The audit-log invariant tells that DELETE
+/// apart as late, landed, and nothing else. (Before, the invariant passed it.)
+#[tokio::test(flavor = "multi_thread")]
+async fn an_in_order_hop_lands_a_late_delete_and_the_invariant_tells_it_apart() {
+    let work = tempfile::tempdir().expect("a directory for the audit log");
+    let (cp, audit_log) = crate::leadership::audited_plane(&work);
+    let ns = TestNamespace::new(&cp, "in-order").await;
+    let proxy = Proxy::http(&cp).await;
+    let kubeconfig = replica_through(&cp, &ns, "gc", &proxy).await;
+    let user = service_account(ns.name(), "gc");
+    let held =
+        |verb| Rule::new(verb, "persistentvolumeclaims", Fault::HoldAndForward).user(user.clone());
+    let delete = proxy.add(held("delete").times(1));
+    let revocations = proxy.add(held("patch"));
+    let logs = log_dir("delete-protocol");
+    let vars = elected_vars(&ns, "4s");
+    let daemon = Process::spawn(&kubeconfig, &vars, "gc", &logs.path().join("gc.log"));
+    let claim = "queued-build-workspace";
+    expiring(claim, in_secs(-60)).create(&ns).await;
+    assert!(
+        wait_until(secs(60), || async {
+            proxy.hits(delete) == 1 && proxy.hits(revocations) >= 1
+        })
+        .await,
+        "the DELETE, then its revocation, queue at the hop:\n{}",
+        daemon.logs()
+    );
+    // Well past the DELETE's deadline and the fence's reach, the queue moves, in order.
+    tokio::time::sleep(secs(8)).await;
+    assert!(
+        !deleted(&ns, claim).await,
+        "nothing reached the API server yet"
+    );
+    proxy.remove(delete);
+    assert!(
+        wait_until(secs(20), || deleted(&ns, claim)).await,
+        "the late DELETE lands"
+    );
+    proxy.remove(revocations);
+    assert!(
+        wait_until(secs(60), || async {
+            metric(
+                &daemon.metrics().await,
+                "workspace_gc_deletes_late_total",
+                "",
+            ) == 1.0
+        })
+        .await,
+        "the daemon learns it landed:\n{}",
+        daemon.logs()
+    );
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+    let invariant = DeleteInvariant::new(&[user], Some((ns.name(), "workspace-gc")), secs(4));
+    let violations = invariant.check(&read_audit(&audit_log), &[]);
+    let kinds: Vec<ViolationKind> = violations.iter().map(|v| v.kind).collect();
+    assert_eq!(kinds, [ViolationKind::LateLanded], "{violations:#?}");
 }

@@ -431,7 +431,7 @@ async fn a_partitioned_leader_stops_deleting_before_its_lease_can_expire() {
 
 /// A control plane of its own whose audit log records what [`DeleteInvariant`] reads, and
 /// that log's path (in `work`).
-fn audited_plane(work: &tempfile::TempDir) -> (ControlPlane, std::path::PathBuf) {
+pub(crate) fn audited_plane(work: &tempfile::TempDir) -> (ControlPlane, std::path::PathBuf) {
     let audit_log = work.path().join("audit.log");
     let audit_policy = work.path().join("audit-policy.yaml");
     std::fs::write(&audit_policy, fencing_audit_policy()).expect("write the audit policy");
