@@ -25,10 +25,9 @@ use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{Api, PostParams};
-use serde_json::json;
 use testkit::{
     ControlPlane, Fault, Process, Proxy, Rule, RuleId, TestNamespace, expiring, in_secs,
-    replica_through, service_account,
+    replica_through, service_account, webhook_that_is_down,
 };
 
 #[derive(Debug, Parser)]
@@ -172,24 +171,8 @@ impl Subject {
 /// A validating webhook on the namespace's claim DELETEs that nothing serves.
 async fn webhook_down(ns: &TestNamespace) -> Result<()> {
     let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(ns.client().clone());
-    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": format!("{}-down", ns.name())},
-        "webhooks": [{
-            "name": "down.workspace-gc.bench",
-            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
-            "rules": [{
-                "operations": ["DELETE"],
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["persistentvolumeclaims"],
-            }],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name()}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 2,
-        }],
-    }))?;
+    let name = format!("{}-down", ns.name());
+    let webhook = webhook_that_is_down(&name, Some(ns.name()));
     webhooks.create(&PostParams::default(), &webhook).await?;
     Ok(())
 }

@@ -55,7 +55,7 @@ pub use node::{
 pub use objects::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, JobBuilder, PipelineRunBuilder, PodBuilder, claim_exists,
     create_with_spec, finished_build, notebook_validation_job_resource, pipeline_resource,
-    pipeline_run_resource, run_condition, task_run_resource,
+    pipeline_run_resource, run_condition, task_run_resource, webhook_that_is_down,
 };
 pub use paths::daemon_binary;
 pub use prometheus::{helm_binary, prometheus_binary, release_tool};

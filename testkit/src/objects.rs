@@ -573,3 +573,32 @@ pub async fn claim_exists(ns: &TestNamespace, name: &str) -> bool {
         .unwrap_or_else(|e| panic!("get claim {}/{name}: {e}", ns.name()))
         .is_some()
 }
+
+/// A validating webhook on claim DELETEs whose pods are down (`failurePolicy: Fail`, nothing
+/// listens at its URL): the API server answers each DELETE 500 "failed calling webhook", for the
+/// claims of `namespace`, or of every namespace.
+pub fn webhook_that_is_down(
+    name: &str,
+    namespace: Option<&str>,
+) -> k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration {
+    let mut webhook = json!({
+        "name": "down.workspace-gc.test",
+        "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+        "rules": [{
+            "operations": ["DELETE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["persistentvolumeclaims"],
+        }],
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 2,
+    });
+    if let Some(namespace) = namespace {
+        webhook["namespaceSelector"] =
+            json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}});
+    }
+    serde_json::from_value(json!({"metadata": {"name": name}, "webhooks": [webhook]}))
+        .expect("a webhook configuration")
+}

@@ -16,6 +16,7 @@ use testkit::{
     ClaimBuilder, ControlPlane, DeleteInvariant, Fault, Process, Proxy, Rule, TestNamespace,
     ViolationKind, capped, deleted, deleted_count, elected_vars, expiring, in_secs, log_dir,
     metric, overdue_under_a_cap, read_audit, replica_through, service_account, set_var, wait_until,
+    webhook_that_is_down,
 };
 use workspace_gc::contract::annotations::DELETES_IN_FLIGHT;
 
@@ -189,26 +190,7 @@ async fn a_webhook_that_is_down_costs_a_backoff_not_a_storm() {
     let claim = "guarded-build-workspace";
     let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(ns.client().clone());
     let name = format!("{}-down", ns.name());
-    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "down.workspace-gc.test",
-            // Nothing listens there: the webhook's pods are down.
-            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
-            "rules": [{
-                "operations": ["DELETE"],
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["persistentvolumeclaims"],
-            }],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name()}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 2,
-        }],
-    }))
-    .expect("a webhook configuration");
+    let webhook = webhook_that_is_down(&name, Some(ns.name()));
     webhooks
         .create(&PostParams::default(), &webhook)
         .await

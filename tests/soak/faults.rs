@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use crate::load::{Driver, Rng};
 use crate::replicas::Replica;
 use crate::{CAP, LEASE_DURATION, LEASE_NAMESPACE, RECHECK_BOUND, SLOW_LIST, now, seconds};
-use testkit::{AuditEvent, ControlPlane, Fault, Forwarded, Rule};
+use testkit::{AuditEvent, ControlPlane, Fault, Forwarded, Rule, webhook_that_is_down};
 
 #[derive(Debug, Clone)]
 pub struct Window {
@@ -254,7 +254,9 @@ impl Faults {
         };
         println!("soak: {what} ({})", self.replicas[target].name);
         let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(self.driver.client.clone());
-        let webhook = rules.is_empty().then(down_webhook);
+        let webhook = rules
+            .is_empty()
+            .then(|| webhook_that_is_down(DOWN_WEBHOOK, None));
         if let Some(webhook) = &webhook {
             webhooks
                 .create(&PostParams::default(), webhook)
@@ -389,25 +391,3 @@ impl Faults {
 }
 
 const DOWN_WEBHOOK: &str = "soak-webhook-down";
-
-/// A validating webhook on every claim DELETE that nothing serves.
-fn down_webhook() -> ValidatingWebhookConfiguration {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": DOWN_WEBHOOK},
-        "webhooks": [{
-            "name": "down.workspace-gc.soak",
-            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
-            "rules": [{
-                "operations": ["DELETE"],
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["persistentvolumeclaims"],
-            }],
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 2,
-        }],
-    }))
-    .expect("a webhook configuration")
-}
