@@ -4,7 +4,7 @@
 //! leader dies as a node does. No claim that must be kept is deleted, and none is stranded by
 //! what the other version wrote on the Lease or on a claim.
 //!
-//! The earlier version's binary is named by `WORKSPACE_GC_UPGRADE_FROM`; scripts/test builds it
+//! The earlier version's binary is named by `EARLIER_WORKSPACE_GC_BINARY`; scripts/test builds it
 //! from 7c806ec's tree (`scripts/upgrade-from build`) and sets it. Without it these tests say
 //! so and check nothing.
 
@@ -30,10 +30,10 @@ fn secs(n: u64) -> Duration {
 
 /// The earlier version's binary, or `None` (said on stderr) when none was built.
 fn earlier() -> Option<PathBuf> {
-    let binary = std::env::var_os("WORKSPACE_GC_UPGRADE_FROM").map(PathBuf::from);
+    let binary = std::env::var_os("EARLIER_WORKSPACE_GC_BINARY").map(PathBuf::from);
     if binary.is_none() {
         eprintln!(
-            "upgrade: WORKSPACE_GC_UPGRADE_FROM is not set (scripts/test builds 7c806ec and sets it); nothing checked"
+            "upgrade: EARLIER_WORKSPACE_GC_BINARY is not set (scripts/test builds 7c806ec and sets it); nothing checked"
         );
     }
     binary
