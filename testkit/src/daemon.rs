@@ -21,12 +21,14 @@ pub struct Daemon {
     stop: CancellationToken,
     task: JoinHandle<()>,
     port: u16,
+    denials_expected: bool,
 }
 
 /// The daemon runs with the shipped rights ([`super::TestNamespace::daemon_client`]): a
 /// `forbidden` answer to one of its own requests means the code asks for what an installation
 /// does not grant, and fails the test that reads its metrics. Only a test that takes a right
-/// away on purpose says so ([`Process::expecting_denials`]).
+/// away on purpose, or restarts the API server (which answers 403 until its RBAC informers have
+/// synced), says so ([`Daemon::expecting_denials`], [`Process::expecting_denials`]).
 fn nothing_forbidden(metrics: String, allowed: bool) -> String {
     let forbidden = metric(
         &metrics,
@@ -73,7 +75,12 @@ impl Daemon {
                     .expect("the daemon runs until stopped");
             }
         });
-        Daemon { stop, task, port }
+        Daemon {
+            stop,
+            task,
+            port,
+            denials_expected: false,
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -89,7 +96,14 @@ impl Daemon {
     }
 
     pub async fn metrics(&self) -> String {
-        nothing_forbidden(self.get("/metrics").await.1, false)
+        nothing_forbidden(self.get("/metrics").await.1, self.denials_expected)
+    }
+
+    /// For a test whose `forbidden` answers are not the daemon's doing (one that restarts the
+    /// API server): they are no failure.
+    pub fn expecting_denials(mut self) -> Self {
+        self.denials_expected = true;
+        self
     }
 
     /// Whether the daemon task is still running (it has not panicked or returned).
