@@ -854,6 +854,23 @@ impl TestNamespace {
             )
             .await;
         }
+        // The API server's authorizer learns the roles and bindings from its informers, a
+        // moment after they are written: a daemon started at once can be refused its first
+        // requests, which would read as a right the manifests lack. Wait until each rule holds.
+        let user = super::http_proxy::service_account(&self.name, account);
+        let mut granted: Vec<(PolicyRule, String)> = (super::shipped::cluster_rules(config))
+            .into_iter()
+            .map(|rule| (rule, self.name.clone()))
+            .collect();
+        if config.leader_election.enabled {
+            let lease_namespace = (config.leader_election.lease_namespace.clone())
+                .unwrap_or_else(|| self.name.clone());
+            granted.extend(
+                (super::shipped::lease_rules().into_iter())
+                    .map(|rule| (rule, lease_namespace.clone())),
+            );
+        }
+        self.wait_for_rights(&user, &granted).await;
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
                 expiration_seconds: Some(24 * 3600),
@@ -868,6 +885,55 @@ impl TestNamespace {
             .status
             .and_then(|status| status.token)
             .expect("the TokenRequest response carries a token")
+    }
+
+    /// Waits until the API server's authorizer grants `user` every verb on every resource of
+    /// each rule, in its namespace (a cluster-wide grant answers there too).
+    async fn wait_for_rights(&self, user: &str, rules: &[(PolicyRule, String)]) {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let reviews: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let mut asks = Vec::new();
+        for (rule, namespace) in rules {
+            let groups = rule.api_groups.clone().unwrap_or_default();
+            let resources = rule.resources.clone().unwrap_or_default();
+            // A rule for named objects is asked of its first name.
+            let name = (rule.resource_names.as_ref()).and_then(|names| names.first().cloned());
+            for group in &groups {
+                for resource in &resources {
+                    for verb in &rule.verbs {
+                        asks.push(ResourceAttributes {
+                            namespace: Some(namespace.clone()),
+                            verb: Some(verb.clone()),
+                            group: Some(group.clone()),
+                            resource: Some(resource.clone()),
+                            name: name.clone(),
+                            ..ResourceAttributes::default()
+                        });
+                    }
+                }
+            }
+        }
+        for ask in asks {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.to_owned()),
+                    groups: Some(vec!["system:serviceaccounts".to_owned()]),
+                    resource_attributes: Some(ask.clone()),
+                    ..SubjectAccessReviewSpec::default()
+                },
+                ..SubjectAccessReview::default()
+            };
+            let allowed = super::wait_until(std::time::Duration::from_secs(30), || async {
+                (reviews.create(&PostParams::default(), &review).await)
+                    .ok()
+                    .and_then(|answer| answer.status)
+                    .is_some_and(|status| status.allowed)
+            })
+            .await;
+            assert!(allowed, "{user} is never granted {ask:?}");
+        }
     }
 
     /// The admin client this namespace was created with.
