@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
@@ -29,6 +30,8 @@ pub struct KubeCluster {
     pub client: Client,
     pub writer: Writer,
     pub fence: Fence,
+    /// Whether this replica holds the Lease, as the elector publishes it.
+    pub leading: watch::Receiver<bool>,
     pub snapshots: Snapshots,
     /// Where each owner kind is read, shared with the watches.
     pub served: Served,
@@ -136,6 +139,14 @@ impl Writes for KubeCluster {
 }
 
 impl LeaseRecords for KubeCluster {
+    fn leadership(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
     fn reach(&self) -> Duration {
         self.fence.reach()
     }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
@@ -116,10 +117,19 @@ pub trait Writes: Send + Sync + 'static {
     fn mode(&self) -> Mode;
 }
 
-/// What the controller keeps on the Lease it holds besides the DELETEs in flight (those are the
-/// registry's, `cluster::in_flight`): the cap's ledger and quota pressure's rounds, and how long
-/// the fence lets a DELETE go after a Lease write.
+/// The Lease as the controller sees it: whether this replica holds it, what it keeps there
+/// besides the DELETEs in flight (those are the registry's, `cluster::in_flight`): the cap's
+/// ledger and quota pressure's rounds, and how long the fence lets a DELETE go after a Lease
+/// write.
 pub trait LeaseRecords: Send + Sync + 'static {
+    /// Whether this replica holds the Lease, as the elector publishes it.
+    fn leadership(&self) -> watch::Receiver<bool>;
+
+    /// Whether this replica holds the Lease now.
+    fn is_leader(&self) -> bool {
+        *self.leadership().borrow()
+    }
+
     /// How long after its last Lease write this replica may still send a DELETE.
     fn reach(&self) -> Duration;
 

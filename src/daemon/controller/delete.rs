@@ -1,8 +1,9 @@
-//! The delete pipeline after the decision: admit (the pace and the blast-radius cap, with its
-//! line), send (the Lease's ledger, then the one DELETE, through the writer), mark a `Retain`
-//! volume, and report.
+//! The delete pipeline after the decision: admit (a slot: the pace and the blast-radius cap,
+//! with its line), confirm (the live re-check, in `recheck`), send (the Lease's ledger, then the
+//! one DELETE, through the writer), mark a `Retain` volume, and report. Its concerns' state is
+//! theirs (`slots`, `recheck`, `in_flight`, `pressure`); this file drives them.
 
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -11,59 +12,40 @@ use crate::cluster::in_flight::Sent;
 use crate::cluster::leader::FenceError;
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice};
-use crate::config::{Config, MAX_DURATION, deletion_interval};
-use crate::daemon::limiter::{Admission, Limiter, Line, Reservation};
+use crate::config::Config;
+use crate::daemon::limiter::{Admission, Reservation};
 use crate::daemon::scheduler::{Failure, Outcome};
-use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::facts::ClaimFacts;
 use crate::decide::volumes;
 use crate::observe::metrics::{DeleteResult, Mark};
 
-use super::recheck::Confirmed;
+use super::in_flight::{DeletesInFlight, InFlightDeletes};
+use super::pressure::Pressure;
+use super::recheck::{Confirmed, Rechecks};
+use super::slots::{Admitted, Slots};
 use super::{Cause, Controller};
 
-/// The blast-radius cap's window as its notice tells it (the most it holds is the limiter's).
-struct Cap {
-    window: String,
-    /// The window itself, for how long a clock dispute holds the cap full.
-    span: std::time::Duration,
-    /// The clock dispute whose notice went out: told once per dispute, not per claim.
-    disputed_told: Mutex<Option<Instant>>,
-}
-
-/// The delete pipeline's own state: the pace and the cap, the line of claims the cap holds
-/// back, and whether a deleted claim's `Retain` volume is marked.
+/// The delete pipeline's concerns, each owning its state: the slots (pace, cap and line), the
+/// live re-check, the DELETEs that may still land, and quota pressure's rounds; and whether a
+/// deleted claim's `Retain` volume is marked.
 pub(super) struct Deletes {
-    limiter: Mutex<Limiter>,
-    cap: Cap,
-    /// The claims the cap holds back, earliest due first. Each is told once per episode (until
-    /// it gets a slot, is no longer due, or is gone), not at every retry.
-    line: Mutex<Line<ObjectKey>>,
+    pub(super) slots: Slots,
+    pub(super) rechecks: Rechecks,
+    pub(super) in_flight: InFlightDeletes,
+    pub(super) pressure: Pressure,
     /// Whether a `Retain` volume is marked once its claim's delete succeeded, so that it is
     /// deleted once Released (`deletion.released_volume_ttl`).
     mark_volumes: bool,
 }
 
 impl Deletes {
-    pub(super) fn new(config: &Config) -> Self {
-        let deletion = &config.deletion;
+    pub(super) fn new(config: &Config, registry: Arc<DeletesInFlight>) -> Self {
         Deletes {
-            limiter: Mutex::new(
-                Limiter::new(
-                    // Validation refused every rate without an interval; the slowest pace
-                    // otherwise.
-                    deletion_interval(deletion.deletes_per_second).unwrap_or(MAX_DURATION),
-                    deletion.max_deletions_per_window,
-                    deletion.window,
-                )
-                .with_share(deletion.max_deletions_percent),
-            ),
-            cap: Cap {
-                window: humantime::format_duration(deletion.window).to_string(),
-                span: deletion.window,
-                disputed_told: Mutex::default(),
-            },
-            line: Mutex::default(),
-            mark_volumes: deletion.released_volume_ttl.is_some(),
+            slots: Slots::new(config),
+            rechecks: Rechecks::new(config),
+            in_flight: InFlightDeletes::new(registry),
+            pressure: Pressure::new(config),
+            mark_volumes: config.deletion.released_volume_ttl.is_some(),
         }
     }
 }
@@ -80,42 +62,34 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         cause: Cause,
     ) -> Result<Reservation, Outcome> {
         let key = &claim.key;
-        if let Some(until) = self.clock_disputed_until() {
+        let slots = &self.deletes.slots;
+        if let Some(disputed) = slots.disputed(self.clock.contradicted_at(), Instant::now()) {
             self.metrics.set_clock_disputed(true);
-            let first = {
-                let mut told = self.lock_disputed_told();
-                told.replace(until) != Some(until)
-            };
-            if first {
-                let window = self.deletes.cap.window.clone();
+            if disputed.first {
+                let window = slots.window().to_owned();
                 warn!(claim = %key, %window, "the API server's clock contradicted its earlier answers: the blast-radius cap counts its window as full; deletion deferred");
                 (self.cluster)
                     .notify(claim, Notice::ClockDisputed { window })
                     .await;
             }
-            return Err(Outcome::At(until));
+            return Err(Outcome::At(disputed.until));
         }
         self.metrics.set_clock_disputed(false);
-        let place = cause.place_in_line();
-        let population = self.read_index().claim_count();
-        let (admission, full, first, max) = {
-            let mut limiter = self.lock_limiter();
-            limiter.population(population);
-            let mut line = self.lock_line();
-            // Judged at the earliest the API server's clock can read: never shorter windows.
-            let (earliest, _) = self.clock.server();
-            let ahead = line.ahead(key, place, limiter.max() as usize);
-            let admission = limiter.reserve(Instant::now(), earliest, ahead);
-            let first = match admission {
-                Admission::At(_) => {
-                    line.leave(key);
-                    false
-                }
-                Admission::Capped { .. } => line.join(key, place),
-                Admission::Unknown => false,
-            };
-            (admission, limiter.full(earliest), first, limiter.max())
-        };
+        let population = self.cache.read().claim_count();
+        // Judged at the earliest the API server's clock can read: never shorter windows.
+        let (earliest, _) = self.clock.server();
+        let Admitted {
+            admission,
+            full,
+            first,
+            max,
+        } = slots.admit(
+            key,
+            cause.place_in_line(),
+            population,
+            Instant::now(),
+            earliest,
+        );
         match admission {
             Admission::At(reservation) => {
                 self.metrics.set_cap_unknown(false);
@@ -135,11 +109,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 self.metrics.set_capped(true);
                 if first {
                     // The cap as it stands: the absolute one, or the share of the population.
-                    let window = &self.deletes.cap.window;
+                    let window = slots.window();
                     warn!(claim = %key, max, %window, "blast-radius cap reached; deletion deferred");
                     let notice = Notice::CapReached {
                         max,
-                        window: window.clone(),
+                        window: window.to_owned(),
                     };
                     self.cluster.notify(claim, notice).await;
                 }
@@ -165,17 +139,16 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // leaves then, so it would hold the round forever). The one question of the mode:
         // it is asked before the answer that tells a dry run from a real one.
         let recorded = pressure || self.cluster.mode() == Mode::Delete;
-        if recorded {
-            self.record_round(claim);
+        if recorded && let Some(rounds) = self.deletes.pressure.record(claim) {
+            self.cluster.stage_rounds(rounds);
         }
         // The ledger written to the Lease before the DELETE counts it from the latest instant
         // the DELETE can go out: the fence lets it go at most `reach` after this write. So a
         // replica that recovers the ledger never counts it earlier than the API server saw it
         // (a restart inside a window then cannot open room for one delete too many).
-        let reservation = self
-            .lock_limiter()
-            .count_from(reservation, self.clock.server().1 + self.cluster.reach());
-        let ledger = self.lock_limiter().ledger_for(reservation);
+        let slots = &self.deletes.slots;
+        let latest = self.clock.server().1 + self.cluster.reach();
+        let (reservation, ledger) = slots.count_for_send(reservation, latest);
         let sent = match &ledger {
             Some(counted) => {
                 let text = counted.ledger.to_annotation();
@@ -188,13 +161,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
         match result {
             // Received by the time it was answered, at the latest.
-            Some(DeleteResult::Deleted) => {
-                self.lock_limiter()
-                    .count_from(reservation, self.clock.server().1);
-            }
+            Some(DeleteResult::Deleted) => slots.count_from(reservation, self.clock.server().1),
             // It may have been carried out: it stays counted until its revocation says.
             Some(DeleteResult::Unanswered) => {}
-            _ => self.release(reservation),
+            _ => slots.release(reservation),
         }
         // The registry learns how a real DELETE ended (a dry run's never could land).
         let ended = match &sent {
@@ -204,7 +174,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Ok(Answer::Real(_)) | Err(_) => Some(Sent::Settled),
         };
         if let Some(ended) = ended {
-            self.sent(claim, ended, reservation);
+            self.deletes.in_flight.sent(claim, ended, reservation);
         }
         if let Ok(Answer::Real(DeleteResult::Deleted)) = &sent {
             self.mark(claim, confirmed).await;
@@ -216,7 +186,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             None | Some(DeleteResult::Conflict | DeleteResult::Throttled | DeleteResult::Denied)
         );
         if recorded && not_freed {
-            self.rounds().withdraw(&claim.key, &claim.uid);
+            self.deletes.pressure.withdraw(&claim.key, &claim.uid);
         }
         sent
     }
@@ -314,42 +284,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
     }
 
-    /// Until when the cap counts its window as full because the API server's clock
-    /// contradicted its earlier answers: the ledger is dated by that clock's estimate, and an
-    /// estimate that jumped forward would otherwise forget the deletions dated on the slower
-    /// clock, for good (and the Lease's copy with them). `None` once a whole window has passed
-    /// since the last contradiction. Fails closed: deletions wait, none is forgotten.
-    fn clock_disputed_until(&self) -> Option<Instant> {
-        let until = self.clock.contradicted_at()? + self.deletes.cap.span;
-        (until > Instant::now()).then_some(until)
-    }
-
-    fn lock_disputed_told(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        (self.deletes.cap.disputed_told)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn release(&self, reservation: Reservation) {
-        self.lock_limiter().release(reservation);
-    }
-
-    pub(super) fn lock_line(&self) -> std::sync::MutexGuard<'_, Line<ObjectKey>> {
-        self.deletes.line.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn lock_limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {
-        self.deletes
-            .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Counts the cap from the ledger found on the Lease just won; fails closed for a window
     /// when it cannot be read.
     pub(super) fn recover_cap(&self) {
         let found = self.cluster.found_ledger();
-        if let Err(error) = self.lock_limiter().recover(
+        if let Err(error) = self.deletes.slots.recover(
             found.as_deref(),
             self.clock.server().0,
             self.cluster.reach(),

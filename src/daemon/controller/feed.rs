@@ -68,11 +68,9 @@ pub(super) async fn apply_watches<C: Cluster, K: Clock>(
             health.set_synced();
             controller.metrics.set_ready(health.is_ready());
         }
-        for key in fed.affected {
-            controller.schedule.now(key);
-        }
+        controller.wake(fed.affected);
         let namespaces: Vec<String> = if fed.every_namespace {
-            controller.read_index().namespace_names()
+            controller.cache.read().namespace_names()
         } else {
             fed.namespaces.into_iter().collect()
         };
@@ -111,7 +109,7 @@ fn apply_chunk<C: Cluster, K: Clock>(
     chunk: Vec<watches::Item>,
 ) -> Fed {
     let mut fed = Fed::default();
-    let mut index = controller.write_index();
+    let mut index = controller.cache.write();
     for item in chunk {
         let update = match item {
             Ok(update) => update,
@@ -119,7 +117,7 @@ fn apply_chunk<C: Cluster, K: Clock>(
                 controller.metrics.watch_restart(kind);
                 record_watch_error(&controller.metrics, &error);
                 if kind == Kind::Claims {
-                    controller.claims_watch_broken(true);
+                    controller.deletes.in_flight.claims_watch_broken(true);
                 }
                 warn!(kind = kind.as_str(), %error, "watch failed; retrying with backoff");
                 if cannot_connect(&error) {
@@ -130,7 +128,7 @@ fn apply_chunk<C: Cluster, K: Clock>(
         };
         record_reachability(health, true);
         if matches!(update, Update::Claim(_)) {
-            controller.claims_watch_broken(false);
+            controller.deletes.in_flight.claims_watch_broken(false);
         }
         match &update {
             Update::Namespace(Change::Apply(entry)) => {
@@ -159,7 +157,7 @@ fn apply_chunk<C: Cluster, K: Clock>(
     drop(index);
     // Quota pressure's bookkeeping reads the cache as the chunk left it, under the read lock:
     // the watches wait for no plan.
-    let index = controller.read_index();
+    let index = controller.cache.read();
     if fed.every_quota_namespace {
         controller.observe_quotas(&index, None);
     } else {

@@ -48,9 +48,17 @@ impl InFlightDeletes {
             claims_watch_broken: AtomicBool::new(false),
         }
     }
-}
 
-impl<C: Cluster, K: Clock> Controller<C, K> {
+    fn registry(&self) -> std::sync::MutexGuard<'_, in_flight::Registry<Reservation>> {
+        (self.registry).lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The registry as the elector drives it (winning the Lease), for the tests.
+    #[cfg(test)]
+    pub(super) fn lease_side(&self) -> std::sync::MutexGuard<'_, in_flight::Registry<Reservation>> {
+        self.registry()
+    }
+
     /// Why a DELETE may have removed the claim without the cache showing it, so that its live
     /// re-check reads the claim itself before anything is sent: one was answered with success
     /// and the watch has not shown the claim gone, or the claims' watch is broken. `None` when
@@ -59,18 +67,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if self.registry().carried(&claim.key, &claim.uid) {
             return Some(Unseen::Answered);
         }
-        let broken = self.in_flight.claims_watch_broken.load(Ordering::Relaxed);
+        let broken = self.claims_watch_broken.load(Ordering::Relaxed);
         broken.then_some(Unseen::WatchBroken)
     }
 
+    /// Whether the claims' watch has failed and delivered nothing since.
     pub(super) fn claims_watch_broken(&self, broken: bool) {
-        (self.in_flight.claims_watch_broken).store(broken, Ordering::Relaxed);
-    }
-
-    pub(super) fn registry(&self) -> std::sync::MutexGuard<'_, in_flight::Registry<Reservation>> {
-        (self.in_flight.registry)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.claims_watch_broken.store(broken, Ordering::Relaxed);
     }
 
     /// The DELETE of `claim` ended its request as `sent`: the registry learns it, and keeps
@@ -85,13 +88,36 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         self.registry().sent(&delete, sent, Some(reservation));
     }
 
+    /// The claim is seen gone (or re-created): nothing of it can land any more.
+    pub(super) fn seen_gone(&self, key: &ObjectKey) {
+        self.registry().seen_gone(key);
+    }
+
+    /// The DELETE of this claim owed a revocation, if any.
+    pub(super) fn owed(&self, key: &ObjectKey) -> Option<InFlight> {
+        self.registry().owed(key)
+    }
+
+    /// The claims owed a revocation.
+    pub(super) fn owed_keys(&self) -> Vec<ObjectKey> {
+        self.registry().owed_keys()
+    }
+
+    /// How the revocation of `delete` ended; the slot of the cap it held, once it can never
+    /// land.
+    pub(super) fn revoked(&self, delete: &InFlight, revocation: Revocation) -> Option<Reservation> {
+        self.registry().revoked(delete, revocation)
+    }
+}
+
+impl<C: Cluster, K: Clock> Controller<C, K> {
     /// On winning the lease: every claim owed a revocation (the DELETEs the Lease named,
     /// sent by whoever led before, maybe still held somewhere on its way) is reconciled, which
     /// revokes it before anything else is decided for the claim. The elector registered them
     /// before the lease was won, so before the cap opens; revoked in one place only, the
     /// claim's reconcile, so each is sent once.
     pub(super) fn reconcile_owed(&self) {
-        let owed = self.registry().owed_keys();
+        let owed = self.deletes.in_flight.owed_keys();
         if owed.is_empty() {
             return;
         }
@@ -99,16 +125,15 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             count = owed.len(),
             "the lease names deletes in flight: each is revoked before its claim is decided"
         );
-        for key in owed {
-            self.schedule.now(key);
-        }
+        self.wake(owed);
     }
 
     /// Revokes this claim's DELETE that got no definite answer, before anything else is
     /// decided for it: until the revocation is answered, the claim is kept and nothing else
     /// is sent for it. `None` when no such DELETE is outstanding.
     pub(super) async fn resolve_outstanding(&self, key: &ObjectKey) -> Option<Outcome> {
-        let delete = self.registry().owed(key)?;
+        let in_flight = &self.deletes.in_flight;
+        let delete = in_flight.owed(key)?;
         if !self.is_leader() {
             // The Lease names it: whoever leads revokes it.
             return Some(Outcome::Done);
@@ -126,16 +151,16 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         match revocation {
             Revocation::Revoked => {
                 // It can never land: its slot of the cap goes to another claim.
-                let slot = self.registry().revoked(&delete, Revocation::Revoked);
+                let slot = in_flight.revoked(&delete, Revocation::Revoked);
                 if let Some(reservation) = slot {
-                    self.release(reservation);
+                    self.deletes.slots.release(reservation);
                 }
                 self.metrics.revocation(Revoked::Revoked);
                 info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again after the claim's backoff");
             }
             Revocation::Landed => {
                 // Until the watch shows it gone, a live read comes before any other DELETE.
-                self.registry().revoked(&delete, Revocation::Landed);
+                in_flight.revoked(&delete, Revocation::Landed);
                 self.metrics.delete_late();
                 warn!(claim = %key, uid = %delete.uid, "a delete without an answer was carried out after all (it, or another, reached the API server); its volume, if kept by a Retain policy, is not marked and workspace-gc never deletes it");
             }

@@ -3,11 +3,14 @@
 //! quota is nearly exhausted, the pure quota plan), and acts through the writer — after the
 //! limiter admits it and a live re-check confirms it.
 //!
-//! [`Controller`] holds what every concern shares: the cache, the cluster, the clock and the
-//! schedule. Each concern is a file that owns its state: `run` (the wiring), `feed`,
-//! `reconcile`, the delete pipeline (`delete`, with the live re-check in `recheck` and the
-//! DELETEs already sent in `in_flight`), `pressure` (quota rounds), `notices` and `released`
-//! (Released volumes).
+//! [`Controller`] holds what every concern shares: the cluster, the clock, the metrics, the
+//! cache and the schedule. Each concern is a file whose type owns its state and changes it only
+//! through its own operations, handing out no lock: the delete pipeline (`delete`, made of
+//! `slots` (the pace, the cap and its line), `recheck` (the live re-check), `in_flight` (the
+//! DELETEs that may still land) and `pressure` (quota rounds)), and `notices`. Those that tell
+//! or wake return what to tell and whom to wake, and the controller does it. The rest is
+//! behaviour over them: `run` (the wiring), `feed`, `reconcile` and `released` (the sweep of
+//! Released volumes, whose state is its loop's).
 
 mod delete;
 mod feed;
@@ -18,6 +21,7 @@ mod recheck;
 mod reconcile;
 mod released;
 mod run;
+mod slots;
 #[cfg(test)]
 mod tests;
 
@@ -28,40 +32,57 @@ pub use run::{RunError, RunOptions, run};
 use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
-use tokio::sync::watch;
 
 use crate::cluster::cache::Index;
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches;
 use crate::config::Config;
 use crate::daemon::scheduler::Schedule;
+use crate::decide::facts::ObjectKey;
 use crate::decide::namespace::Policies;
 use crate::decide::policy::Policy;
 use crate::observe::metrics::Metrics;
 
 use delete::Deletes;
-use in_flight::{DeletesInFlight, InFlightDeletes};
+use in_flight::DeletesInFlight;
 use notices::Notices;
-use pressure::Pressure;
-use recheck::Rechecks;
-use released::Released;
 
-/// Everything a reconcile reads, built once: the cache, the cluster and the clock it reads,
-/// the schedule it answers to, and the state each concern owns.
+/// Everything a reconcile reads, built once: the cluster, the clock and the metrics it talks
+/// to, the cache, the schedule it answers to, and the two concerns that keep state (each in
+/// its own file, its state changed only through its own operations, no lock handed out).
 struct Controller<C, K> {
     cluster: C,
     clock: K,
-    policies: Policies,
-    index: RwLock<Index>,
     metrics: Arc<Metrics>,
+    cache: Cache,
     schedule: Schedule,
-    leading: watch::Receiver<bool>,
     deletes: Deletes,
-    in_flight: InFlightDeletes,
-    rechecks: Rechecks,
-    pressure: Pressure,
     notices: Notices,
-    released: Released,
+}
+
+/// The watches' cache and the settings it is read with. The feed alone writes it
+/// (`feed::apply_chunk`); everything else reads it, never across an await.
+struct Cache {
+    index: RwLock<Index>,
+    policies: Policies,
+}
+
+impl Cache {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The policy for a namespace's claims: the cluster's, refined by the namespace's cached
+    /// annotations when per-namespace settings are enabled.
+    fn policy_in(&self, index: &Index, namespace: &str) -> Policy {
+        (self.policies)
+            .for_namespace(index.namespace_annotations(namespace))
+            .policy
+    }
 }
 
 /// Why a claim is deleted: the live re-check confirms that same cause, and no other.
@@ -91,43 +112,30 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         clock: K,
         metrics: Arc<Metrics>,
         schedule: Schedule,
-        leading: watch::Receiver<bool>,
         registry: Arc<DeletesInFlight>,
     ) -> Self {
         Controller {
             cluster,
             clock,
-            policies: config.policies(),
-            index: RwLock::new(watches::index(config)),
             metrics,
+            cache: Cache {
+                index: RwLock::new(watches::index(config)),
+                policies: config.policies(),
+            },
             schedule,
-            leading,
-            deletes: Deletes::new(config),
-            in_flight: InFlightDeletes::new(registry),
-            rechecks: Rechecks::new(config),
-            pressure: Pressure::new(config),
+            deletes: Deletes::new(config, registry),
             notices: Notices::new(config),
-            released: Released::default(),
         }
     }
 
-    fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
-        self.index.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
-        self.index.write().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn is_leader(&self) -> bool {
-        *self.leading.borrow()
+        self.cluster.is_leader()
     }
 
-    /// The policy for a namespace's claims: the cluster's, refined by the namespace's cached
-    /// annotations when per-namespace settings are enabled.
-    fn policy_in(&self, index: &Index, namespace: &str) -> Policy {
-        (self.policies)
-            .for_namespace(index.namespace_annotations(namespace))
-            .policy
+    /// Reconciles each of `keys` at once.
+    fn wake(&self, keys: impl IntoIterator<Item = ObjectKey>) {
+        for key in keys {
+            self.schedule.now(key);
+        }
     }
 }

@@ -93,29 +93,79 @@ impl Notices {
         (self.unproven.lock().unwrap_or_else(|e| e.into_inner())).clear();
         (self.floods.lock().unwrap_or_else(|e| e.into_inner())).clear();
     }
+
+    /// Takes in a namespace's workspace-gc annotations; whether they changed since last told
+    /// (or were never told).
+    pub(super) fn namespace_changed(
+        &self,
+        namespace: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> bool {
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        warned.insert(namespace.to_owned(), annotations.clone()) != Some(annotations)
+    }
+
+    /// A labelled claim kept as no build workspace, lacking `detail`, at `now`: what to tell,
+    /// once per claim and lack, and a flood in its namespace once a window.
+    pub(super) fn unproven(
+        &self,
+        claim: &ClaimFacts,
+        detail: &str,
+        now: tokio::time::Instant,
+    ) -> Unproven {
+        let first = {
+            let mut told = (self.unproven.lock()).unwrap_or_else(|e| e.into_inner());
+            let this = (claim.uid.clone(), detail.to_owned());
+            told.insert(claim.key.clone(), this.clone()) != Some(this)
+        };
+        if !first {
+            return Unproven::Told;
+        }
+        let mut floods = (self.floods.lock()).unwrap_or_else(|e| e.into_inner());
+        let flood = floods.entry(claim.key.namespace.to_string()).or_default();
+        match flood.count(now) {
+            Some(claims) => Unproven::Flood { claims },
+            None => Unproven::New,
+        }
+    }
+
+    /// Whether the `DeletionScheduled` notice of `claim`, due at `due`, is still to be told:
+    /// once per claim and deadline.
+    pub(super) fn deletion_scheduled(&self, claim: &ClaimFacts, due: DateTime<Utc>) -> bool {
+        let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
+        let this = (claim.uid.clone(), due);
+        noticed.insert(claim.key.clone(), this.clone()) != Some(this)
+    }
+}
+
+/// What to tell of a claim kept as no build workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unproven {
+    /// Told already, for this lack.
+    Told,
+    /// To tell on the claim.
+    New,
+    /// To tell on the claim, and on its Namespace: this many were first told within the
+    /// flood's window.
+    Flood { claims: usize },
 }
 
 impl<C: Cluster, K: Clock> Controller<C, K> {
     /// As the leader, warns on a Namespace whose workspace-gc annotations are not understood (its
     /// claims are kept): once per change of them.
     pub(super) async fn warn_namespace(&self, namespace: &str) {
-        if self.policies.namespaces.is_none() || !self.is_leader() {
+        if self.cache.policies.namespaces.is_none() || !self.is_leader() {
             return;
         }
-        let Some(annotations) = self.read_index().namespace_annotations(namespace).cloned() else {
+        let Some(annotations) = self.cache.read().namespace_annotations(namespace).cloned() else {
             return;
         };
-        let invalid = self.policies.for_namespace(Some(&annotations)).problems;
-        let first = {
-            let mut warned = self
-                .notices
-                .warned
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let known = warned.get(namespace) == Some(&annotations);
-            warned.insert(namespace.to_owned(), annotations);
-            !known
-        };
+        let invalid = self
+            .cache
+            .policies
+            .for_namespace(Some(&annotations))
+            .problems;
+        let first = self.notices.namespace_changed(namespace, annotations);
         if first && !invalid.is_empty() {
             for problem in &invalid {
                 warn!(%namespace, %problem, "namespace annotation not understood; keeping every claim there");
@@ -131,29 +181,22 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if !self.is_leader() {
             return;
         }
-        let first = {
-            let mut told = (self.notices.unproven.lock()).unwrap_or_else(|e| e.into_inner());
-            let this = (claim.uid.clone(), detail.clone());
-            told.insert(claim.key.clone(), this.clone()) != Some(this)
-        };
-        if !first {
+        let told = self
+            .notices
+            .unproven(claim, &detail, tokio::time::Instant::now());
+        if told == Unproven::Told {
             return;
         }
         warn!(claim = %claim.key, %detail, "keeping a labelled claim that is no build workspace");
         let notice = Notice::NotABuildWorkspace(detail);
         self.cluster.notify(claim, notice).await;
         // Many at once in one namespace is the alarm it is (a common label applied to it).
-        let namespace = claim.key.namespace.to_string();
-        let flood = {
-            let mut floods = (self.notices.floods.lock()).unwrap_or_else(|e| e.into_inner());
-            let flood = floods.entry(namespace.clone()).or_default();
-            flood.count(tokio::time::Instant::now())
-        };
-        if let Some(claims) = flood {
+        if let Unproven::Flood { claims } = told {
+            let namespace = &claim.key.namespace;
             let within = humantime::format_duration(FLOOD_WINDOW).to_string();
             warn!(%namespace, claims, %within, "a flood of labelled claims without provenance");
             let notice = NamespaceNotice::UnprovenLabelFlood { claims, within };
-            (self.cluster).notify_namespace(&namespace, &notice).await;
+            (self.cluster).notify_namespace(namespace, &notice).await;
         }
     }
 
@@ -187,16 +230,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         if self.clock.now() < notice_at || !self.is_leader() {
             return;
         }
-        let first = {
-            let mut noticed = self
-                .notices
-                .noticed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let this = (claim.uid.clone(), due);
-            noticed.insert(claim.key.clone(), this.clone()) != Some(this)
-        };
-        if first {
+        if self.notices.deletion_scheduled(claim, due) {
             info!(claim = %claim.key, %due, %reason, "deletion scheduled");
             let at = due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
             let notice = Notice::DeletionScheduled { at, reason };

@@ -99,13 +99,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         cause: Cause,
     ) -> Result<Confirmed, Outcome> {
         let key = &claim.key;
-        let unseen = self.removal_unseen(claim);
+        let unseen = self.deletes.in_flight.removal_unseen(claim);
         // Whatever may protect the claim is read from a cache proven fresh, or live: a watch
         // can go silent without an error (a wedged API server, a dead connection) and its cache
         // would miss a pod or a run started since (tests/cluster/faults.rs,
         // silently_stalled_watch_does_not_hide_a_new_user). A small namespace is listed
         // (`PROVE_FROM`).
-        let large = self.read_index().namespace_size(&key.namespace) >= PROVE_FROM;
+        let large = self.cache.read().namespace_size(&key.namespace) >= PROVE_FROM;
         let proven = if large {
             self.prove_fresh(&key.namespace).await
         } else {
@@ -124,7 +124,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 Found::Unknown(_) => return Err(Outcome::Retry(Failure::LiveUnread)),
             };
             if unseen == Some(Unseen::Answered) {
-                self.registry().seen_gone(key);
+                self.deletes.in_flight.seen_gone(key);
             }
             if gone {
                 info!(claim = %key, "the claim is gone or being deleted (an earlier delete was carried out); none is sent again");
@@ -132,20 +132,24 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
         }
         let live_until = read.read_at + LIVE_BOUND;
-        let index = self.read_index();
+        let index = self.cache.read();
         // A pressure delete is planned over the namespace's claims as cached now.
-        let cached: Vec<&ClaimFacts> = match (&read.quotas, self.pressure_waters()) {
+        let cached: Vec<&ClaimFacts> = match (&read.quotas, self.deletes.pressure.waters()) {
             (Some(Found::Yes(_)), Some(_)) => index.claims_in(&key.namespace).collect(),
             _ => Vec::new(),
         };
         self.metrics.recheck(proven.is_some());
-        let policy = self.policies.for_namespace(read.notes.as_ref()).policy;
+        let policy = self
+            .cache
+            .policies
+            .for_namespace(read.notes.as_ref())
+            .policy;
         let facts = linking::facts(claim, &read.live);
         let now = self.clock.now();
         let decision = policy::decide(&facts, &policy, now);
         // A pressure delete's plan: over the quotas as listed and the claims as cached, each
         // decided under the same settings as this one.
-        let live_quotas = match (read.quotas, self.pressure_waters()) {
+        let live_quotas = match (read.quotas, self.deletes.pressure.waters()) {
             (Some(Found::Yes(quotas)), Some(waters)) => Some(LiveQuotas {
                 quotas,
                 present: cached.iter().copied().map(Present::of).collect(),
@@ -165,7 +169,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             // Taken early only if still within its TTL and the plan over the live quotas takes
             // it: never anything wider.
             (Cause::Pressure, verdict) => live_quotas
-                .is_some_and(|live| self.rounds().takes_live(&live, &facts, verdict))
+                .is_some_and(|live| self.deletes.pressure.takes_live(&live, &facts, verdict))
                 .then_some((Reason::QuotaPressure, None)),
         };
         let Some((reason, due_at)) = confirmed else {
@@ -210,7 +214,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let key = &claim.key;
         let (live, read_at) = match proven {
             Some(read_at) => {
-                let recorded = Recorded::of(claim, &*self.read_index());
+                let recorded = Recorded::of(claim, &*self.cache.read());
                 (Recheck::Proven(Box::new(recorded)), read_at)
             }
             None => {
@@ -222,7 +226,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Some(_) => Some(self.cluster.claim_state(key).await),
             None => None,
         };
-        let notes = match self.policies.namespaces {
+        let notes = match self.cache.policies.namespaces {
             None => None,
             Some(_) => self.cluster.namespace_annotations(&key.namespace).await,
         };
@@ -233,7 +237,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let volume = match claim
             .volume_name
             .as_deref()
-            .filter(|_| self.rechecks.read_volumes)
+            .filter(|_| self.deletes.rechecks.read_volumes)
         {
             Some(name) => self.cluster.volume(name).await,
             None => None,
@@ -252,9 +256,12 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// a round started after this call (`daemon::proof`); `None` when it was not proven and
     /// the re-check must list.
     async fn prove_fresh(&self, namespace: &str) -> Option<Instant> {
-        let scope = self.rechecks.per_namespace.then(|| namespace.to_owned());
-        self.rechecks
-            .proofs
+        let scope = self
+            .deletes
+            .rechecks
+            .per_namespace
+            .then(|| namespace.to_owned());
+        (self.deletes.rechecks.proofs)
             .prove(&scope, || async {
                 let read_at = Instant::now();
                 let kinds = PROVEN.map(|kind| self.prove_kind(kind, &scope));
@@ -275,7 +282,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             Found::No => return true,
             Found::Unknown(_) => return false,
         };
-        let Some(from) = self.read_index().delivered(kind, scope) else {
+        let Some(from) = self.cache.read().delivered(kind, scope) else {
             return false;
         };
         if from >= revision {
@@ -288,7 +295,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             // wait.
             loop {
                 let reflected = {
-                    let index = self.read_index();
+                    let index = self.cache.read();
                     let delivered = index.delivered(kind, scope);
                     proof::reflects(delivered, &changes, |key| index.holds(kind, key))
                 };
@@ -301,7 +308,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // The replay's bookmark comes a second or two later; a kind whose own watch delivers
         // past the revision meanwhile (it changes, or its watch gets a bookmark) needs none.
         let delivered_past = async {
-            while self.read_index().delivered(kind, scope) < Some(revision) {
+            while self.cache.read().delivered(kind, scope) < Some(revision) {
                 tokio::time::sleep(CATCH_UP_POLL).await;
             }
         };

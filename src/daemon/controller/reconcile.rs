@@ -32,8 +32,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
         let Some((claim, decision, scheduled)) = self.decide_cached(key) else {
             self.metrics.track(key, None);
-            self.lock_line().leave(key);
-            self.registry().seen_gone(key);
+            self.deletes.slots.leave(key);
+            self.deletes.in_flight.seen_gone(key);
             self.notices.forget_claim(key);
             return Outcome::Done;
         };
@@ -44,7 +44,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let deleting = taken || matches!(decision.verdict, Verdict::Delete { .. });
         if !deleting || !self.is_leader() {
             // No longer waiting for a slot: the claims behind it move up.
-            self.lock_line().leave(key);
+            self.deletes.slots.leave(key);
         }
         match decision.verdict {
             Verdict::Keep { recheck_at, .. } => {
@@ -88,10 +88,10 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// Decides from the cache, with when a kept claim becomes due (only with notices on);
     /// `None` once the claim is gone.
     fn decide_cached(&self, key: &ObjectKey) -> Option<(ClaimFacts, Decision, Scheduled)> {
-        let index = self.read_index();
+        let index = self.cache.read();
         let claim = index.claim(key)?;
         let facts = linking::facts(claim, &*index);
-        let policy = self.policy_in(&index, &key.namespace);
+        let policy = self.cache.policy_in(&index, &key.namespace);
         let now = self.clock.now();
         let decision = policy::decide(&facts, &policy, now);
         let scheduled = self
@@ -112,7 +112,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let confirmed = match self.confirm(&claim, cause).await {
             Ok(confirmed) => confirmed,
             Err(outcome) => {
-                self.release(reservation);
+                self.deletes.slots.release(reservation);
                 return outcome;
             }
         };

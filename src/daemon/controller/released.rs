@@ -2,7 +2,7 @@
 //! (`deletion.released_volume_ttl`); the pure `decide::volumes` judges each.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,28 +32,25 @@ pub(super) async fn sweep_released<C: Cluster, K: Clock>(
 ) {
     let every = sweep_every(ttl);
     let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    // Released volumes warned about (by UID) for a transition time not known: once each.
+    let mut unjudged = BTreeSet::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
         if controller.is_leader() {
-            controller.sweep(ttl).await;
+            controller.sweep(ttl, &mut unjudged).await;
         }
     }
-}
-
-/// Released volumes warned about (by UID) for a transition time not known: once each.
-#[derive(Default)]
-pub(super) struct Released {
-    unjudged: Mutex<BTreeSet<String>>,
 }
 
 impl<C: Cluster, K: Clock> Controller<C, K> {
     /// One look at every PersistentVolume: each the pure judgement lets go is deleted with its
     /// UID and resourceVersion as listed as the DELETE's preconditions; one Released since a
-    /// time not known is kept, with a warning once. Counted by how it ended.
-    pub(super) async fn sweep(&self, ttl: chrono::Duration) {
+    /// time not known is kept, with a warning once (`unjudged` holds those warned about).
+    /// Counted by how it ended.
+    pub(super) async fn sweep(&self, ttl: chrono::Duration, unjudged: &mut BTreeSet<String>) {
         let Some(listed) = self.cluster.volumes().await else {
             debug!("cannot list PersistentVolumes; Released volumes are looked at again later");
             self.metrics.volume_sweep(Sweep::Unlisted);
@@ -83,13 +80,7 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                     }
                 }
                 VolumeVerdict::Keep(kept @ Kept::TransitionUnknown(_)) => {
-                    let first = (self
-                        .released
-                        .unjudged
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()))
-                    .insert(volume.uid.clone());
-                    if first {
+                    if unjudged.insert(volume.uid.clone()) {
                         warn!(volume = %volume.name, %kept, "Released volume kept");
                     }
                 }

@@ -22,7 +22,6 @@ use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::cluster::writer::{Mode, Writer};
 use crate::config::Config;
-use crate::daemon::limiter::Line;
 use crate::daemon::scheduler::Scheduler;
 use crate::decide::facts::ObjectKey;
 use crate::observe::access::Gate;
@@ -146,6 +145,7 @@ pub async fn run(
             leadership.fence(),
         ),
         fence: leadership.fence(),
+        leading: leadership.subscribe(),
         snapshots: Snapshots::default(),
         served: served.clone(),
         client: client.clone(),
@@ -157,7 +157,6 @@ pub async fn run(
         options.clock,
         metrics.clone(),
         schedule,
-        leadership.subscribe(),
         registry,
     ));
 
@@ -240,7 +239,7 @@ async fn follow_leadership<C: Cluster, K: Clock>(
     controller: Arc<Controller<C, K>>,
     health: Arc<Health>,
 ) {
-    let mut leading = controller.leading.clone();
+    let mut leading = controller.cluster.leadership();
     loop {
         let is_leader = *leading.borrow_and_update();
         controller.metrics.set_leader(is_leader);
@@ -253,24 +252,21 @@ async fn follow_leadership<C: Cluster, K: Clock>(
             controller.recover_rounds();
             controller.recover_cap();
             let keys: Vec<ObjectKey> = {
-                let index = controller.read_index();
+                let index = controller.cache.read();
                 if index.synced() {
                     index.claims().map(|c| c.key.clone()).collect()
                 } else {
                     Vec::new()
                 }
             };
-            for key in keys {
-                controller.schedule.now(key);
-            }
-            let namespaces = controller.read_index().namespace_names();
+            controller.wake(keys);
+            let namespaces = controller.cache.read().namespace_names();
             for namespace in namespaces {
                 controller.warn_namespace(&namespace).await;
             }
         } else {
             info!("standing by: another replica holds the lease");
-            controller.lock_limiter().forget();
-            *controller.lock_line() = Line::default();
+            controller.deletes.slots.forget();
             controller.notices.forget_warnings();
         }
         if leading.changed().await.is_err() {

@@ -106,6 +106,8 @@ struct FakeCluster {
     revocation_events: Mutex<VecDeque<bool>>,
     /// Every claim write with its answer, and when it went out.
     log: Mutex<Vec<(Instant, Write)>>,
+    /// Each quota pressure told on its namespace, as `QUOTA RESOURCE`.
+    quota_pressure: Mutex<Vec<String>>,
 }
 
 /// A claim write as the model test sees it.
@@ -230,7 +232,10 @@ impl Writes for FakeCluster {
         lock(&self.notices).push(notice);
     }
 
-    async fn notify_quota_pressure(&self, _: &Pressure) {}
+    async fn notify_quota_pressure(&self, pressure: &Pressure) {
+        let told = format!("{} {}", pressure.quota.name, pressure.resource);
+        lock(&self.quota_pressure).push(told);
+    }
 
     async fn notify_namespace(&self, namespace: &str, notice: &NamespaceNotice) {
         lock(&self.namespace_notices).push((namespace.to_owned(), notice.clone()));
@@ -259,6 +264,12 @@ impl Writes for FakeCluster {
 }
 
 impl LeaseRecords for FakeCluster {
+    fn leadership(&self) -> watch::Receiver<bool> {
+        lock(&self.leading)
+            .as_ref()
+            .expect("the leadership")
+            .subscribe()
+    }
     fn reach(&self) -> Duration {
         Duration::from_secs(10)
     }
@@ -271,7 +282,15 @@ impl LeaseRecords for FakeCluster {
         None
     }
 
-    fn stage_rounds(&self, _: String) {}
+    fn stage_rounds(&self, rounds: String) {
+        // In order with the writes: the rounds go on the Lease with the DELETE's ledger.
+        let naming = |claim: &str| rounds.contains(&format!("{claim}-uid"));
+        let named: Vec<&str> = ["older", "newer"]
+            .into_iter()
+            .filter(|c| naming(c))
+            .collect();
+        lock(&self.volume_writes).push(format!("stage rounds naming {}", named.join(",")));
+    }
 }
 
 /// Wall time that moves with tokio's (paused) clock, from a fixed start.
@@ -340,14 +359,11 @@ fn controller_with(
     };
     let (schedule, scheduler) = Scheduler::new();
     *lock(&cluster.scheduler) = Some(scheduler);
-    let (sender, leading) = watch::channel(leading);
-    *lock(&cluster.leading) = Some(sender);
+    *lock(&cluster.leading) = Some(watch::channel(leading).0);
     let metrics = Arc::new(Metrics::register(&mut Registry::default()));
     let registry = Arc::default();
-    let controller = Controller::new(
-        &config, cluster, clock, metrics, schedule, leading, registry,
-    );
-    *controller.write_index() = synced(claims, &[]);
+    let controller = Controller::new(&config, cluster, clock, metrics, schedule, registry);
+    *controller.cache.write() = synced(claims, &[]);
     controller.recover_cap();
     Arc::new(controller)
 }
@@ -387,7 +403,7 @@ async fn a_watch_delivering_past_the_revision_proves_its_kind_without_the_bookma
     *lock(&cluster.revision) = Some(100);
     let c = controller(cluster, 10, &[due("a")], true);
     {
-        let mut index = c.write_index();
+        let mut index = c.cache.write();
         for n in 0..PROVE_FROM {
             let mut pod = pod_mounting("other");
             pod.key.name = format!("pod-{n}");
@@ -400,7 +416,7 @@ async fn a_watch_delivering_past_the_revision_proves_its_kind_without_the_bookma
     let watches = c.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut index = watches.write_index();
+        let mut index = watches.cache.write();
         for kind in PROVEN {
             index.update(Update::Delivered(kind, None, 101));
         }
@@ -434,7 +450,8 @@ async fn namespace_settings_not_understood_in_the_live_read_keep_the_claim() {
     let c = controller_with(cluster, 10, &[due("a")], true, |config| {
         config.namespace_policy.enabled = true;
     });
-    c.write_index()
+    c.cache
+        .write()
         .update(Update::Namespace(Change::Apply(NamespaceEntry {
             key: ObjectKey::new("", "ml"),
             annotations: BTreeMap::new(),
@@ -616,8 +633,8 @@ async fn a_refused_revocation_is_read_live() {
     lock(&c.cluster.revocations).push_back(Revocation::Refused);
     *lock(&c.cluster.claim_state) = Some(("new-uid".into(), false));
     assert_eq!(c.clone().reconcile(key("a")).await, at_once());
-    assert_eq!(c.registry().owed(&key("a")), None);
-    assert!(c.registry().on_lease().is_empty());
+    assert_eq!(c.deletes.in_flight.lease_side().owed(&key("a")), None);
+    assert!(c.deletes.in_flight.lease_side().on_lease().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -627,11 +644,11 @@ async fn a_standby_leaves_the_revocation_to_the_leader() {
     lock(&cluster.revocations).push_back(Revocation::Unanswered);
     let c = controller(cluster, 10, &[due("a")], true);
     c.clone().reconcile(key("a")).await;
-    let standby = Controller {
-        leading: watch::channel(false).1,
-        ..Arc::into_inner(c).unwrap()
-    };
-    let standby = Arc::new(standby);
+    lock(&c.cluster.leading)
+        .as_ref()
+        .unwrap()
+        .send_replace(false);
+    let standby = c;
     assert_eq!(standby.clone().reconcile(key("a")).await, Outcome::Done);
     assert_eq!(writes(&standby), ["delete claim a", "revoke claim a 1"]);
 }
@@ -648,7 +665,10 @@ async fn the_deletes_the_lease_names_are_revoked_once_by_their_claims_reconcile(
         resource_version: "1".into(),
     };
     let c = controller(FakeCluster::default(), 10, &[due("a")], true);
-    c.registry().won([(found.uid.clone(), found)].into());
+    c.deletes
+        .in_flight
+        .lease_side()
+        .won([(found.uid.clone(), found)].into());
     c.reconcile_owed();
     assert!(writes(&c).is_empty(), "nothing sent on registering");
     assert_eq!(wakes(&c), [("a".to_owned(), None)]);
@@ -657,9 +677,9 @@ async fn the_deletes_the_lease_names_are_revoked_once_by_their_claims_reconcile(
         Outcome::Retry(Failure::Unanswered)
     );
     assert_eq!(writes(&c), ["revoke claim a 1"]);
-    assert_eq!(c.registry().owed(&key("a")), None);
+    assert_eq!(c.deletes.in_flight.lease_side().owed(&key("a")), None);
     assert!(
-        c.registry().on_lease().is_empty(),
+        c.deletes.in_flight.lease_side().on_lease().is_empty(),
         "off the Lease once revoked"
     );
 }
@@ -721,14 +741,14 @@ async fn while_the_claims_watch_is_broken_a_claim_is_read_live_before_its_delete
     // The replica that led before deleted it; this one's watch is down and still shows it.
     *lock(&cluster.claim_state) = None;
     let c = controller(cluster, 10, &[due("a"), due("b")], true);
-    c.claims_watch_broken(true);
+    c.deletes.in_flight.claims_watch_broken(true);
     assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
     assert!(
         lock(&c.cluster.sent).is_empty(),
         "nothing sent for a gone claim"
     );
     // Once the watch delivers again, the cache is trusted as before.
-    c.claims_watch_broken(false);
+    c.deletes.in_flight.claims_watch_broken(false);
     assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
     assert_eq!(lock(&c.cluster.sent).len(), 1);
 }
@@ -775,7 +795,7 @@ async fn a_claim_no_longer_due_leaves_the_line() {
     }
     tokio::time::advance(Duration::from_secs(3700)).await;
     // `b` is gone before its turn: `a` is next.
-    *c.write_index() = synced(&[due_later("first", 0), due_later("a", 2)], &[]);
+    *c.cache.write() = synced(&[due_later("first", 0), due_later("a", 2)], &[]);
     assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
     assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
     assert_eq!(lock(&c.cluster.sent).len(), 2);
@@ -901,7 +921,8 @@ async fn a_standby_decides_but_sends_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_claim_in_use_in_the_cache_is_never_re_checked_or_sent() {
     let c = controller(FakeCluster::default(), 10, &[due("a")], true);
-    c.write_index()
+    c.cache
+        .write()
         .update(Update::Pod(Change::Apply(pod_mounting("a"))));
     assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
     assert!(lock(&c.cluster.reads).is_empty());
@@ -988,6 +1009,7 @@ async fn the_sweep_deletes_only_what_the_judgement_lets_go() {
         ..volume
     };
     let ttl = chrono::Duration::minutes(1);
+    let mut unjudged = std::collections::BTreeSet::new();
     for (kept, why) in [
         (
             VolumeFacts {
@@ -1012,11 +1034,16 @@ async fn the_sweep_deletes_only_what_the_judgement_lets_go() {
         ),
     ] {
         *lock(&c.cluster.volume) = Some(kept);
-        c.sweep(ttl).await;
+        c.sweep(ttl, &mut unjudged).await;
         assert!(lock(&c.cluster.volume_writes).is_empty(), "{why}");
     }
+    assert_eq!(
+        unjudged.len(),
+        1,
+        "the volume released since a time not known is warned about"
+    );
     *lock(&c.cluster.volume) = Some(released);
-    c.sweep(ttl).await;
+    c.sweep(ttl, &mut unjudged).await;
     assert_eq!(lock(&c.cluster.volume_writes).clone(), ["delete pv-1"]);
 }
 
@@ -1080,13 +1107,15 @@ fn under_pressure(
         edit(config);
     });
     {
-        let mut index = c.write_index();
+        let mut index = c.cache.write();
         for run in runs {
             index.update(Update::Run(Change::Apply(run)));
         }
         index.apply::<QuotaEntry>(Change::InitDone(None));
         index.update(Update::Quota(Change::Apply(storage_quota(2))));
     }
+    // As the feed does after a quota changes: the namespace's round opens.
+    c.observe_quotas(&c.cache.read(), None);
     c
 }
 
@@ -1114,6 +1143,37 @@ async fn a_pressure_delete_is_planned_again_over_the_quotas_listed_live() {
         lock(&c.cluster.notices).clone(),
         vec![Notice::Deleted(Reason::QuotaPressure, None)]
     );
+    // Counted in its round, which goes to the Lease with the ledger, before the DELETE: a
+    // replica taking over resumes the round instead of taking one more.
+    assert_eq!(
+        writes(&c),
+        ["stage rounds naming older", "delete claim older"]
+    );
+}
+
+/// Pressure that no delete can relieve (every workspace in use) is told on the namespace once
+/// a round, not at every reconcile of its claims.
+#[tokio::test(start_paused = true)]
+async fn pressure_nothing_can_relieve_is_told_once_a_round() {
+    let c = under_pressure(FakeCluster::default(), |_| {});
+    {
+        let mut index = c.cache.write();
+        for claim in ["older", "newer"] {
+            let pod = PodEntry {
+                key: ObjectKey::new("ml", &format!("{claim}-pod")),
+                ..pod_mounting(claim)
+            };
+            index.update(Update::Pod(Change::Apply(pod)));
+        }
+    }
+    for claim in ["older", "newer", "older"] {
+        assert_eq!(c.clone().reconcile(key(claim)).await, Outcome::Done);
+    }
+    assert_eq!(
+        lock(&c.cluster.quota_pressure).clone(),
+        ["storage requests.storage"]
+    );
+    assert!(writes(&c).is_empty(), "nothing deleted, nothing staged");
 }
 
 /// The live quota list is part of the re-check and within its bound: a list slower than the
@@ -1151,7 +1211,8 @@ async fn a_pressure_plan_decides_the_other_claims_under_the_settings_read_live()
         config.namespace_policy.min_ttl = Duration::ZERO;
     });
     let ttl = BTreeMap::from([(NS_TTL_AFTER_FINISHED.to_owned(), "7m".to_owned())]);
-    c.write_index()
+    c.cache
+        .write()
         .update(Update::Namespace(Change::Apply(NamespaceEntry {
             key: ObjectKey::new("", "ml"),
             annotations: ttl,
@@ -1300,8 +1361,8 @@ mod model {
         };
         lead(false);
         tokio::time::sleep(STANDBY).await;
-        let named = c.registry().on_lease();
-        c.registry().won(named);
+        let named = c.deletes.in_flight.lease_side().on_lease();
+        c.deletes.in_flight.lease_side().won(named);
         lead(true);
         c.reconcile_owed();
         c.schedule.now(key("a"));
@@ -1416,4 +1477,74 @@ mod model {
             "{deletes} a minute"
         );
     }
+}
+
+/// Every function of the controller's files that returns a lock guard, as (file, name, whether
+/// it is visible outside its own file).
+fn guard_handouts() -> Vec<(String, String, bool)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon/controller");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let code = std::fs::read_to_string(&path).unwrap();
+        for (at, _) in code.match_indices("fn ") {
+            let signature = &code[at..];
+            let signature = &signature[..signature.find(['{', ';']).unwrap_or(signature.len())];
+            if !signature.contains("Guard<") {
+                continue;
+            }
+            let name = signature[3..].split(['(', '<']).next().unwrap().to_owned();
+            let line = code[..at].rsplit('\n').next().unwrap();
+            // A child module sees its parent's private items: mod.rs's count as visible.
+            let visible = line.contains("pub") || file == "mod.rs";
+            found.push((file.clone(), name, visible));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Each concern's state is in private fields of a type in its own file, so only that file can
+/// change it (the compiler refuses any other); and no concern hands its lock out, so no caller
+/// holds another's. The cache is the one lock shared, written by the feed alone; the registry
+/// is driven as the elector drives it only by the tests.
+#[test]
+fn no_concern_hands_its_lock_to_another() {
+    let visible: Vec<_> = (guard_handouts().into_iter())
+        .filter(|(_, _, visible)| *visible)
+        .map(|(file, name, _)| format!("{file} {name}"))
+        .collect();
+    assert_eq!(
+        visible,
+        ["in_flight.rs lease_side", "mod.rs read", "mod.rs write"]
+    );
+    let writers: Vec<_> = std::fs::read_dir(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/daemon/controller"
+    ))
+    .unwrap()
+    .map(|entry| entry.unwrap().path())
+    .filter(|path| !path.ends_with("tests.rs"))
+    .filter(|path| {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .contains("cache.write()")
+    })
+    .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+    .collect();
+    assert_eq!(writers, ["feed.rs"], "the feed alone writes the cache");
+}
+
+/// The controller holds what every concern shares and the concerns, no more than seven.
+#[test]
+fn the_controller_holds_at_most_seven_fields() {
+    let code = include_str!("mod.rs");
+    let body = &code[code.find("struct Controller<C, K> {").unwrap()..];
+    let body = &body[..body.find('}').unwrap()];
+    let fields = body
+        .lines()
+        .filter(|line| line.trim_end().ends_with(','))
+        .count();
+    assert!((1..=7).contains(&fields), "{fields} fields");
 }
