@@ -113,13 +113,16 @@ impl Notices {
         detail: &str,
         now: tokio::time::Instant,
     ) -> Unproven {
-        let first = {
+        let before = {
             let mut told = (self.unproven.lock()).unwrap_or_else(|e| e.into_inner());
             let this = (claim.uid.clone(), detail.to_owned());
-            told.insert(claim.key.clone(), this.clone()) != Some(this)
+            told.insert(claim.key.clone(), this)
         };
-        if !first {
-            return Unproven::Told;
+        match before {
+            Some((uid, lack)) if uid == claim.uid && lack == detail => return Unproven::Told,
+            // A claim told before that lacks something else now: told, counted once.
+            Some((uid, _)) if uid == claim.uid => return Unproven::New,
+            _ => {}
         }
         let mut floods = (self.floods.lock()).unwrap_or_else(|e| e.into_inner());
         let flood = floods.entry(claim.key.namespace.to_string()).or_default();
@@ -236,5 +239,83 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             let notice = Notice::DeletionScheduled { at, reason };
             self.cluster.notify(claim, notice).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(name: &str) -> ClaimFacts {
+        ClaimFacts::example(name)
+    }
+
+    #[test]
+    fn a_claim_without_provenance_is_told_once_per_lack_and_a_flood_once_a_window() {
+        let notices = Notices::new(&Config::default());
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            notices.unproven(&claim("c0"), "no owner", now),
+            Unproven::New
+        );
+        assert_eq!(
+            notices.unproven(&claim("c0"), "no owner", now),
+            Unproven::Told
+        );
+        assert_eq!(
+            notices.unproven(&claim("c0"), "other lack", now),
+            Unproven::New
+        );
+        let told: Vec<Unproven> = (1..FLOOD_CLAIMS + 2)
+            .map(|n| notices.unproven(&claim(&format!("c{n}")), "no owner", now))
+            .collect();
+        // The tenth claim first told in the window makes the flood (`c0` counts once, whatever
+        // it lacks); told once in it.
+        let floods: Vec<usize> = (told.iter().enumerate())
+            .filter(|(_, told)| matches!(told, Unproven::Flood { .. }))
+            .map(|(at, _)| at)
+            .collect();
+        assert_eq!(floods, [FLOOD_CLAIMS - 2], "{told:?}");
+        let later = now + FLOOD_WINDOW;
+        let after: Vec<Unproven> = (0..FLOOD_CLAIMS)
+            .map(|n| notices.unproven(&claim(&format!("d{n}")), "no owner", later))
+            .collect();
+        assert_eq!(
+            after.last(),
+            Some(&Unproven::Flood {
+                claims: FLOOD_CLAIMS
+            })
+        );
+        notices.forget_claim(&claim("c0").key);
+        assert_eq!(
+            notices.unproven(&claim("c0"), "other lack", later),
+            Unproven::New
+        );
+    }
+
+    #[test]
+    fn a_namespace_is_told_once_per_change_and_again_after_standing_by() {
+        let notices = Notices::new(&Config::default());
+        let annotations = BTreeMap::from([("ttl".to_owned(), "x".to_owned())]);
+        assert!(notices.namespace_changed("ml", annotations.clone()));
+        assert!(!notices.namespace_changed("ml", annotations.clone()));
+        assert!(notices.namespace_changed("ml", BTreeMap::new()));
+        notices.forget_warnings();
+        assert!(notices.namespace_changed("ml", BTreeMap::new()));
+    }
+
+    #[test]
+    fn a_deletion_is_announced_once_per_deadline_and_claim() {
+        let notices = Notices::new(&Config::default());
+        let due = DateTime::<Utc>::UNIX_EPOCH;
+        assert!(notices.deletion_scheduled(&claim("a"), due));
+        assert!(!notices.deletion_scheduled(&claim("a"), due));
+        let later = due + chrono::Duration::hours(1);
+        assert!(notices.deletion_scheduled(&claim("a"), later));
+        let recreated = ClaimFacts {
+            uid: "other".into(),
+            ..claim("a")
+        };
+        assert!(notices.deletion_scheduled(&recreated, later));
     }
 }
