@@ -14,7 +14,7 @@
 //! - [`observe`]: metrics, the HTTP endpoint for them and the probes, and logging.
 //! - [`cluster`]: the edge. API objects become facts here, and [`cluster::writer`] is the only
 //!   module that changes claims, volumes and events. Which files change the cluster at all is
-//!   stated once, in the README's code map (tests/docs.rs holds it).
+//!   stated once, in the code map in ARCHITECTURE.md (tests/docs.rs holds it).
 //! - [`daemon`]: the wiring. Watches feed the cache, the scheduler runs reconciles, the limiter
 //!   paces them. The limiter and its [`daemon::cap_ledger`] (the blast-radius count) are pure.
 //!   The edge carries the ledger only as its annotation text: [`cluster::leader`] keeps it on

@@ -4,8 +4,8 @@
 //! owner kinds are read at the version discovery says is served ([`served`]).
 //! [`writer`] is the only module that changes claims, volumes and events, and only while
 //! [`leader`] holds the Lease, which [`leader`] writes and which also carries the blast-radius
-//! count ([`crate::daemon::cap_ledger`]). The README's code map names every file that changes the
-//! cluster.
+//! count ([`crate::daemon::cap_ledger`]). The code map in ARCHITECTURE.md names every file
+//! that changes the cluster.
 //! [`in_flight`] is the registry of the DELETEs that may still land, which the Lease names.
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
 

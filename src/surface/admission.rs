@@ -82,6 +82,25 @@ pub const DEFAULT_SERVICE_ACCOUNT: &str = "workspace-gc:workspace-gc";
 /// Every message starts with this, then the rule's name: a refusal names the rule broken.
 const PREFIX: &str = "workspace-gc admission guard";
 
+/// The annotation on the guard's policy that says what it was printed for: the selector's
+/// `label_selector`, `namespaces` and `exclude_namespaces`, and the `service_account`, as a
+/// JSON object. The chart checks a guard against its configuration by this key, so the rules'
+/// messages can be reworded freely.
+pub const PRINTED_FOR: &str = "admission.workspace-gc.mlops.dev/printed-for";
+
+/// [`PRINTED_FOR`]'s value. Its keys are sorted (serde_json's map), as Helm's `toJson` writes
+/// a dict's: the chart writes its release namespace's ServiceAccount into the shipped copy, and
+/// what it writes is then what the binary prints for that ServiceAccount.
+fn printed_for(selector: &SelectorConfig, service_account: &str) -> String {
+    serde_json::json!({
+        "label_selector": selector.label_selector.to_string(),
+        "namespaces": selector.namespaces,
+        "exclude_namespaces": selector.exclude_namespaces,
+        "service_account": service_account,
+    })
+    .to_string()
+}
+
 /// The match condition that limits a policy to the daemon's ServiceAccount.
 fn only_the_daemon(service_account: &str) -> MatchCondition {
     let username = format!("system:serviceaccount:{service_account}");
@@ -274,7 +293,16 @@ pub fn guard(
         ),
     };
     let policy = ValidatingAdmissionPolicy {
-        metadata: metadata(NAME),
+        metadata: ObjectMeta {
+            annotations: Some(
+                [(
+                    PRINTED_FOR.to_owned(),
+                    printed_for(selector, service_account),
+                )]
+                .into(),
+            ),
+            ..metadata(NAME)
+        },
         spec: Some(ValidatingAdmissionPolicySpec {
             // A policy that cannot be evaluated refuses: when in doubt, keep the claim.
             failure_policy: Some("Fail".into()),
@@ -524,6 +552,19 @@ mod tests {
         assert!(
             fenced.contains("parameterNotFoundAction: Allow"),
             "{fenced}"
+        );
+    }
+
+    #[test]
+    fn the_guard_says_what_it_was_printed_for_with_its_keys_sorted() {
+        let mut selector = Config::default().selector;
+        selector.namespaces = vec!["ml-a".into(), "ml-b".into()];
+        let (policy, _) = guard(&selector, "gc:workspace-gc");
+        let annotations = policy.metadata.annotations.unwrap_or_default();
+        let text = annotations.get(PRINTED_FOR).expect("the annotation");
+        assert_eq!(
+            text,
+            r#"{"exclude_namespaces":[],"label_selector":"mlops.redhat.com/build-workspace=true","namespaces":["ml-a","ml-b"],"service_account":"gc:workspace-gc"}"#
         );
     }
 
