@@ -138,9 +138,9 @@ pub async fn run(
     };
     info!(?mode, "starting");
     let (schedule, mut scheduler) = Scheduler::new();
-    let in_flight = registry.clone();
+    let deletes = registry.clone();
     scheduler.report_to(metrics.clone(), move |metrics| {
-        metrics.deletes_unresolved(in_flight::unresolved(&in_flight));
+        metrics.deletes_unresolved(in_flight::unresolved(&deletes));
     });
     let served = Served::new(client.clone(), Some((metrics.clone(), health.clone())));
     let cluster = KubeCluster {
