@@ -22,6 +22,7 @@ use std::sync::Mutex;
 
 use crate::cluster::writer::Revocation;
 use crate::decide::facts::ObjectKey;
+use crate::observe::metrics::Unresolved;
 
 /// A claim DELETE that may still reach the API server: the claim it named, with the
 /// preconditions it carried. Revoked by changing the claim (`Writer::revoke`).
@@ -88,6 +89,16 @@ impl<S> State<S> {
     /// Whether it must be revoked before anything else is decided for its claim.
     fn owed(&self) -> bool {
         matches!(self, State::Unanswered { .. } | State::Found)
+    }
+
+    /// Where it stands if it is neither answered nor revoked.
+    fn unresolved(&self) -> Option<Unresolved> {
+        match self {
+            State::Sending { .. } => Some(Unresolved::Sending),
+            State::Unanswered { .. } => Some(Unresolved::Unanswered),
+            State::Found => Some(Unresolved::Found),
+            State::Answered => None,
+        }
     }
 }
 
@@ -264,6 +275,17 @@ impl<S> Registry<S> {
         }
     }
 
+    /// How many DELETEs stand in each state that is neither answered nor revoked: a count for
+    /// the metrics, which changes nothing.
+    pub fn unresolved(&self) -> [(Unresolved, usize); 3] {
+        Unresolved::ALL.map(|state| {
+            let count = (self.entries.values())
+                .filter(|entry| entry.state.unresolved() == Some(state))
+                .count();
+            (state, count)
+        })
+    }
+
     /// The claims owed a revocation: each is reconciled on winning the Lease, whether or not
     /// the cache still shows it.
     pub fn owed_keys(&self) -> Vec<ObjectKey> {
@@ -292,6 +314,12 @@ pub type Shared<S> = Mutex<Registry<S>>;
 
 fn lock<S>(shared: &Shared<S>) -> std::sync::MutexGuard<'_, Registry<S>> {
     shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// [`Registry::unresolved`] of the shared registry, for whoever samples the metrics: the lock
+/// is held for the count alone.
+pub fn unresolved<S>(shared: &Shared<S>) -> [(Unresolved, usize); 3] {
+    lock(shared).unresolved()
 }
 
 impl<S: Send> LeaseNames for Shared<S> {
@@ -405,6 +433,32 @@ mod tests {
 
         registry.seen_gone(&a.key());
         assert!(!registry.carried(&a.key(), &a.uid));
+    }
+
+    /// The count for the metrics follows each DELETE through its states, and leaves out one
+    /// answered: it can no longer land.
+    #[test]
+    fn the_unresolved_count_follows_each_state_and_leaves_out_the_answered() {
+        let mut registry = Registry::<()>::default();
+        let count = |registry: &Registry<()>| registry.unresolved().map(|(_, n)| n);
+        assert_eq!(count(&registry), [0, 0, 0]);
+        let (a, b, c) = (delete(1), delete(2), delete(3));
+        for d in [&a, &b] {
+            registry.name(d).unwrap();
+        }
+        registry.won(BTreeMap::from([(c.uid.clone(), c.clone())]));
+        assert_eq!(count(&registry), [2, 0, 1], "sending, unanswered, found");
+        registry.sent(&a, Sent::Unanswered, None);
+        registry.sent(&b, Sent::Carried, None);
+        assert_eq!(count(&registry), [0, 1, 1]);
+        registry.revoked(&a, Revocation::Revoked);
+        registry.revoked(&c, Revocation::Landed);
+        assert_eq!(count(&registry), [0, 0, 0], "revoked, or found carried out");
+        assert_eq!(
+            registry.unresolved().map(|(state, _)| state),
+            Unresolved::ALL,
+            "each state once"
+        );
     }
 
     /// A DELETE whose Lease write failed, or that was not sent after it, is not named: the

@@ -21,20 +21,28 @@
 //! the Controller's place is small: earliest-instant-wins timers (as `kube::runtime::scheduler`
 //! has them), one reconcile per claim at a time (a claim asked for while running runs again
 //! after) and a concurrency cap, in one type whose invariants its tests check together.
+//!
+//! What an operator sees of it ([`Scheduler::report_to`]), as client-go's work queue shows it:
+//! the depth by state, how long the claim due the longest has waited and the longest reconcile
+//! has run (sampled every second, so they grow while nothing else happens), the wait from due
+//! to start, adds, retries by failure, and the attempts a claim took to conclude or has failed
+//! so far; no series names a claim.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::{Id, JoinSet};
-use tokio::time::Instant;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::{error, warn};
 
 use crate::decide::facts::ObjectKey;
+use crate::observe::metrics::Metrics;
 
 /// The longest a timer is set for.
 const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -51,6 +59,8 @@ pub const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
 /// the process must end within the pod's termination grace period whatever the API server
 /// does (every request is bounded too; this bounds what is left).
 const DRAIN: Duration = Duration::from_secs(10);
+/// How often the queue's gauges are sampled while it reports: ages need a clock, not an event.
+const SAMPLE: Duration = Duration::from_secs(1);
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,15 +174,25 @@ pub struct Scheduler {
     delayed: DelayQueue<ObjectKey>,
     /// Pending timers, so a claim has at most one: the earliest.
     timers: HashMap<ObjectKey, (delay_queue::Key, Instant)>,
-    ready: VecDeque<ObjectKey>,
+    /// Claims due, in order, each with the instant it fell due.
+    ready: VecDeque<(ObjectKey, Instant)>,
     queued: HashSet<ObjectKey>,
-    running: HashSet<ObjectKey>,
+    /// Claims being reconciled, each with the instant it started.
+    running: HashMap<ObjectKey, Instant>,
     /// Claims asked for while running: reconciled again once the current run ends.
     dirty: HashSet<ObjectKey>,
     /// Failures in a row, per claim that is backing off.
     failures: HashMap<ObjectKey, u32>,
     /// Until when each claim whose write failed waits, whatever asks for it.
     backing_off: HashMap<ObjectKey, Instant>,
+    report: Option<Report>,
+}
+
+/// Where the queue reports ([`Scheduler::report_to`]).
+struct Report {
+    metrics: Arc<Metrics>,
+    /// Samples gauges of other concerns at each of the queue's samples.
+    sample: Box<dyn Fn(&Metrics) + Send>,
 }
 
 impl Scheduler {
@@ -184,12 +204,23 @@ impl Scheduler {
             timers: HashMap::new(),
             ready: VecDeque::new(),
             queued: HashSet::new(),
-            running: HashSet::new(),
+            running: HashMap::new(),
             dirty: HashSet::new(),
             failures: HashMap::new(),
             backing_off: HashMap::new(),
+            report: None,
         };
         (Schedule { requests }, scheduler)
+    }
+
+    /// Reports the queue to `metrics` while it runs, and calls `sample` at each sample of its
+    /// gauges ([`SAMPLE`]): gauges of state the controller does not hold a lock for (the
+    /// DELETEs in flight) are read there, beside the queue's.
+    pub fn report_to(&mut self, metrics: Arc<Metrics>, sample: impl Fn(&Metrics) + Send + 'static) {
+        self.report = Some(Report {
+            metrics,
+            sample: Box::new(sample),
+        });
     }
 
     /// The requests waiting, in order, each with its instant (`None`: now); taken, so the
@@ -209,17 +240,21 @@ impl Scheduler {
         let mut in_flight: JoinSet<(ObjectKey, Outcome)> = JoinSet::new();
         // Which claim each task reconciles, so a panicking one's claim is not lost.
         let mut tasks: HashMap<Id, ObjectKey> = HashMap::new();
+        let mut sampling = tokio::time::interval(SAMPLE);
+        sampling.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             // Take every request already waiting first, so a burst for one claim coalesces.
             while let Ok((key, at)) = self.requests.try_recv() {
                 self.request(key, at);
             }
             while in_flight.len() < concurrency.max(1) {
-                let Some(key) = self.ready.pop_front() else {
+                let Some((key, due)) = self.ready.pop_front() else {
                     break;
                 };
                 self.queued.remove(&key);
-                self.running.insert(key.clone());
+                let now = Instant::now();
+                self.report(|metrics| metrics.queue_waited(now.saturating_duration_since(due)));
+                self.running.insert(key.clone(), now);
                 let run = reconcile(key.clone());
                 let task = key.clone();
                 let handle = in_flight.spawn(async move { (task, run.await) });
@@ -230,9 +265,10 @@ impl Scheduler {
                 Some((key, at)) = self.requests.recv() => self.request(key, at),
                 Some(expired) = self.delayed.next(), if !self.delayed.is_empty() => {
                     let key = expired.into_inner();
-                    self.timers.remove(&key);
-                    self.enqueue(key);
+                    let due = self.timers.remove(&key).map_or_else(Instant::now, |(_, at)| at);
+                    self.enqueue(key, due);
                 }
+                _ = sampling.tick(), if self.report.is_some() => self.sample(),
                 Some(done) = in_flight.join_next_with_id(), if !in_flight.is_empty() => {
                     let (key, outcome) = match done {
                         Ok((id, (key, outcome))) => {
@@ -261,20 +297,46 @@ impl Scheduler {
         }
     }
 
+    /// Calls `record` with the metrics, when the queue reports.
+    fn report(&self, record: impl FnOnce(&Metrics)) {
+        if let Some(report) = &self.report {
+            record(&report.metrics);
+        }
+    }
+
+    /// Sets the queue's gauges, and has the other concerns' sampled.
+    fn sample(&self) {
+        let Some(report) = &self.report else {
+            return;
+        };
+        let now = Instant::now();
+        let metrics = &report.metrics;
+        let age = |since: Option<Instant>| {
+            since.map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
+        };
+        metrics.queue_depth(self.ready.len(), self.running.len(), self.timers.len());
+        metrics.queue_ages(
+            age(self.ready.iter().map(|(_, due)| *due).min()),
+            age(self.running.values().copied().min()),
+        );
+        metrics.queue_retrying(self.failures.values().copied());
+        (report.sample)(metrics);
+    }
+
     /// Applies a finished reconcile's outcome.
     fn finished(&mut self, key: ObjectKey, outcome: Outcome) {
         self.running.remove(&key);
         match outcome {
-            Outcome::Done => {
-                self.failures.remove(&key);
+            Outcome::Done | Outcome::At(_) => {
+                let failures = self.failures.remove(&key).unwrap_or(0);
+                self.report(|metrics| metrics.queue_settled(failures.saturating_add(1)));
                 self.backing_off.remove(&key);
-            }
-            Outcome::At(at) => {
-                self.failures.remove(&key);
-                self.backing_off.remove(&key);
-                self.request(key.clone(), Some(at));
+                if let Outcome::At(at) = outcome {
+                    self.request(key.clone(), Some(at));
+                }
             }
             Outcome::Retry(failure) => {
+                self.report(|metrics| metrics.reconcile_retry(failure.category()));
                 let failures = self.failures.entry(key.clone()).or_default();
                 *failures = failures.saturating_add(1);
                 let at = Instant::now() + backoff(*failures, failure);
@@ -315,15 +377,22 @@ impl Scheduler {
                 let timer = self.delayed.insert_at(key.clone(), at);
                 self.timers.insert(key, (timer, at));
             }
-            _ => self.enqueue(key),
+            _ => self.enqueue(key, now),
         }
     }
 
-    fn enqueue(&mut self, key: ObjectKey) {
-        if self.running.contains(&key) {
-            self.dirty.insert(key);
+    /// Puts a claim that fell `due` in line, or marks it to run again after its current run.
+    fn enqueue(&mut self, key: ObjectKey, due: Instant) {
+        let added = if self.running.contains_key(&key) {
+            self.dirty.insert(key)
         } else if self.queued.insert(key.clone()) {
-            self.ready.push_back(key);
+            self.ready.push_back((key, due));
+            true
+        } else {
+            false
+        };
+        if added {
+            self.report(Metrics::queue_added);
         }
     }
 }
@@ -572,6 +641,177 @@ mod tests {
         stop.cancel();
         task.await.unwrap();
         assert_eq!(stopped.elapsed().as_secs(), DRAIN.as_secs());
+    }
+
+    /// A scheduler reporting to metrics of its own, which `sample` reads: the text of a series.
+    fn reporting() -> (Schedule, Scheduler, impl Fn(&str) -> Option<f64>) {
+        let (schedule, mut scheduler) = Scheduler::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::register(&mut registry));
+        scheduler.report_to(metrics, |_| {});
+        let read = move |series: &str| {
+            let text = crate::observe::metrics::tests::exposition(&registry);
+            testkit::sample(&text, series)
+        };
+        (schedule, scheduler, read)
+    }
+
+    /// With one worker held 30 s by a slow claim, the depth by state, the oldest ready claim's
+    /// wait and the running one's age read as they stand, every second; each wait from due to
+    /// start is observed once, and so is each add.
+    #[tokio::test(start_paused = true)]
+    async fn the_queue_reports_its_depth_and_how_long_its_oldest_have_waited() {
+        let (schedule, scheduler, read) = reporting();
+        let stop = CancellationToken::new();
+        let start = Instant::now();
+        let task = tokio::spawn(scheduler.run(
+            1,
+            |k: ObjectKey| async move {
+                if k.name == "slow" {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                Outcome::Done
+            },
+            stop.clone(),
+        ));
+        for name in ["slow", "a", "b"] {
+            schedule.now(key(name));
+        }
+        schedule.now(key("a"));
+        schedule.at(key("later"), start + Duration::from_secs(100));
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+        let depth = |state: &str| read(&format!("workspace_gc_queue_depth{{state=\"{state}\"}}"));
+        assert_eq!(depth("ready"), Some(2.0));
+        assert_eq!(depth("running"), Some(1.0));
+        assert_eq!(depth("scheduled"), Some(1.0));
+        let ages = || {
+            (
+                read("workspace_gc_queue_oldest_due_seconds"),
+                read("workspace_gc_queue_longest_running_seconds"),
+            )
+        };
+        assert_eq!(
+            ages(),
+            (Some(10.0), Some(10.0)),
+            "oldest ready, longest running"
+        );
+        assert_eq!(read("workspace_gc_queue_adds_total"), Some(3.0), "a once");
+
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(depth("ready"), Some(0.0));
+        assert_eq!(depth("running"), Some(0.0));
+        assert_eq!(ages(), (Some(0.0), Some(0.0)), "none waits or runs");
+        // slow at once, a and b after its 30 s.
+        assert_eq!(read("workspace_gc_queue_wait_seconds_count"), Some(3.0));
+        assert_eq!(read("workspace_gc_queue_wait_seconds_sum"), Some(60.0));
+
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(depth("scheduled"), Some(0.0));
+        // later ran at its instant, waiting nothing: its due is its instant, not its request.
+        assert_eq!(read("workspace_gc_queue_wait_seconds_count"), Some(4.0));
+        assert_eq!(read("workspace_gc_queue_wait_seconds_sum"), Some(60.0));
+        assert_eq!(read("workspace_gc_queue_adds_total"), Some(4.0));
+    }
+
+    /// Each failure is a retry by its category (a panic included); while failing, the claim
+    /// counts among those retrying; once it concludes, the attempts it took are observed and it
+    /// counts no more.
+    #[tokio::test(start_paused = true)]
+    async fn retries_count_by_failure_and_a_claim_reports_its_attempts_when_it_concludes() {
+        let (schedule, scheduler, read) = reporting();
+        let stop = CancellationToken::new();
+        let runs = Arc::new(Mutex::new(0));
+        let task = tokio::spawn(scheduler.run(
+            1,
+            {
+                let runs = runs.clone();
+                move |_: ObjectKey| {
+                    let n = {
+                        let mut runs = runs.lock().unwrap();
+                        *runs += 1;
+                        *runs
+                    };
+                    async move {
+                        match n {
+                            1 | 2 => Outcome::Retry(Failure::Throttled),
+                            3 => panic!("a bug in a reconcile"),
+                            _ => Outcome::Done,
+                        }
+                    }
+                }
+            },
+            stop.clone(),
+        ));
+        schedule.now(key("x"));
+        // Runs at 0, 1 and 3 s failed; the next is at 7 s.
+        tokio::time::sleep(Duration::from_millis(5500)).await;
+        let retrying = |at_least: &str| {
+            read(&format!(
+                "workspace_gc_queue_retrying_claims{{at_least=\"{at_least}\"}}"
+            ))
+        };
+        assert_eq!(retrying("1"), Some(1.0));
+        assert_eq!(retrying("5"), Some(0.0));
+        let retries = |category: &str| {
+            read(&format!(
+                "workspace_gc_reconcile_retries_total{{category=\"{category}\"}}"
+            ))
+        };
+        assert_eq!(retries("throttled"), Some(2.0));
+        assert_eq!(retries("panicked"), Some(1.0));
+        assert_eq!(read("workspace_gc_queue_settle_attempts_count"), Some(0.0));
+
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(*runs.lock().unwrap(), 4);
+        assert_eq!(retrying("1"), Some(0.0));
+        assert_eq!(read("workspace_gc_queue_settle_attempts_count"), Some(1.0));
+        assert_eq!(read("workspace_gc_queue_settle_attempts_sum"), Some(4.0));
+    }
+
+    /// What the queue is given to sample is read at each of its samples: the DELETEs in flight,
+    /// as the daemon wires them, move with the registry without anyone telling the metrics.
+    #[tokio::test(start_paused = true)]
+    async fn the_deletes_in_flight_are_sampled_with_the_queue() {
+        use crate::cluster::in_flight::{self, InFlight, Sent};
+        let (_schedule, mut scheduler) = Scheduler::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::register(&mut registry));
+        let deletes = Arc::new(in_flight::Shared::<()>::default());
+        let sampled = deletes.clone();
+        scheduler.report_to(metrics, move |metrics| {
+            metrics.deletes_unresolved(in_flight::unresolved(&sampled));
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(scheduler.run(1, |_| async { Outcome::Done }, stop.clone()));
+        let unresolved = |state: &str| {
+            let text = crate::observe::metrics::tests::exposition(&registry);
+            let series = format!("workspace_gc_deletes_unresolved{{state=\"{state}\"}}");
+            testkit::sample(&text, &series)
+        };
+        assert_eq!(unresolved("unanswered"), Some(0.0), "exported before any");
+        let delete = InFlight {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+            resource_version: "1".into(),
+        };
+        deletes.lock().unwrap().name(&delete).unwrap();
+        // Half a sample apart from the samples, so none falls on a read.
+        tokio::time::sleep(SAMPLE + SAMPLE / 2).await;
+        assert_eq!(unresolved("sending"), Some(1.0));
+        deletes
+            .lock()
+            .unwrap()
+            .sent(&delete, Sent::Unanswered, None);
+        tokio::time::sleep(SAMPLE).await;
+        assert_eq!(unresolved("sending"), Some(0.0));
+        assert_eq!(unresolved("unanswered"), Some(1.0));
+        stop.cancel();
+        task.await.unwrap();
     }
 
     #[test]

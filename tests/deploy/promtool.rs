@@ -122,6 +122,10 @@ fn dashboard_is_labelled_for_grafana_and_promtool_checks_every_query() {
             "Leader and readiness",
             "Blast-radius cap",
             "Storage freed and kept by Retain (1h)",
+            "Work queue depth by state",
+            "Work queue wait",
+            "Retries by category and claims failing",
+            "Claim DELETEs unresolved",
         ]
     );
     // Every panel and query reads the data source the user picks.

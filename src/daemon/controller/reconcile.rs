@@ -19,9 +19,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     pub(super) async fn reconcile(self: Arc<Self>, key: ObjectKey) -> Outcome {
         let started = std::time::Instant::now();
         let outcome = self.decide_and_act(&key).await;
-        if let Outcome::Retry(failure) = outcome {
-            self.metrics.reconcile_retry(failure.category());
-        }
         self.metrics.reconciled(started.elapsed().as_secs_f64());
         outcome
     }

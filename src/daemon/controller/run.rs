@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::cluster::adapter::KubeCluster;
+use crate::cluster::in_flight;
 use crate::cluster::leader::Leadership;
 use crate::cluster::live::Snapshots;
 use crate::cluster::ports::{Clock, Cluster};
@@ -135,7 +136,11 @@ pub async fn run(
         Mode::Delete
     };
     info!(?mode, "starting");
-    let (schedule, scheduler) = Scheduler::new();
+    let (schedule, mut scheduler) = Scheduler::new();
+    let deletes = registry.clone();
+    scheduler.report_to(metrics.clone(), move |metrics| {
+        metrics.deletes_unresolved(in_flight::unresolved(&deletes));
+    });
     let served = Served::new(client.clone(), Some((metrics.clone(), health.clone())));
     let cluster = KubeCluster {
         writer: Writer::new(

@@ -1,7 +1,8 @@
 //! The bounded values of the metrics' labels: cache kinds, delete results, API operations and
-//! error categories, ledger faults and reads, volume marks and sweeps, revocations, each with the one string it
-//! writes. Apart from the families (`mod.rs`) because the daemon names these where it acts,
-//! and every label but a namespace or a quota's name takes a value listed here.
+//! error categories, ledger faults and reads, volume marks and sweeps, revocations, the work
+//! queue's states and the unresolved DELETEs', each with the one string it writes. Apart from
+//! the families (`mod.rs`) because the daemon names these where it acts, and every label but a
+//! namespace or a quota's name takes a value listed here.
 
 use crate::contract::OwnerKind;
 
@@ -305,6 +306,66 @@ impl ServedState {
         }
     }
 }
+
+/// Where a claim stands in the work queue: the `state` label of `queue_depth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueState {
+    /// Due, waiting for a worker (client-go's depth).
+    Ready,
+    /// Being reconciled.
+    Running,
+    /// Waiting for a later instant: its deadline, or the end of its backoff.
+    Scheduled,
+}
+
+impl QueueState {
+    pub const ALL: [QueueState; 3] = [
+        QueueState::Ready,
+        QueueState::Running,
+        QueueState::Scheduled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueState::Ready => "ready",
+            QueueState::Running => "running",
+            QueueState::Scheduled => "scheduled",
+        }
+    }
+}
+
+/// Where a claim DELETE that is neither answered nor revoked stands (`cluster::in_flight`): the
+/// `state` label of `deletes_unresolved`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unresolved {
+    /// Named on the Lease and about to be sent, or sent and waiting for its answer.
+    Sending,
+    /// Sent without a definite answer: it may still land until it is revoked.
+    Unanswered,
+    /// Named on the Lease when this replica won it: sent by whoever led before.
+    Found,
+}
+
+impl Unresolved {
+    pub const ALL: [Unresolved; 3] = [
+        Unresolved::Sending,
+        Unresolved::Unanswered,
+        Unresolved::Found,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unresolved::Sending => "sending",
+            Unresolved::Unanswered => "unanswered",
+            Unresolved::Found => "found",
+        }
+    }
+}
+
+/// The failures in a row past which a claim counts in `queue_retrying_claims`, each its
+/// `at_least` label: any, a fault of seconds (1, 2, 4, 8 s of backoff), one that has lasted
+/// minutes.
+pub const RETRYING_AT_LEAST: [(u32, &str); 3] = [(1, "1"), (5, "5"), (20, "20")];
 
 #[cfg(test)]
 mod tests {

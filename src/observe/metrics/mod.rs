@@ -27,8 +27,8 @@ mod labels;
 mod record;
 
 pub use labels::{
-    DeleteResult, ErrorCategory, Kind, LedgerFault, LedgerRead, Mark, Operation, Revoked,
-    ServedState, Sweep,
+    DeleteResult, ErrorCategory, Kind, LedgerFault, LedgerRead, Mark, Operation, QueueState,
+    Revoked, ServedState, Sweep, Unresolved,
 };
 
 /// The labels of `claims` and `tracked_bytes`: a verdict, and where, so a dashboard shows which
@@ -98,6 +98,16 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AtLeastLabels {
+    at_least: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LedgerFaultLabels {
     fault: &'static str,
 }
@@ -127,6 +137,14 @@ pub struct Metrics {
     api_errors: Family<ApiErrorLabels, Counter>,
     rechecks: Family<RecheckLabels, Counter>,
     reconcile_retries: Family<CategoryLabels, Counter>,
+    queue_depth: Family<StateLabels, Gauge>,
+    queue_oldest_due: Gauge<f64, AtomicU64>,
+    queue_longest_running: Gauge<f64, AtomicU64>,
+    queue_wait: Histogram,
+    queue_adds: Counter,
+    queue_settle_attempts: Histogram,
+    queue_retrying: Family<AtLeastLabels, Gauge>,
+    deletes_unresolved: Family<StateLabels, Gauge>,
     watch_restarts: Family<KindLabels, Counter>,
     cached_objects: Family<KindLabels, Gauge>,
     kind_served: Family<ServedLabels, Gauge>,
@@ -165,6 +183,16 @@ impl Metrics {
             api_errors: Family::default(),
             rechecks: Family::default(),
             reconcile_retries: Family::default(),
+            queue_depth: Family::default(),
+            queue_oldest_due: Gauge::default(),
+            queue_longest_running: Gauge::default(),
+            queue_wait: Histogram::new([
+                0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+            ]),
+            queue_adds: Counter::default(),
+            queue_settle_attempts: Histogram::new([1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0]),
+            queue_retrying: Family::default(),
+            deletes_unresolved: Family::default(),
             watch_restarts: Family::default(),
             cached_objects: Family::default(),
             kind_served: Family::default(),
@@ -274,6 +302,50 @@ impl Metrics {
             metrics.reconcile_retries.clone(),
         );
         r.register(
+            "queue_depth",
+            "Claims in the work queue, by state: ready (due, waiting for a worker), running (being \
+             reconciled) or scheduled (waiting for a later instant: a deadline or a backoff)",
+            metrics.queue_depth.clone(),
+        );
+        r.register(
+            "queue_oldest_due_seconds",
+            "How long the ready claim due the longest has waited for a worker; 0 when none waits",
+            metrics.queue_oldest_due.clone(),
+        );
+        r.register(
+            "queue_longest_running_seconds",
+            "How long the reconcile running the longest has run; 0 when none runs",
+            metrics.queue_longest_running.clone(),
+        );
+        r.register(
+            "queue_wait_seconds",
+            "Time from a claim falling due to its reconcile starting",
+            metrics.queue_wait.clone(),
+        );
+        r.register(
+            "queue_adds",
+            "Claims put in the work queue: due, and not already waiting to run",
+            metrics.queue_adds.clone(),
+        );
+        r.register(
+            "queue_settle_attempts",
+            "Reconciles a claim took to conclude, counted when one concludes (1: the first try; \
+             more: failures in a row before it)",
+            metrics.queue_settle_attempts.clone(),
+        );
+        r.register(
+            "queue_retrying_claims",
+            "Claims whose last reconciles failed at least `at_least` times in a row",
+            metrics.queue_retrying.clone(),
+        );
+        r.register(
+            "deletes_unresolved",
+            "Claim DELETEs neither answered nor revoked, by state: sending (named on the Lease, \
+             sent or about to be), unanswered (no definite answer: it may still land until \
+             revoked) or found (named on the Lease this replica won)",
+            metrics.deletes_unresolved.clone(),
+        );
+        r.register(
             "watch_restarts",
             "Watch streams that failed and were restarted, by kind",
             metrics.watch_restarts.clone(),
@@ -348,6 +420,11 @@ impl Metrics {
              from the Date headers of its answers. Negative while this replica's clock runs ahead",
             metrics.clock_offset.clone(),
         );
+        // Every series of the bounded gauges from the start: a panel or alert reads 0, not
+        // nothing, before the first sample.
+        metrics.queue_depth(0, 0, 0);
+        metrics.queue_retrying(std::iter::empty());
+        metrics.deletes_unresolved(Unresolved::ALL.map(|state| (state, 0)));
         metrics
     }
 }
@@ -379,7 +456,7 @@ pub fn classic_text(openmetrics: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use prometheus_client::encoding::text::encode;
 
     use super::ServedState as Served;
@@ -399,7 +476,7 @@ mod tests {
         }
     }
 
-    pub(super) fn exposition(registry: &Registry) -> String {
+    pub(crate) fn exposition(registry: &Registry) -> String {
         let mut text = String::new();
         encode(&mut text, registry).unwrap();
         text
@@ -461,6 +538,7 @@ mod tests {
         metrics.would_delete("team-a", Reason::Orphaned);
         metrics.reclaimed(1024, false, Some(1.0));
         metrics.reconciled(0.001);
+        metrics.reconcile_retry("throttled");
         metrics.api_error(Operation::Watch, &kube::Error::TlsRequired);
         metrics.watch_restart(Kind::Claims);
         metrics.cached([(Kind::Claims, 1)]);

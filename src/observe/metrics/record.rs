@@ -4,13 +4,15 @@
 //! keeps (a claim's gauges move with its verdict, a gone quota's series go).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use super::ServedState as Served;
+use super::labels::RETRYING_AT_LEAST;
 use super::{
-    ApiErrorLabels, BoundLabels, CategoryLabels, ClaimLabels, DeleteResult, DeletionLabels,
-    ErrorCategory, Kind, KindLabels, LedgerFault, LedgerFaultLabels, LedgerRead, Mark, Metrics,
-    Operation, QuotaLabels, RecheckLabels, ResultLabels, Revoked, ServedLabels, Sweep, Tracked,
-    WouldDeleteLabels,
+    ApiErrorLabels, AtLeastLabels, BoundLabels, CategoryLabels, ClaimLabels, DeleteResult,
+    DeletionLabels, ErrorCategory, Kind, KindLabels, LedgerFault, LedgerFaultLabels, LedgerRead,
+    Mark, Metrics, Operation, QueueState, QuotaLabels, RecheckLabels, ResultLabels, Revoked,
+    ServedLabels, StateLabels, Sweep, Tracked, Unresolved, WouldDeleteLabels,
 };
 use crate::decide::facts::ObjectKey;
 use crate::decide::policy::{Reason, Verdict};
@@ -190,6 +192,67 @@ impl Metrics {
             .inc();
     }
 
+    /// How many claims the work queue holds in each state.
+    pub fn queue_depth(&self, ready: usize, running: usize, scheduled: usize) {
+        for (state, count) in [
+            (QueueState::Ready, ready),
+            (QueueState::Running, running),
+            (QueueState::Scheduled, scheduled),
+        ] {
+            let state = state.as_str();
+            (self.queue_depth.get_or_create(&StateLabels { state })).set(gauge_value(count));
+        }
+    }
+
+    /// How long the ready claim due the longest has waited, and the longest reconcile running
+    /// has run (zero when none).
+    pub fn queue_ages(&self, oldest_due: Duration, longest_running: Duration) {
+        self.queue_oldest_due.set(oldest_due.as_secs_f64());
+        (self.queue_longest_running).set(longest_running.as_secs_f64());
+    }
+
+    /// A claim put in the work queue.
+    pub fn queue_added(&self) {
+        self.queue_adds.inc();
+    }
+
+    /// A reconcile started, `waited` after its claim fell due.
+    pub fn queue_waited(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// A claim concluded after `attempts` reconciles, the earlier ones failed.
+    pub fn queue_settled(&self, attempts: u32) {
+        self.queue_settle_attempts.observe(attempts.into());
+    }
+
+    /// The failures in a row of each claim that is failing, counted against each threshold.
+    pub fn queue_retrying(&self, failures: impl IntoIterator<Item = u32>) {
+        let mut counts = [0usize; RETRYING_AT_LEAST.len()];
+        for failures in failures {
+            for (count, (threshold, _)) in counts.iter_mut().zip(RETRYING_AT_LEAST) {
+                *count += usize::from(failures >= threshold);
+            }
+        }
+        for (count, (_, at_least)) in counts.into_iter().zip(RETRYING_AT_LEAST) {
+            let labels = AtLeastLabels { at_least };
+            self.queue_retrying
+                .get_or_create(&labels)
+                .set(gauge_value(count));
+        }
+    }
+
+    /// How many claim DELETEs stand unresolved in each state.
+    pub fn deletes_unresolved(&self, counts: impl IntoIterator<Item = (Unresolved, usize)>) {
+        for (state, count) in counts {
+            let state = state.as_str();
+            (self
+                .deletes_unresolved
+                .get_or_create(&StateLabels { state }))
+            .set(gauge_value(count));
+        }
+    }
+
     pub fn watch_restart(&self, kind: Kind) {
         self.watch_restarts
             .get_or_create(&KindLabels {
@@ -200,12 +263,11 @@ impl Metrics {
 
     pub fn cached(&self, sizes: impl IntoIterator<Item = (Kind, usize)>) {
         for (kind, size) in sizes {
-            let size = i64::try_from(size).unwrap_or(i64::MAX);
             self.cached_objects
                 .get_or_create(&KindLabels {
                     kind: kind.as_str(),
                 })
-                .set(size);
+                .set(gauge_value(size));
         }
     }
 
@@ -269,6 +331,11 @@ impl Metrics {
             })
             .inc();
     }
+}
+
+/// A count as a gauge's value.
+fn gauge_value(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
 }
 
 fn claim_labels(key: &ObjectKey, tracked: Tracked) -> ClaimLabels {
