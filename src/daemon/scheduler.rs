@@ -705,7 +705,8 @@ mod tests {
         assert_eq!(read("workspace_gc_queue_wait_seconds_count"), Some(3.0));
         assert_eq!(read("workspace_gc_queue_wait_seconds_sum"), Some(60.0));
 
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        // Past `later`'s instant by more than a sample's period: the sample after it ran.
+        tokio::time::sleep(Duration::from_secs(62)).await;
         stop.cancel();
         task.await.unwrap();
         assert_eq!(depth("scheduled"), Some(0.0));
