@@ -396,7 +396,7 @@ fn rust_sources() -> Vec<PathBuf> {
 /// says what each changes.
 const MUTATORS: [&str; 4] = [
     "src/cluster/writer.rs",
-    "src/cluster/leader.rs",
+    "src/cluster/leader/kube_store.rs",
     "src/observe/access.rs",
     "src/creator.rs",
 ];
