@@ -34,10 +34,10 @@
 //!   standby, written with a Lease created again after `kubectl delete lease`).
 
 //!
-//! The parts: [`election`] (standing by or leading, and the transitions between), [`commit`]
+//! The parts: `election.rs` (standing by or leading, and the transitions between), `commit.rs`
 //! (the group commit of the Lease writes that record DELETEs), [`records`] (every record the
 //! Lease carries, one codec), over a [`store::LeaseStore`] ([`kube_store`] on the API server,
-//! a fake in the unit tests).
+//! a fake in the unit tests, `tests.rs`).
 
 mod commit;
 mod election;
@@ -225,7 +225,7 @@ impl Fence {
     /// with that delete counted and named in flight. Fails unless this replica holds the lease
     /// at that moment, as the API server sees it.
     ///
-    /// DELETEs recorded at the same time share one write (a group commit, [`commit`]).
+    /// DELETEs recorded at the same time share one write (a group commit, `commit.rs`).
     pub async fn record(&self, ledger: (&str, u64), delete: &InFlight) -> Result<(), FenceError> {
         match &self.elector {
             None => Ok(()),

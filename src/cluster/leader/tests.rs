@@ -265,6 +265,23 @@ async fn a_conflict_on_renewal_steps_down_at_once() {
     );
 }
 
+/// A 409 on the write that records a DELETE (another replica wrote the Lease in between) is
+/// `Lost`: the replica steps down at once, and the DELETE, not sent, is named no more.
+#[tokio::test(start_paused = true)]
+async fn a_conflict_on_recording_a_delete_steps_down_and_names_it_no_more() {
+    let store = FakeStore::new(None);
+    let (leadership, names) = leader(&store).await;
+    let fence = leadership.fence();
+    store.fake().rival = Some("rival".into());
+    let lost = fence.record(("ledger-1", 1), &delete(1)).await;
+    assert!(matches!(lost, Err(FenceError::Lost)), "{lost:?}");
+    assert!(!*leadership.subscribe().borrow(), "stepped down");
+    assert!(matches!(fence.check(), Err(FenceError::NotLeading)));
+    assert!(names.on_lease().is_empty(), "not named");
+    assert_eq!(store.holder().as_deref(), Some("rival"));
+    assert_eq!(store.annotation(DELETIONS), None);
+}
+
 /// When no renewal succeeds (every request fails, or none is answered), the fence closes at
 /// the renew deadline after the last successful write was sent, and the replica stops leading
 /// before a standby, which waits a whole lease from when it saw that write, could take over.
