@@ -35,15 +35,15 @@
 
 //!
 //! The parts: `election.rs` (standing by or leading, and the transitions between), `commit.rs`
-//! (the group commit of the Lease writes that record DELETEs), [`records`] (every record the
-//! Lease carries, one codec), over a [`store::LeaseStore`] ([`kube_store`] on the API server,
-//! a fake in the unit tests, `tests.rs`).
+//! (the group commit of the Lease writes that record DELETEs), `records.rs` (every record the
+//! Lease carries, one codec), over the `LeaseStore` of `store.rs` (`kube_store.rs` on the API
+//! server, a fake in the unit tests, `tests.rs`).
 
 mod commit;
 mod election;
-pub mod kube_store;
-pub mod records;
-pub mod store;
+mod kube_store;
+mod records;
+mod store;
 #[cfg(test)]
 mod tests;
 
