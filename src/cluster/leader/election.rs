@@ -185,11 +185,8 @@ impl Elector {
                 },
                 spec: None,
             };
-            return match self.claim(&mut held, lease, true, None).await {
-                // Another replica created it first: the next round reads it.
-                Err(StoreError::Conflict(_)) => Ok(()),
-                other => other,
-            };
+            // Another replica may create it first: a 409, and the next round reads it.
+            return self.claim(&mut held, lease, true, None).await;
         };
         let rewrite = self.compare_ledger(&current);
         let spec = current.spec.clone().unwrap_or_default();
