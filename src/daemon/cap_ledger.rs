@@ -1,8 +1,8 @@
 //! The blast-radius cap's record of deletions: how many fell in each slice of time, so that the
 //! count of any rolling window can be told after a restart or by the next leader.
 //!
-//! It is kept on the leader-election Lease (`src/cluster/leader.rs`), not in the daemon's memory nor in
-//! its `Deleted` events: the Lease is read and written by exactly one replica at a time, every
+//! It is kept on the leader-election Lease (`src/cluster/leader/records.rs`), not in the
+//! daemon's memory nor in its `Deleted` events: the Lease is read and written by exactly one replica at a time, every
 //! write is compare-and-swap on its resourceVersion (so a write also proves the writer still
 //! holds it), and the daemon already has `get`, `create` and `update` on that one object, so no
 //! new RBAC is needed. Events would need `list` on events in every namespace, may fail to be

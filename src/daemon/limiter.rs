@@ -7,9 +7,9 @@
 //! claims waiting without end).
 //!
 //! The cap counts through a [`Ledger`] that outlives this process (kept on the Lease by
-//! `src/cluster/leader.rs`). Until the ledger of the current window is known — at start, and from the
-//! moment leadership is lost until it is won again and the ledger read back — nothing is
-//! admitted: the cap fails closed.
+//! `src/cluster/leader/records.rs`). Until the ledger of the current window is known — at
+//! start, and from the moment leadership is lost until it is won again and the ledger read
+//! back — nothing is admitted: the cap fails closed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
