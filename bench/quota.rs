@@ -504,7 +504,10 @@ fn report(options: &Options, subjects: &[Subject], load: &[String]) -> String {
             &mut out,
             *c,
             &|s| match (s.deleted_for_pressure, s.deleted) {
-                (Some(pressure), Some(all)) => format!("{pressure} / {all}; {} left", s.left),
+                // abs: a metric absent reads -0.
+                (Some(pressure), Some(all)) => {
+                    format!("{} / {}; {} left", pressure.abs(), all.abs(), s.left)
+                }
                 _ => format!("{} left", s.left),
             },
         );
