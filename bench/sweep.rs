@@ -6,7 +6,8 @@
 //! ones with `{uid, resourceVersion}` preconditions, 16 at a time. It needs no live re-check:
 //! what it decides from was listed moments ago. It runs as its own process (this benchmark's
 //! binary, `sweep-janitor` subcommand) with its own user, so its memory, CPU and requests are
-//! its alone.
+//! its alone. With `--namespace` it lists that namespace only (the quota benchmark gives each
+//! contender a namespace of its own).
 
 use std::fmt::Debug;
 use std::time::{Duration, Instant};
@@ -33,17 +34,15 @@ const SELECTOR: &str = "mlops.redhat.com/build-workspace=true";
 pub fn main(args: &[String]) -> Result<()> {
     let mut interval = 30.0;
     let mut ttl = 30.0;
+    let mut namespace = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = || -> Result<f64> {
-            it.next()
-                .ok_or_else(|| anyhow!("{arg} needs a value"))?
-                .parse()
-                .map_err(|e| anyhow!("{arg}: {e}"))
-        };
+        let mut text = || it.next().ok_or_else(|| anyhow!("{arg} needs a value"));
+        let mut value = || -> Result<f64> { text()?.parse().map_err(|e| anyhow!("{arg}: {e}")) };
         match arg.as_str() {
             "--interval" => interval = value()?,
             "--ttl" => ttl = value()?,
+            "--namespace" => namespace = Some(text()?.clone()),
             other => return Err(anyhow!("sweep-janitor: unknown argument {other}")),
         }
     }
@@ -53,10 +52,11 @@ pub fn main(args: &[String]) -> Result<()> {
         .block_on(run(
             Duration::from_secs_f64(interval),
             chrono::Duration::milliseconds((ttl * 1000.0) as i64),
+            namespace,
         ))
 }
 
-async fn run(interval: Duration, ttl: chrono::Duration) -> Result<()> {
+async fn run(interval: Duration, ttl: chrono::Duration, namespace: Option<String>) -> Result<()> {
     let client = Client::try_default().await?;
     let policy = Policy {
         ttl_after_finished: ttl,
@@ -67,7 +67,7 @@ async fn run(interval: Duration, ttl: chrono::Duration) -> Result<()> {
     loop {
         let started = Instant::now();
         sweep += 1;
-        match sweep_once(&client, &policy).await {
+        match sweep_once(&client, &policy, namespace.as_deref()).await {
             Ok(stats) => println!(
                 "{}",
                 serde_json::json!({
@@ -98,14 +98,23 @@ struct Stats {
     conflicts: usize,
 }
 
-async fn sweep_once(client: &Client, policy: &Policy) -> Result<Stats> {
+async fn sweep_once(client: &Client, policy: &Policy, namespace: Option<&str>) -> Result<Stats> {
     let started = Instant::now();
-    let claims_api: Api<ClaimObject> = Api::all(client.clone());
-    let jobs_api: Api<OwnerObject> = Api::all_with(client.clone(), &resources::job_resource());
-    let runs_api: Api<OwnerObject> = Api::all_with(client.clone(), &resources::run_resource());
-    let task_runs_api: Api<OwnerObject> =
-        Api::all_with(client.clone(), &resources::task_run_resource());
-    let pods_api: Api<PodVolumes> = Api::all(client.clone());
+    let client = client.clone();
+    let scoped = |resource: &kube::discovery::ApiResource| match namespace {
+        Some(ns) => Api::<OwnerObject>::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let (claims_api, pods_api): (Api<ClaimObject>, Api<PodVolumes>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let jobs_api = scoped(&resources::job_resource());
+    let runs_api = scoped(&resources::run_resource());
+    let task_runs_api = scoped(&resources::task_run_resource());
     let (claims, jobs, runs, task_runs, pods) = tokio::try_join!(
         list(
             &claims_api,
