@@ -24,6 +24,7 @@
 //! the end.
 
 mod audit;
+mod busy;
 mod cluster;
 mod observe;
 mod plain;
@@ -105,6 +106,17 @@ pub struct Options {
     /// contender.
     #[arg(long, value_parser = churn)]
     pub churn: Option<(f64, u64)>,
+    /// Claims coming due alone, as RATE,SECONDS: after the churn, one at a time further apart
+    /// than a proof round's interval, so that no two re-checks could share a round.
+    #[arg(long, value_parser = churn)]
+    pub lone: Option<(f64, u64)>,
+    /// A busy cluster: every contender is measured twice, quiet and then with a background
+    /// load of RATE unrelated builds a second started in the same namespaces (busy.rs).
+    #[arg(long, value_parser = positive_rate)]
+    pub busy: Option<f64>,
+    /// Leave the sweep janitor out of the baselines (the garbage collector stays).
+    #[arg(long)]
+    pub skip_sweep: bool,
     /// Minutes with nothing due, per contender (0: none).
     #[arg(long, default_value_t = 0.0)]
     pub idle_minutes: f64,
@@ -169,20 +181,36 @@ impl Options {
 
     /// Events per contender in a churn at size `n` (0: none).
     fn churn_events(&self, n: usize) -> usize {
-        match self.churn {
-            Some((rate, seconds)) if self.full(n) => (rate * seconds as f64).round() as usize,
-            _ => 0,
-        }
+        steady_events(self.churn, self.full(n))
+    }
+
+    /// Events per contender in the lone claims' churn at size `n` (0: none).
+    fn lone_events(&self, n: usize) -> usize {
+        steady_events(self.lone, self.full(n))
+    }
+
+    /// How many times each contender is measured: quiet, and busy with `--busy`.
+    fn loads(&self) -> usize {
+        1 + usize::from(self.busy.is_some())
+    }
+
+    /// Whether the sweep janitor runs at size `n`.
+    fn sweep(&self, n: usize) -> bool {
+        self.baselines(n) && !self.skip_sweep
     }
 
     /// The builds the churns at size `n` use: (owned, validating). The garbage collector's
     /// churn is owner deletions only; the others' half owner deletions, half TTLs.
     fn churn_builds(&self, n: usize) -> (usize, usize) {
-        let c = self.churn_events(n);
+        let c = self.churn_events(n) + self.lone_events(n);
         let (owner, ttl) = (c / 2, c - c / 2);
-        let mixed =
-            self.daemons().len() + self.churn_compare.len() + usize::from(self.baselines(n));
-        let gc = if self.baselines(n) { c } else { 0 };
+        let mixed = (self.daemons().len() + usize::from(self.sweep(n))) * self.loads()
+            + self.churn_compare.len();
+        let gc = if self.baselines(n) {
+            c * self.loads()
+        } else {
+            0
+        };
         (gc + mixed * owner, mixed * ttl)
     }
 
@@ -201,11 +229,12 @@ impl Options {
 
     /// Burst phases at size `n` that consume owner-deleted and TTL events.
     fn owner_phases(&self, n: usize) -> usize {
-        self.daemons().len() + if self.baselines(n) { 2 } else { 0 }
+        let baselines = usize::from(self.baselines(n)) + usize::from(self.sweep(n));
+        (self.daemons().len() + baselines) * self.loads()
     }
 
     fn ttl_phases(&self, n: usize) -> usize {
-        self.daemons().len() + usize::from(self.baselines(n))
+        (self.daemons().len() + usize::from(self.sweep(n))) * self.loads()
     }
 
     fn events_for(&self, n: usize) -> usize {
@@ -215,6 +244,14 @@ impl Options {
         let spare = (n - n / 5 - n / 20).saturating_sub(owned + validating);
         let fits = spare / (self.owner_phases(n) + self.ttl_phases(n)).max(1);
         self.events.unwrap_or((n / 10).min(400).min(fits)).max(1)
+    }
+}
+
+/// Events in a steady phase given as RATE,SECONDS, at a size where steady phases run.
+fn steady_events(steady: Option<(f64, u64)>, full: bool) -> usize {
+    match steady {
+        Some((rate, seconds)) if full => (rate * seconds as f64).round() as usize,
+        _ => 0,
     }
 }
 
@@ -434,14 +471,26 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
     let mut spans = Vec::new();
     let mut asked: Vec<String> = Vec::new();
     let baselines = ctx.options.baselines(result.n);
+    // Quiet, then busy (`--busy`).
+    let passes: Vec<Option<f64>> = std::iter::once(None)
+        .chain(ctx.options.busy.map(Some))
+        .collect();
 
     if baselines {
-        eprintln!("bench: phase: kube-controller-manager's garbage collector");
-        let (gc, window, span, targets) = gc_phase(ctx, plan, &mut used, events, rate).await?;
-        windows.push(window);
-        spans.push(span);
-        asked.extend(targets.iter().map(|t| t.claim.clone()));
-        result.contenders.push(gc);
+        for &busy in &passes {
+            eprintln!(
+                "bench: phase: kube-controller-manager's garbage collector{}",
+                suffix(busy)
+            );
+            let load = start_load(ctx, plan, busy);
+            let (mut gc, window, span, targets) =
+                gc_phase(ctx, plan, &mut used, events, rate).await?;
+            end_load(load, busy, &mut gc).await;
+            windows.push(window);
+            spans.push(span);
+            asked.extend(targets.iter().map(|t| t.claim.clone()));
+            result.contenders.push(gc);
+        }
     }
     // From here on the garbage collector must not race the contenders.
     ctx.cp
@@ -449,13 +498,17 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
         .await;
 
     for spec in ctx.options.daemons() {
-        eprintln!("bench: phase: {}", spec.label);
-        let (daemon, window, span, targets) =
-            daemon_phase(ctx, plan, &mut used, events, rate, &spec, false).await?;
-        windows.push(window);
-        spans.push(span);
-        asked.extend(targets.iter().map(|t| t.claim.clone()));
-        result.contenders.push(daemon);
+        for &busy in &passes {
+            eprintln!("bench: phase: {}{}", spec.label, suffix(busy));
+            let load = start_load(ctx, plan, busy);
+            let (mut daemon, window, span, targets) =
+                daemon_phase(ctx, plan, &mut used, events, rate, &spec, false).await?;
+            end_load(load, busy, &mut daemon).await;
+            windows.push(window);
+            spans.push(span);
+            asked.extend(targets.iter().map(|t| t.claim.clone()));
+            result.contenders.push(daemon);
+        }
     }
     if ctx.options.churn_events(result.n) > 0 {
         for spec in &ctx.options.churn_compare {
@@ -469,14 +522,18 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
         }
     }
 
-    if baselines {
-        eprintln!("bench: phase: sweep janitor");
-        let (janitor, window, span, targets) =
-            sweep_phase(ctx, plan, &mut used, events, rate).await?;
-        windows.push(window);
-        spans.push(span);
-        asked.extend(targets.iter().map(|t| t.claim.clone()));
-        result.contenders.push(janitor);
+    if ctx.options.sweep(result.n) {
+        for &busy in &passes {
+            eprintln!("bench: phase: sweep janitor{}", suffix(busy));
+            let load = start_load(ctx, plan, busy);
+            let (mut janitor, window, span, targets) =
+                sweep_phase(ctx, plan, &mut used, events, rate).await?;
+            end_load(load, busy, &mut janitor).await;
+            windows.push(window);
+            spans.push(span);
+            asked.extend(targets.iter().map(|t| t.claim.clone()));
+            result.contenders.push(janitor);
+        }
     }
 
     // The garbage collector's requests, now that the log is complete.
@@ -516,6 +573,31 @@ async fn phases(ctx: &Ctx, plan: &Plan, events: usize, result: &mut SizeResult) 
             .count();
     }
     Ok(())
+}
+
+fn suffix(busy: Option<f64>) -> &'static str {
+    if busy.is_some() { " (busy)" } else { "" }
+}
+
+/// The background load of a busy pass; none for the quiet one.
+fn start_load(ctx: &Ctx, plan: &Plan, busy: Option<f64>) -> Option<busy::Load> {
+    busy.map(|rate| busy::start(&ctx.admin, &plan.namespaces, rate))
+}
+
+/// Stops a busy pass's load, naming the contender's figures as busy and noting what the load
+/// did.
+async fn end_load(load: Option<busy::Load>, busy: Option<f64>, contender: &mut Contender) {
+    let (Some(load), Some(rate)) = (load, busy) else {
+        return;
+    };
+    let done = load.stop().await;
+    contender.name.push_str(suffix(busy));
+    contender.notes.push(format!(
+        "busy: {} unrelated builds started, {rate} a second ({} writes each; {} refused)",
+        done.builds,
+        busy::WRITES,
+        done.failed_writes
+    ));
 }
 
 /// A measured contender, its burst window, the window of all its phases (burst, churn, idle),
@@ -817,7 +899,7 @@ const GC: Who = |r| r.user == KCM_USER && r.agent == "generic-garbage-collector"
 
 /// After a contender's burst, as configured for the size: the churn (claims coming due one at
 /// a time; the garbage collector's are owner deletions only, the others' half owner deletions,
-/// half TTLs), then the idle window (nothing due; not for the garbage collector, which is
+/// half TTLs), the lone claims (`--lone`: the same, further apart), then the idle window (nothing due; not for the garbage collector, which is
 /// stopped before the others run). Adds the churn's targets; returns when the last window
 /// closed, if any ran.
 async fn steady_phases(
@@ -831,32 +913,29 @@ async fn steady_phases(
 ) -> Result<Option<DateTime<Utc>>> {
     let n = plan.builds.len();
     let mut end = None;
-    let count = ctx.options.churn_events(n);
-    if let Some((rate, _)) = ctx.options.churn.filter(|_| count > 0) {
-        let mut fired = Vec::new();
-        if contender.role == Role::Gc {
-            let owner = plan.take(State::Owned, &mut used.owned, count);
-            fired.extend(owner.into_iter().map(|b| (b, EventKind::OwnerDeleted)));
-        } else {
-            let owner = plan.take(State::Owned, &mut used.owned, count / 2);
-            let ttl = plan.take(State::Validating, &mut used.validating, count - count / 2);
-            interleave(&mut fired, owner, ttl);
-        }
-        eprintln!("bench:   churn: {count} claims coming due one at a time");
-        let grace = match contender.role {
-            Role::Sweep => 2 * ctx.options.sweep_interval_s + 60,
-            Role::Daemon | Role::Gc => 60,
+    type Field = fn(&mut Contender) -> &mut Option<Steady>;
+    let steady: [(_, _, _, Field); 2] = [
+        (
+            ctx.options.churn,
+            ctx.options.churn_events(n),
+            "one at a time",
+            |c| &mut c.churn,
+        ),
+        (ctx.options.lone, ctx.options.lone_events(n), "alone", |c| {
+            &mut c.lone
+        }),
+    ];
+    for (steady, count, how, field) in steady {
+        let Some((rate, _)) = steady.filter(|_| count > 0) else {
+            continue;
         };
-        let start = Meter::read(ctx, pid).await;
-        let churned = fire_and_wait(ctx, fired, rate, Duration::from_secs(grace)).await?;
-        // Let trailing requests (the Event after the last delete) land in the window.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let stop = Meter::read(ctx, pid).await;
-        let mut churn = Steady::between(ctx, &start, &stop, who)?;
-        churn.lags = lags(&ctx.observer, &churned);
-        contender.churn = Some(churn);
+        eprintln!("bench:   {count} claims coming due {how}");
+        let work = (count, rate);
+        let ((measured, at), churned) =
+            churn_phase(ctx, plan, used, contender.role, pid, who, work).await?;
+        *field(contender) = Some(measured);
         targets.extend(churned);
-        end = Some(stop.at);
+        end = Some(at);
     }
     let minutes = ctx.options.idle_minutes;
     if minutes > 0.0 && ctx.options.full(n) && contender.role != Role::Gc && !contender.churn_only {
@@ -868,6 +947,41 @@ async fn steady_phases(
         end = Some(stop.at);
     }
     Ok(end)
+}
+
+/// `count` claims coming due one at a time at `rate` a second (the garbage collector's owner
+/// deletions, the others' half owner deletions, half TTLs), measured from the first event until
+/// every claim was reclaimed; with the window's end and the claims.
+async fn churn_phase(
+    ctx: &Ctx,
+    plan: &Plan,
+    used: &mut Used,
+    role: Role,
+    pid: Option<u32>,
+    who: Who,
+    (count, rate): (usize, f64),
+) -> Result<((Steady, DateTime<Utc>), Vec<Target>)> {
+    let mut fired = Vec::new();
+    if role == Role::Gc {
+        let owner = plan.take(State::Owned, &mut used.owned, count);
+        fired.extend(owner.into_iter().map(|b| (b, EventKind::OwnerDeleted)));
+    } else {
+        let owner = plan.take(State::Owned, &mut used.owned, count / 2);
+        let ttl = plan.take(State::Validating, &mut used.validating, count - count / 2);
+        interleave(&mut fired, owner, ttl);
+    }
+    let grace = match role {
+        Role::Sweep => 2 * ctx.options.sweep_interval_s + 60,
+        Role::Daemon | Role::Gc => 60,
+    };
+    let start = Meter::read(ctx, pid).await;
+    let churned = fire_and_wait(ctx, fired, rate, Duration::from_secs(grace)).await?;
+    // Let trailing requests (the Event after the last delete) land in the window.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stop = Meter::read(ctx, pid).await;
+    let mut measured = Steady::between(ctx, &start, &stop, who)?;
+    measured.lags = lags(&ctx.observer, &churned);
+    Ok(((measured, stop.at), churned))
 }
 
 impl Steady {

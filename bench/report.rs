@@ -143,6 +143,18 @@ fn command_line(options: &Options) -> String {
                 .unwrap_or_default(),
         ),
         (
+            options.lone.is_some(),
+            options
+                .lone
+                .map(|(rate, seconds)| format!(" --lone {rate},{seconds}"))
+                .unwrap_or_default(),
+        ),
+        (
+            options.busy.is_some(),
+            format!(" --busy {}", options.busy.unwrap_or_default()),
+        ),
+        (options.skip_sweep, " --skip-sweep".into()),
+        (
             options.idle_minutes > 0.0,
             format!(" --idle-minutes {}", options.idle_minutes),
         ),
@@ -745,6 +757,63 @@ fn render_steady(out: &mut String, r: &SizeResult, cs: &[&Contender]) {
         }
         out.push('\n');
     };
+    let churn_table = |out: &mut String, columns: &[(&Contender, &Steady)]| {
+        table(out, columns);
+        let per = |steady: &Steady, value: f64| {
+            if steady.reclaimed() == 0 {
+                "–".to_owned()
+            } else {
+                format!("{:.3}", value / steady.reclaimed() as f64)
+            }
+        };
+        row(out, columns, "claims reclaimed / events", &|c| {
+            format!("{} / {}", c.reclaimed(), c.lags.len())
+        });
+        row(out, columns, "lag p50 / p99 / max", &|c| {
+            lag_cell(lag_stats(&c.lags, None))
+        });
+        row(
+            out,
+            columns,
+            "requests per reclaimed claim, by verb",
+            &|c| verbs(&c.requests, c.reclaimed()),
+        );
+        row(
+            out,
+            columns,
+            "reads (get + list) per reclaimed claim",
+            &|c| reads(&c.requests, c.reclaimed()),
+        );
+        row(
+            out,
+            columns,
+            "writes (every mutating verb) per reclaimed claim",
+            &|c| writes(&c.requests, c.reclaimed()),
+        );
+        row(out, columns, "LIST bytes per reclaimed claim", &|c| {
+            kib_per(c.list_bytes, c.reclaimed())
+        });
+        row(out, columns, "API server CPU s per reclaimed claim", &|c| {
+            per(c, c.apiserver_cpu_s)
+        });
+        row(
+            out,
+            columns,
+            "API server CPU s per reclaimed claim, above idle",
+            &|c| match idle_rate {
+                Some(rate) => per(c, (c.apiserver_cpu_s - rate * c.window_s).max(0.0)),
+                None => "–".into(),
+            },
+        );
+        row(out, columns, "etcd CPU s per reclaimed claim", &|c| {
+            per(c, c.etcd_cpu_s)
+        });
+        row(out, columns, "contender CPU s per reclaimed claim", &|c| {
+            c.cpu_s.map_or("–".into(), |cpu| per(c, cpu))
+        });
+        row(out, columns, "window", &|c| format!("{:.0} s", c.window_s));
+        out.push('\n');
+    };
     if let Some((_, first)) = churned.first() {
         let _ = writeln!(
             out,
@@ -760,64 +829,23 @@ fn render_steady(out: &mut String, r: &SizeResult, cs: &[&Contender]) {
                 .map(|rate| format!(" ({:.3} s per second)", rate))
                 .unwrap_or_else(|| " (not measured: no idle window)".into())
         );
-        table(out, &churned);
-        let per = |steady: &Steady, value: f64| {
-            if steady.reclaimed() == 0 {
-                "–".to_owned()
-            } else {
-                format!("{:.3}", value / steady.reclaimed() as f64)
-            }
-        };
-        row(out, &churned, "claims reclaimed / events", &|c| {
-            format!("{} / {}", c.reclaimed(), c.lags.len())
-        });
-        row(out, &churned, "lag p50 / p99 / max", &|c| {
-            lag_cell(lag_stats(&c.lags, None))
-        });
-        row(
+        churn_table(out, &churned);
+    }
+    let alone: Vec<(&Contender, &Steady)> = cs
+        .iter()
+        .filter_map(|c| Some((*c, c.lone.as_ref()?)))
+        .collect();
+    if let Some((_, first)) = alone.first() {
+        let _ = writeln!(
             out,
-            &churned,
-            "requests per reclaimed claim, by verb",
-            &|c| verbs(&c.requests, c.reclaimed()),
+            "### Claims coming due alone (N = {})\n\n{} claims per contender came due one at a \
+             time, {:.2} per second, further apart than a proof round's interval, so that no two \
+             re-checks could share a round (`--lone`), after the churn; measured as the churn.\n",
+            group(r.n),
+            first.lags.len(),
+            first.lags.len() as f64 / first.window_s.max(1.0),
         );
-        row(
-            out,
-            &churned,
-            "reads (get + list) per reclaimed claim",
-            &|c| reads(&c.requests, c.reclaimed()),
-        );
-        row(
-            out,
-            &churned,
-            "writes (every mutating verb) per reclaimed claim",
-            &|c| writes(&c.requests, c.reclaimed()),
-        );
-        row(out, &churned, "LIST bytes per reclaimed claim", &|c| {
-            kib_per(c.list_bytes, c.reclaimed())
-        });
-        row(
-            out,
-            &churned,
-            "API server CPU s per reclaimed claim",
-            &|c| per(c, c.apiserver_cpu_s),
-        );
-        row(
-            out,
-            &churned,
-            "API server CPU s per reclaimed claim, above idle",
-            &|c| match idle_rate {
-                Some(rate) => per(c, (c.apiserver_cpu_s - rate * c.window_s).max(0.0)),
-                None => "–".into(),
-            },
-        );
-        row(out, &churned, "etcd CPU s per reclaimed claim", &|c| {
-            per(c, c.etcd_cpu_s)
-        });
-        row(out, &churned, "contender CPU s per reclaimed claim", &|c| {
-            c.cpu_s.map_or("–".into(), |cpu| per(c, cpu))
-        });
-        row(out, &churned, "window", &|c| format!("{:.0} s", c.window_s));
-        out.push('\n');
+        churn_table(out, &alone);
     }
     if let Some((_, first)) = idled.first() {
         let _ = writeln!(

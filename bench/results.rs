@@ -78,6 +78,10 @@ pub struct Contender {
     pub sweeps: Vec<(f64, f64)>,
     /// Claims coming due one at a time, after the burst.
     pub churn: Option<Steady>,
+    /// Claims coming due alone (`--lone`), after the churn (absent from runs before it was
+    /// measured).
+    #[serde(default)]
+    pub lone: Option<Steady>,
     /// Nothing due, after the churn.
     pub idle: Option<Steady>,
     /// Measured in the churn alone, to compare another build of workspace-gc with this one.

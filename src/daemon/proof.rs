@@ -17,6 +17,12 @@
 //! for it, and one proven round dates the re-check from its first read. Rounds of a scope
 //! start at least `deletion.proof_round_interval` apart: the reads a round costs are shared by
 //! more re-checks the longer it is, and each waits longer for its round.
+//!
+//! A re-check that would be a round's only reader ([`Way::Direct`]: no round of its scope waits
+//! to start and no other re-check of the scope asked within the interval) lists its namespace
+//! live instead: the same four reads a round sends, answered at once, where a round of quiet
+//! kinds waits one to two seconds for its replays' bookmarks (bench/RESULTS.md, "A claim that
+//! comes due alone").
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -69,6 +75,30 @@ struct Schedule {
     /// The round waiting to start, which re-checks asking now share.
     next: Option<Arc<Outcome>>,
     last_start: Option<Instant>,
+    /// When a re-check of the scope last asked, by either way.
+    last_ask: Option<Instant>,
+}
+
+/// How a re-check reads what may protect its claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// From the cache, proven fresh by a round it shares or starts.
+    Round,
+    /// Listed live: no other re-check would share the round.
+    Direct,
+}
+
+/// A re-check is alone, and reads directly, when no round of its scope waits to start
+/// (`pending`) and no other re-check of the scope asked within `interval` before `now`: a round
+/// it started would serve it alone, at the same four reads as the lists and a bookmark's wait
+/// more. Otherwise it shares the reads of a round with the others.
+pub fn way(pending: bool, last_ask: Option<Instant>, now: Instant, interval: Duration) -> Way {
+    let recent = last_ask.is_some_and(|asked| now.saturating_duration_since(asked) < interval);
+    if pending || recent {
+        Way::Round
+    } else {
+        Way::Direct
+    }
 }
 
 impl Proofs {
@@ -79,6 +109,22 @@ impl Proofs {
         }
     }
 
+    /// How a re-check of `scope` asking now reads ([`way`]); the ask is recorded, so that the
+    /// re-checks after it within the interval share a round.
+    pub fn way(&self, scope: &Scope) -> Way {
+        let schedule = self.schedule(scope);
+        let mut planned = lock(&schedule);
+        let now = Instant::now();
+        let way = way(planned.next.is_some(), planned.last_ask, now, self.interval);
+        planned.last_ask = Some(now);
+        way
+    }
+
+    fn schedule(&self, scope: &Scope) -> Arc<Mutex<Schedule>> {
+        let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
+        scopes.entry(scope.clone()).or_default().clone()
+    }
+
     /// The instant a round proven for `scope` sent its first read, a round that started after
     /// this call (run by this caller with `round`, or shared with another's); `None` when it
     /// was not proven.
@@ -86,12 +132,10 @@ impl Proofs {
     where
         F: Future<Output = Option<Instant>>,
     {
-        let schedule = {
-            let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
-            scopes.entry(scope.clone()).or_default().clone()
-        };
+        let schedule = self.schedule(scope);
         let role = {
             let mut planned = lock(&schedule);
+            planned.last_ask = Some(Instant::now());
             match &planned.next {
                 Some(next) => Err(next.subscribe()),
                 None => {
@@ -421,6 +465,50 @@ mod tests {
         assert!(next.await.unwrap().is_some());
         assert!(first.await.unwrap().is_some());
         assert_eq!(starts.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_re_check_reads_directly_only_when_no_other_would_share_its_round() {
+        let interval = Duration::from_millis(1500);
+        let now = Instant::now() + Duration::from_secs(60);
+        assert_eq!(
+            way(false, None, now, interval),
+            Way::Direct,
+            "the first ever"
+        );
+        let long_ago = now - Duration::from_secs(4);
+        assert_eq!(way(false, Some(long_ago), now, interval), Way::Direct);
+        let just_now = now - Duration::from_millis(300);
+        assert_eq!(
+            way(false, Some(just_now), now, interval),
+            Way::Round,
+            "another asked within the interval"
+        );
+        assert_eq!(
+            way(true, Some(long_ago), now, interval),
+            Way::Round,
+            "a round waits to start: share it"
+        );
+        assert_eq!(way(false, Some(now - interval), now, interval), Way::Direct);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_a_burst_the_first_re_check_reads_directly_and_the_rest_share_rounds() {
+        let proofs = Arc::new(Proofs::new(Duration::from_secs(1)));
+        let scope = Some("ml".to_owned());
+        assert_eq!(proofs.way(&scope), Way::Direct);
+        after(100).await;
+        assert_eq!(proofs.way(&scope), Way::Round, "one asked 100 ms ago");
+        assert_eq!(proofs.way(&None), Way::Direct, "another scope is alone");
+        after(2000).await;
+        assert_eq!(proofs.way(&scope), Way::Direct, "alone again");
+        // A round asked for counts as an ask: the next re-check shares rounds.
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        after(2000).await;
+        let round = ask(&proofs, &starts, Duration::from_millis(10));
+        after(50).await;
+        assert_eq!(proofs.way(&None), Way::Round);
+        assert!(round.await.unwrap().is_some());
     }
 
     #[test]

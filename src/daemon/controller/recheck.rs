@@ -14,7 +14,7 @@ use crate::cluster::cache::Scope;
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches::PROVEN;
 use crate::config::Config;
-use crate::daemon::proof::{self, PROOF_BOUND, Proofs, Recheck, Recorded};
+use crate::daemon::proof::{self, PROOF_BOUND, Proofs, Recheck, Recorded, Way};
 use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::ClaimFacts;
 use crate::decide::linking::{self, Found};
@@ -72,7 +72,7 @@ struct Read<L> {
 /// What the live re-check reads by.
 pub(super) struct Rechecks {
     /// The rounds that prove the cache fresh for the live re-check.
-    proofs: Proofs,
+    pub(super) proofs: Proofs,
     /// Whether the watches cover one namespace each (`selector.namespaces`), not the cluster.
     per_namespace: bool,
     /// Whether a bound claim's volume is read before its delete (`deletion.read_volumes`).
@@ -86,6 +86,13 @@ impl Rechecks {
             per_namespace: !config.selector.namespaces.is_empty(),
             read_volumes: config.deletion.read_volumes,
         }
+    }
+}
+
+impl Rechecks {
+    /// How a re-check of `scope` asking now reads (`proof::way`); the ask is counted.
+    pub(super) fn way(&self, scope: &Scope) -> Way {
+        self.proofs.way(scope)
     }
 }
 
@@ -104,10 +111,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // can go silent without an error (a wedged API server, a dead connection) and its cache
         // would miss a pod or a run started since (tests/cluster/faults.rs,
         // silently_stalled_watch_does_not_hide_a_new_user). A small namespace is listed
-        // (`PROVE_FROM`).
+        // (`PROVE_FROM`), and so is a claim no other re-check would share a round with
+        // (`proof::way`).
+        let rechecks = &self.deletes.rechecks;
+        let scope = rechecks.per_namespace.then(|| key.namespace.to_string());
         let large = self.cache.read().namespace_size(&key.namespace) >= PROVE_FROM;
-        let proven = if large {
-            self.prove_fresh(&key.namespace).await
+        let proven = if large && rechecks.way(&scope) == Way::Round {
+            self.prove_fresh(&scope).await
         } else {
             None
         };
@@ -252,19 +262,14 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         }
     }
 
-    /// When a round proving the cache fresh for `namespace`'s watches sent its first read,
+    /// When a round proving the cache fresh for the watches of `scope` sent its first read,
     /// a round started after this call (`daemon::proof`); `None` when it was not proven and
     /// the re-check must list.
-    async fn prove_fresh(&self, namespace: &str) -> Option<Instant> {
-        let scope = self
-            .deletes
-            .rechecks
-            .per_namespace
-            .then(|| namespace.to_owned());
+    async fn prove_fresh(&self, scope: &Scope) -> Option<Instant> {
         (self.deletes.rechecks.proofs)
-            .prove(&scope, || async {
+            .prove(scope, || async {
                 let read_at = Instant::now();
-                let kinds = PROVEN.map(|kind| self.prove_kind(kind, &scope));
+                let kinds = PROVEN.map(|kind| self.prove_kind(kind, scope));
                 let proven = tokio::time::timeout(PROOF_BOUND, futures::future::join_all(kinds));
                 let proven = proven.await.is_ok_and(|kinds| kinds.into_iter().all(|k| k));
                 proven.then_some(read_at)

@@ -18,6 +18,7 @@ use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Rev
 use crate::config::Config;
 use crate::contract::OwnerKind;
 use crate::contract::annotations::{NS_COLLECT, NS_TTL_AFTER_FINISHED};
+use crate::daemon::proof::Way;
 use crate::daemon::scheduler::{Failure, Outcome, Scheduler};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::facts::{NamespaceEntry, PodEntry, Progress, RunEntry};
@@ -394,6 +395,20 @@ async fn a_due_claim_is_deleted_once_before_its_live_re_check_is_too_old() {
     );
 }
 
+/// Enough cached pods in the claims' namespace for a proof, and every proven kind's watch
+/// delivered up to `delivered`.
+fn large_namespace<C: Cluster, K: Clock>(c: &Controller<C, K>, delivered: u64) {
+    let mut index = c.cache.write();
+    for n in 0..PROVE_FROM {
+        let mut pod = pod_mounting("other");
+        pod.key.name = format!("pod-{n}");
+        index.update(Update::Pod(Change::Apply(pod)));
+    }
+    for kind in PROVEN {
+        index.update(Update::Delivered(kind, None, delivered));
+    }
+}
+
 /// A kind whose own watch delivers past the revision read for the proof is proven then,
 /// without waiting for the replay's bookmark (here one that never comes): the re-check
 /// rests on the proven cache and lists nothing.
@@ -402,17 +417,7 @@ async fn a_watch_delivering_past_the_revision_proves_its_kind_without_the_bookma
     let cluster = FakeCluster::default();
     *lock(&cluster.revision) = Some(100);
     let c = controller(cluster, 10, &[due("a")], true);
-    {
-        let mut index = c.cache.write();
-        for n in 0..PROVE_FROM {
-            let mut pod = pod_mounting("other");
-            pod.key.name = format!("pod-{n}");
-            index.update(Update::Pod(Change::Apply(pod)));
-        }
-        for kind in PROVEN {
-            index.update(Update::Delivered(kind, None, 90));
-        }
-    }
+    large_namespace(&c, 90);
     let watches = c.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -421,8 +426,23 @@ async fn a_watch_delivering_past_the_revision_proves_its_kind_without_the_bookma
             index.update(Update::Delivered(kind, None, 101));
         }
     });
+    // Another re-check asked just now, so this one shares a round (`proof::way`).
+    assert_eq!(c.deletes.rechecks.way(&None), Way::Direct);
     assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
     assert!(lock(&c.cluster.reads).is_empty(), "nothing listed");
+    assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+/// A claim whose re-check no other would share lists its namespace at once instead of
+/// starting a round of its own, in a namespace large enough for rounds.
+#[tokio::test(start_paused = true)]
+async fn a_lone_re_check_lists_at_once_instead_of_starting_a_round() {
+    let cluster = FakeCluster::default();
+    *lock(&cluster.revision) = Some(100);
+    let c = controller(cluster, 10, &[due("a")], true);
+    large_namespace(&c, 100);
+    assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
+    assert_eq!(lock(&c.cluster.reads).len(), 1, "listed, not proven");
     assert_eq!(lock(&c.cluster.sent).len(), 1);
 }
 
