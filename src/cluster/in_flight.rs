@@ -239,6 +239,29 @@ impl<S> Registry<S> {
         }
     }
 
+    /// The slot of the cap an unanswered `delete` holds.
+    pub fn slot(&self, delete: &InFlight) -> Option<S>
+    where
+        S: Clone,
+    {
+        match &self.entries.get(&delete.uid)?.state {
+            State::Unanswered { slot } => slot.clone(),
+            _ => None,
+        }
+    }
+
+    /// Replaces the slot an unanswered `delete` holds (counted again from later: while it may
+    /// land, it stays in the cap's current window).
+    pub fn reslot(&mut self, delete: &InFlight, moved: S) {
+        if let Some(Entry {
+            state: State::Unanswered { slot },
+            ..
+        }) = self.entries.get_mut(&delete.uid)
+        {
+            *slot = Some(moved);
+        }
+    }
+
     /// Whether this claim's DELETE (the claim `key` with `uid`) was carried out, and the watch
     /// has not shown the claim gone since.
     pub fn carried(&self, key: &ObjectKey, uid: &str) -> bool {

@@ -55,6 +55,11 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// denial then costs a re-check, a Lease write and a DELETE every five minutes per claim, not
 /// every ten seconds. A change to the claim still runs it at once.
 pub const DENIED_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
+/// The longest backoff while a DELETE without an answer cannot be revoked
+/// ([`Failure::Unrevoked`]): a webhook or a network path that keeps failing then costs one
+/// revocation a minute per claim owed one, not six; the claim stays kept meanwhile, and its
+/// slot of the cap stays taken.
+pub const UNREVOKED_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// After stop, how long reconciles in flight may take to finish before they are abandoned:
 /// the process must end within the pod's termination grace period whatever the API server
 /// does (every request is bounded too; this bounds what is left).
@@ -109,6 +114,8 @@ pub enum Failure {
     Denied,
     /// The delete got no answer: it may or may not have been carried out.
     Unanswered,
+    /// The revocation of a delete without an answer failed too: it may still land.
+    Unrevoked,
     /// The reconcile panicked.
     Panicked,
 }
@@ -120,7 +127,7 @@ impl Failure {
     pub fn holds_back(self) -> bool {
         matches!(
             self,
-            Failure::Denied | Failure::Throttled | Failure::Unanswered
+            Failure::Denied | Failure::Throttled | Failure::Unanswered | Failure::Unrevoked
         )
     }
 
@@ -136,6 +143,7 @@ impl Failure {
             Failure::Throttled => "throttled",
             Failure::Denied => "denied",
             Failure::Unanswered => "unanswered",
+            Failure::Unrevoked => "unrevoked",
             Failure::Panicked => "panicked",
         }
     }
@@ -146,6 +154,7 @@ fn backoff(failures: u32, last: Failure) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     let ceiling = match last {
         Failure::Denied => DENIED_BACKOFF_MAX,
+        Failure::Unrevoked => UNREVOKED_BACKOFF_MAX,
         _ => BACKOFF_MAX,
     };
     BACKOFF_BASE.saturating_mul(1 << doublings).min(ceiling)

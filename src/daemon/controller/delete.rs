@@ -161,7 +161,9 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
         match result {
             // Received by the time it was answered, at the latest.
-            Some(DeleteResult::Deleted) => slots.count_from(reservation, self.clock.server().1),
+            Some(DeleteResult::Deleted) => {
+                slots.count_from(reservation, self.clock.server().1);
+            }
             // It may have been carried out: it stays counted until its revocation says.
             Some(DeleteResult::Unanswered) => {}
             _ => slots.release(reservation),

@@ -98,6 +98,16 @@ impl InFlightDeletes {
         self.registry().owed(key)
     }
 
+    /// The slot of the cap an unanswered `delete` holds.
+    pub(super) fn slot(&self, delete: &InFlight) -> Option<Reservation> {
+        self.registry().slot(delete)
+    }
+
+    /// Moves the slot an unanswered `delete` holds.
+    pub(super) fn reslot(&self, delete: &InFlight, moved: Reservation) {
+        self.registry().reslot(delete, moved);
+    }
+
     /// The claims owed a revocation.
     pub(super) fn owed_keys(&self) -> Vec<ObjectKey> {
         self.registry().owed_keys()
@@ -165,9 +175,16 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 warn!(claim = %key, uid = %delete.uid, "a delete without an answer was carried out after all (it, or another, reached the API server); its volume, if kept by a Retain policy, is not marked and workspace-gc never deletes it");
             }
             Revocation::Refused | Revocation::Unanswered => {
+                // It may land from now on: its slot is counted from now, so that the cap's
+                // window holds it while it is owed (else, a window later, the cap would let
+                // as many more DELETEs go beside every one still owed).
+                if let Some(slot) = in_flight.slot(&delete) {
+                    let moved = self.deletes.slots.count_from(slot, self.clock.server().1);
+                    in_flight.reslot(&delete, moved);
+                }
                 self.metrics.revocation(Revoked::NotRevoked);
                 warn!(claim = %key, "a delete without an answer is not revoked yet; the claim is kept and nothing else is sent for it");
-                return Some(Outcome::Retry(Failure::Unanswered));
+                return Some(Outcome::Retry(Failure::Unrevoked));
             }
         }
         // Each names its next step itself, never the watch event of its own write (a revocation

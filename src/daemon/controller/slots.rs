@@ -144,9 +144,10 @@ impl Slots {
         (reservation, counted)
     }
 
-    /// Counts `reservation` from `at`, when its DELETE was answered: received by then.
-    pub(super) fn count_from(&self, reservation: Reservation, at: DateTime<Utc>) {
-        self.state().limiter.count_from(reservation, at);
+    /// Counts `reservation` from `at`: when its DELETE was answered (received by then), or
+    /// when its revocation failed again (it may land from then on).
+    pub(super) fn count_from(&self, reservation: Reservation, at: DateTime<Utc>) -> Reservation {
+        self.state().limiter.count_from(reservation, at)
     }
 
     /// Gives a slot back: its DELETE was not sent, was refused, or can never land.

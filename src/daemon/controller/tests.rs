@@ -519,7 +519,7 @@ async fn an_unanswered_delete_stays_counted_against_the_cap_until_revoked() {
     let c = controller(cluster, 1, &[due("a"), due("b")], true);
     assert_eq!(
         c.clone().reconcile(key("a")).await,
-        Outcome::Retry(Failure::Unanswered)
+        Outcome::Retry(Failure::Unrevoked)
     );
     // It may still land: the cap of one holds `b` back.
     let outcome = c.clone().reconcile(key("b")).await;
@@ -600,7 +600,7 @@ async fn an_unanswered_delete_is_revoked_before_anything_else_is_sent() {
     // Revoked at once, in the same reconcile; no answer to that either: kept, retried.
     assert_eq!(
         c.clone().reconcile(key("a")).await,
-        Outcome::Retry(Failure::Unanswered)
+        Outcome::Retry(Failure::Unrevoked)
     );
     assert_eq!(writes(&c), ["delete claim a", "revoke claim a 1"]);
     // Whatever the cache says, the revocation comes first, and nothing else is sent.
@@ -646,7 +646,7 @@ async fn a_refused_revocation_is_read_live() {
     let c = controller(cluster, 10, &[due("a")], true);
     assert_eq!(
         c.clone().reconcile(key("a")).await,
-        Outcome::Retry(Failure::Unanswered)
+        Outcome::Retry(Failure::Unrevoked)
     );
     // Refused because the claim was re-created under its name: the DELETE (with the old
     // UID) can land on nothing.
@@ -655,6 +655,42 @@ async fn a_refused_revocation_is_read_live() {
     assert_eq!(c.clone().reconcile(key("a")).await, at_once());
     assert_eq!(c.deletes.in_flight.lease_side().owed(&key("a")), None);
     assert!(c.deletes.in_flight.lease_side().on_lease().is_empty());
+}
+
+/// A DELETE without an answer whose revocation keeps failing holds its slot of the cap in the
+/// current window, however long it stays owed: a window later, the cap still counts it, and
+/// lets no other DELETE go beside it; once revoked, the slot as counted last is freed.
+#[tokio::test(start_paused = true)]
+async fn a_delete_still_owed_a_window_later_still_fills_the_cap() {
+    let cluster = FakeCluster::default();
+    lock(&cluster.answers).push_back(Ok(DeleteResult::Unanswered));
+    lock(&cluster.revocations).extend([Revocation::Unanswered; 3]);
+    let c = controller(cluster, 1, &[due("a"), due("b")], true);
+    let unrevoked = Outcome::Retry(Failure::Unrevoked);
+    assert_eq!(c.clone().reconcile(key("a")).await, unrevoked);
+    // Its revocation fails again within the window, and once more after it.
+    tokio::time::sleep(Duration::from_secs(50 * 60)).await;
+    assert_eq!(c.clone().reconcile(key("a")).await, unrevoked);
+    tokio::time::sleep(Duration::from_secs(20 * 60)).await;
+    assert_eq!(c.clone().reconcile(key("a")).await, unrevoked);
+    // An hour and ten minutes after it was sent, the cap's one slot is still its.
+    let outcome = c.clone().reconcile(key("b")).await;
+    assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+    // Revoked at last: the slot it held, as counted last, is free for `b`.
+    let revoked = c.clone().reconcile(key("a")).await;
+    assert_eq!(revoked, Outcome::Retry(Failure::Unanswered));
+    assert_eq!(c.clone().reconcile(key("b")).await, Outcome::Done);
+    assert_eq!(
+        writes(&c),
+        [
+            "delete claim a",
+            "revoke claim a 1",
+            "revoke claim a 1",
+            "revoke claim a 1",
+            "revoke claim a 1",
+            "delete claim b"
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1253,7 +1289,7 @@ mod model {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::daemon::scheduler::{BACKOFF_MAX, DENIED_BACKOFF_MAX};
+    use crate::daemon::scheduler::{BACKOFF_MAX, DENIED_BACKOFF_MAX, UNREVOKED_BACKOFF_MAX};
 
     /// How long a hand-over keeps this replica standing by: a lease duration.
     const STANDBY: Duration = Duration::from_secs(15);
@@ -1411,12 +1447,12 @@ mod model {
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             let delay = |event: &(u64, Event)| match event.1 {
                 // A revocation owed again on winning costs one more failure at worst.
-                Event::HandOver => STANDBY + BACKOFF_MAX * 2,
+                Event::HandOver => STANDBY + UNREVOKED_BACKOFF_MAX * 2,
                 Event::ClockDisputed => DISPUTED + BACKOFF_MAX,
             };
             let last_event = events.iter().map(|(at, _)| Duration::from_secs(*at)).max();
             let bound = (answers.iter().map(ceiling).sum::<Duration>())
-                + BACKOFF_MAX * count(revocations.len())
+                + UNREVOKED_BACKOFF_MAX * count(revocations.len())
                 + events.iter().map(delay).sum::<Duration>()
                 + last_event.unwrap_or_default()
                 + Duration::from_secs(60);
@@ -1487,6 +1523,18 @@ mod model {
         );
         assert!(deletes <= ceiling * 1.1, "{deletes} DELETEs a minute");
         assert!(revoked <= ceiling * 1.1, "{revoked} revocations a minute");
+        // Unanswered once, and its revocation never answered: one revocation a minute,
+        // nothing else sent for the claim.
+        let revocations = vec![(Revocation::Unanswered, false); 500];
+        let answers = [DeleteResult::Unanswered];
+        let Seen { log, .. } = run(&answers, &revocations, &[], minute * 30);
+        let (deletes, revoked) = per_minute(&log, minute * 10, minute * 30);
+        let ceiling = minute.as_secs_f64() / UNREVOKED_BACKOFF_MAX.as_secs_f64();
+        assert_eq!(deletes, 0.0, "nothing sent past an unrevoked DELETE");
+        assert!(
+            (ceiling * 0.9..=ceiling * 1.1).contains(&revoked),
+            "{revoked} revocations a minute"
+        );
         // Denied every time: the refusal's own, longer, backoff.
         let answers = vec![DeleteResult::Denied; 500];
         let Seen { log, .. } = run(&answers, &[], &[], minute * 60);
