@@ -149,15 +149,28 @@ impl Failure {
     }
 }
 
-/// The backoff after `failures` failures in a row (at least one), the last of them `last`.
-fn backoff(failures: u32, last: Failure) -> Duration {
+/// The backoff after `failures` failures in a row (at least one) over `streak` (from the first
+/// of them to the last, `last`): doubling from the first, and never shorter than the streak, so that a claim
+/// whose attempts are spaced by something else (the pace, at 1,000 due claims 200 s apart)
+/// reaches its ceiling in a few attempts, not after ten doublings of its own.
+fn backoff_after(failures: u32, streak: Duration, last: Failure) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     let ceiling = match last {
         Failure::Denied => DENIED_BACKOFF_MAX,
         Failure::Unrevoked => UNREVOKED_BACKOFF_MAX,
         _ => BACKOFF_MAX,
     };
-    BACKOFF_BASE.saturating_mul(1 << doublings).min(ceiling)
+    BACKOFF_BASE
+        .saturating_mul(1 << doublings)
+        .max(streak)
+        .min(ceiling)
+}
+
+/// A claim's failures in a row, and when the first of them ended.
+#[derive(Debug, Clone, Copy)]
+struct Streak {
+    failures: u32,
+    since: Instant,
 }
 
 /// Asks for a claim to be reconciled now or at an instant. Cheap to clone.
@@ -191,7 +204,7 @@ pub struct Scheduler {
     /// Claims asked for while running: reconciled again once the current run ends.
     dirty: HashSet<ObjectKey>,
     /// Failures in a row, per claim that is backing off.
-    failures: HashMap<ObjectKey, u32>,
+    failures: HashMap<ObjectKey, Streak>,
     /// Until when each claim whose write failed waits, whatever asks for it.
     backing_off: HashMap<ObjectKey, Instant>,
     report: Option<Report>,
@@ -328,7 +341,7 @@ impl Scheduler {
             age(self.ready.iter().map(|(_, due)| *due).min()),
             age(self.running.values().copied().min()),
         );
-        metrics.queue_retrying(self.failures.values().copied());
+        metrics.queue_retrying(self.failures.values().map(|streak| streak.failures));
         (report.sample)(metrics);
     }
 
@@ -337,7 +350,7 @@ impl Scheduler {
         self.running.remove(&key);
         match outcome {
             Outcome::Done | Outcome::At(_) => {
-                let failures = self.failures.remove(&key).unwrap_or(0);
+                let failures = self.failures.remove(&key).map_or(0, |s| s.failures);
                 self.report(|metrics| metrics.queue_settled(failures.saturating_add(1)));
                 self.backing_off.remove(&key);
                 if let Outcome::At(at) = outcome {
@@ -346,9 +359,13 @@ impl Scheduler {
             }
             Outcome::Retry(failure) => {
                 self.report(|metrics| metrics.reconcile_retry(failure.category()));
-                let failures = self.failures.entry(key.clone()).or_default();
-                *failures = failures.saturating_add(1);
-                let at = Instant::now() + backoff(*failures, failure);
+                let now = Instant::now();
+                let streak = self.failures.entry(key.clone()).or_insert(Streak {
+                    failures: 0,
+                    since: now,
+                });
+                streak.failures = streak.failures.saturating_add(1);
+                let at = now + backoff_after(streak.failures, now - streak.since, failure);
                 if failure.holds_back() {
                     self.backing_off.insert(key.clone(), at);
                 } else {
@@ -525,16 +542,23 @@ mod tests {
 
     #[test]
     fn a_denial_backs_off_to_minutes_and_throttling_to_seconds() {
-        let ceilings = |failure| (1..=20).map(|n| backoff(n, failure)).max();
+        let ceilings = |failure| {
+            (1..=20)
+                .map(|n| backoff_after(n, Duration::ZERO, failure))
+                .max()
+        };
         assert_eq!(ceilings(Failure::Throttled), Some(BACKOFF_MAX));
         assert_eq!(ceilings(Failure::Denied), Some(DENIED_BACKOFF_MAX));
         assert_eq!(
-            backoff(1, Failure::Denied),
+            backoff_after(1, Duration::ZERO, Failure::Denied),
             BACKOFF_BASE,
             "the first retry is as soon"
         );
         // The backoff follows the last failure: throttled after denials, seconds again.
-        assert_eq!(backoff(12, Failure::Throttled), BACKOFF_MAX);
+        assert_eq!(
+            backoff_after(12, Duration::ZERO, Failure::Throttled),
+            BACKOFF_MAX
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -553,6 +577,24 @@ mod tests {
         let secs: Vec<u64> = starts.iter().map(Duration::as_secs).collect();
         // 1, 2, 4, 8, then capped at 10; the success's instant; then the backoff starts over.
         assert_eq!(&secs[..9], &[0, 1, 3, 7, 15, 25, 28, 29, 31], "{secs:?}");
+    }
+
+    /// A claim whose attempts are spaced by something else (here each run waits 200 s, as for
+    /// its pace slot at 1,000 due claims) backs off by its streak's length: at its ceiling
+    /// after three attempts, not after ten doublings.
+    #[tokio::test(start_paused = true)]
+    async fn failures_spaced_apart_back_off_by_the_streak() {
+        let starts = starts_of(
+            |_| async {
+                tokio::time::sleep(Duration::from_secs(200)).await;
+                Outcome::Retry(Failure::Denied)
+            },
+            Duration::from_secs(1700),
+        )
+        .await;
+        let secs: Vec<u64> = starts.iter().map(Duration::as_secs).collect();
+        // Failed at 200 (1 s), at 401 (its streak 201 s), at 802 and on (the 300 s ceiling).
+        assert_eq!(&secs[..5], &[0, 201, 602, 1102, 1602], "{secs:?}");
     }
 
     /// When a claim failing with `failure` five times in a row (each run waking it twice more,
