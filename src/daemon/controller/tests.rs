@@ -210,6 +210,14 @@ impl Writes for FakeCluster {
         if let Ok(result) = answer {
             lock(&self.log).push((Instant::now(), Write::Delete(result)));
         }
+        // Carried out: as the API server does, the claim is being deleted from then on (its
+        // pvc-protection finalizer), and a live read says so.
+        if matches!(answer, Ok(DeleteResult::Deleted))
+            && !self.dry_run
+            && let Some((_, deleting)) = lock(&self.claim_state).as_mut()
+        {
+            *deleting = true;
+        }
         answer.map(|result| self.answer(result))
     }
 
