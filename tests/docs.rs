@@ -721,10 +721,9 @@ fn blocks(page: &str) -> Vec<String> {
     blocks
 }
 
-/// What is wrong with the spans of `block`, read against `read` (a file's text, `None` when it
-/// does not exist): each item and field is looked for in the nearest file named before it in
-/// the block, else the first named after it.
-fn wrong_spans(block: &str, read: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+/// The spans of `block` that name something, each with the file it is looked for in: the
+/// nearest `.rs` file named before it in the block, else the first named after it.
+fn spans_with_files(block: &str) -> Vec<(Named<'_>, Option<&str>)> {
     let spans: Vec<Named> = block
         .split('`')
         .skip(1)
@@ -739,15 +738,31 @@ fn wrong_spans(block: &str, read: &dyn Fn(&str) -> Option<String>) -> Vec<String
             _ => None,
         })
         .collect();
-    let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
-    let mut wrong = Vec::new();
-    for (i, span) in spans.iter().enumerate() {
-        let file = files
+    let file_of = |i: usize| {
+        files
             .iter()
             .rev()
             .find(|(at, _)| *at < i)
             .or_else(|| files.iter().find(|(at, _)| *at > i))
-            .map(|(_, f)| *f);
+            .map(|(_, f)| *f)
+    };
+    (0..spans.len())
+        .map(file_of)
+        .zip(spans)
+        .map(|(f, s)| (s, f))
+        .collect()
+}
+
+/// The text of a span or of code with its whitespace removed, as fields are compared.
+fn squeeze(text: &str) -> String {
+    text.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// What is wrong with the spans of `block`, read against `read` (a file's text, `None` when it
+/// does not exist): each item and field is looked for in the file [`spans_with_files`] gives it.
+fn wrong_spans(block: &str, read: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (span, file) in spans_with_files(block) {
         match span {
             Named::Path(path) => {
                 if read(path).is_none() {
@@ -930,4 +945,892 @@ fn every_setting_is_in_the_shipped_file_and_the_docs_with_its_classification() {
         ));
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ARCHITECTURE.md's lists are complete: what follows reads the code itself (structs, impl
+// blocks, calls) and fails when the page leaves out a lock, a concern or a step of the claim
+// path, not only when it names one wrongly. The reading is lexical, not a parser: comments,
+// string and char literals and `#[cfg(test)]` items are blanked first, so that braces balance
+// and no word in a message or a test is read as code.
+
+/// `source` reduced to its code: every comment, string and char literal, and every item under
+/// `#[cfg(test)]`, blanked to spaces (line breaks kept).
+fn code_of(source: &str) -> String {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = String::with_capacity(source.len());
+    let blank = |c: char| if c == '\n' { '\n' } else { ' ' };
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        let start = i;
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if (c == 'r' || c == 'b')
+            && !(i > 0 && ident(chars[i - 1]))
+            && let Some(hashes) = raw_string_opening(&chars[i..])
+        {
+            // r"…", r#"…"#, br"…": ends at a quote followed by as many hashes.
+            i += hashes.1;
+            let close: Vec<char> = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes.0))
+                .collect();
+            while i < chars.len() && !chars[i..].starts_with(&close) {
+                i += 1;
+            }
+            i = (i + close.len()).min(chars.len());
+        } else if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(chars.len());
+        } else if c == '\'' && next == Some('\\') {
+            i += 2;
+            while i < chars.len() && chars[i] != '\'' {
+                i += 1;
+            }
+            i = (i + 1).min(chars.len());
+        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            i += 3;
+        } else {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        out.extend(chars[start..i].iter().map(|&c| blank(c)));
+    }
+    blank_test_items(out)
+}
+
+/// After an `r` or `br` at the start of `chars`: the number of hashes of a raw string literal
+/// opening there, and the length of its opening; `None` when none opens there.
+fn raw_string_opening(chars: &[char]) -> Option<(usize, usize)> {
+    let prefix = if chars.starts_with(&['b', 'r']) {
+        2
+    } else if chars.first() == Some(&'r') {
+        1
+    } else {
+        return None;
+    };
+    let hashes = chars[prefix..].iter().take_while(|c| **c == '#').count();
+    (chars.get(prefix + hashes) == Some(&'"')).then_some((hashes, prefix + hashes + 1))
+}
+
+/// Blanks every item under `#[cfg(test)]` in `code` (comments and literals already blank): the
+/// attribute and the item, through its block's closing brace or its `;`.
+fn blank_test_items(mut code: String) -> String {
+    const ATTRIBUTE: &str = "#[cfg(test)]";
+    while let Some(at) = code.find(ATTRIBUTE) {
+        let item = at + ATTRIBUTE.len();
+        let end = match code[item..].find(['{', ';']) {
+            Some(offset) if code.as_bytes()[item + offset] == b'{' => {
+                closing(&code, item + offset).map_or(code.len(), |close| close + 1)
+            }
+            Some(offset) => item + offset + 1,
+            None => code.len(),
+        };
+        let blanked: String = code[at..end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
+        code.replace_range(at..end, &blanked);
+    }
+    code
+}
+
+/// The index of the brace that closes the one at `open`.
+fn closing(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (at, b) in code.bytes().enumerate().skip(open) {
+        match b {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Where the word `word` stands in `code` (not as part of a longer identifier).
+fn word_at(code: &str, word: &str) -> Vec<usize> {
+    let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    code.match_indices(word)
+        .map(|(at, _)| at)
+        .filter(|&at| {
+            !ident(code[..at].chars().next_back()) && !ident(code[at + word.len()..].chars().next())
+        })
+        .collect()
+}
+
+/// The identifier that starts `text` after any whitespace, if one does.
+fn leading_ident(text: &str) -> Option<&str> {
+    let text = text.trim_start();
+    let end = text
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(text.len());
+    (end > 0).then_some(&text[..end])
+}
+
+/// `text` with its leading generic parameter list `<…>`, if any, removed.
+fn skip_generics(text: &str) -> &str {
+    let text = text.trim_start();
+    if !text.starts_with('<') {
+        return text;
+    }
+    let mut depth = 0;
+    for (at, c) in text.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[at + 1..];
+                }
+            }
+            _ => {}
+        }
+    }
+    ""
+}
+
+/// A struct with named fields, as declared.
+#[derive(Debug, PartialEq)]
+struct Struct {
+    name: String,
+    /// Each field's name and its type, whitespace removed.
+    fields: Vec<(String, String)>,
+}
+
+/// The structs with named fields that `code` (from [`code_of`]) declares.
+fn structs(code: &str) -> Vec<Struct> {
+    let mut found = Vec::new();
+    for at in word_at(code, "struct") {
+        let rest = &code[at + "struct".len()..];
+        let Some(name) = leading_ident(rest) else {
+            continue;
+        };
+        let Some(open) = rest.find(['{', '(', ';']) else {
+            continue;
+        };
+        let open = at + "struct".len() + open;
+        if code.as_bytes()[open] != b'{' {
+            continue;
+        }
+        let Some(close) = closing(code, open) else {
+            continue;
+        };
+        found.push(Struct {
+            name: name.to_owned(),
+            fields: fields(&code[open + 1..close]),
+        });
+    }
+    found
+}
+
+/// The named fields of a struct's body: split at its top-level commas, attributes and
+/// visibility left out.
+fn fields(body: &str) -> Vec<(String, String)> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    let bytes = body.as_bytes();
+    for (at, &b) in bytes.iter().enumerate() {
+        match b {
+            b'<' | b'(' | b'[' | b'{' => depth += 1,
+            // `->` in a function type closes nothing.
+            b'>' if at > 0 && bytes[at - 1] == b'-' => {}
+            b'>' | b')' | b']' | b'}' => depth -= 1,
+            b',' if depth == 0 => {
+                parts.push(&body[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&body[start..]);
+    parts
+        .into_iter()
+        .filter_map(|part| {
+            let mut part = part.trim();
+            while part.starts_with("#[") {
+                part = part[part.find(']')? + 1..].trim_start();
+            }
+            if let Some(rest) = part.strip_prefix("pub") {
+                part = rest.trim_start();
+                if part.starts_with('(') {
+                    part = part[part.find(')')? + 1..].trim_start();
+                }
+            }
+            let colon = part.find(':')?;
+            let name = part[..colon].trim();
+            let name_ok = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+            name_ok.then(|| (name.to_owned(), squeeze(&part[colon + 1..])))
+        })
+        .collect()
+}
+
+/// The methods of the impl blocks of `self_type` in `code`: each name and its body.
+fn methods<'a>(code: &'a str, self_type: &str) -> Vec<(String, &'a str)> {
+    let mut found = Vec::new();
+    for at in word_at(code, "impl") {
+        let Some(open) = code[at..].find('{').map(|o| at + o) else {
+            continue;
+        };
+        let header = skip_generics(&code[at + "impl".len()..open]);
+        let target = match word_at(header, "for").first() {
+            Some(&f) => &header[f + "for".len()..],
+            None => header,
+        };
+        if leading_ident(target) != Some(self_type) {
+            continue;
+        }
+        let Some(close) = closing(code, open) else {
+            continue;
+        };
+        let body = &code[open + 1..close];
+        let mut depth = 0;
+        let mut at = 0;
+        while at < body.len() {
+            match body.as_bytes()[at] {
+                b'{' => depth += 1,
+                b'}' => depth -= 1,
+                _ if depth == 0 && word_at(&body[at..], "fn").first() == Some(&0) => {
+                    let after = &body[at + 2..];
+                    let (Some(name), Some(open)) = (leading_ident(after), after.find('{')) else {
+                        break;
+                    };
+                    let open = at + 2 + open;
+                    let Some(close) = closing(body, open) else {
+                        break;
+                    };
+                    found.push((name.to_owned(), &body[open + 1..close]));
+                    at = close;
+                }
+                _ => {}
+            }
+            at += 1;
+        }
+    }
+    found
+}
+
+/// The methods `body` calls on `self`, in the order written: `self.f(` and `self.f::<`,
+/// wherever rustfmt breaks the line around the dot.
+fn self_calls(body: &str) -> Vec<String> {
+    let mut joined = String::with_capacity(body.len());
+    let mut chars = body.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_whitespace() {
+            while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                chars.next();
+            }
+            if !(joined.ends_with('.') || chars.peek() == Some(&'.')) {
+                joined.push(' ');
+            }
+        } else {
+            joined.push(c);
+        }
+    }
+    let joined = joined.replace("(self).", "self.");
+    word_at(&joined, "self")
+        .into_iter()
+        .filter(|&at| joined[at + 4..].starts_with('.'))
+        .filter_map(|at| {
+            let name = leading_ident(&joined[at + 5..])?;
+            let after = &joined[at + 5 + name.len()..];
+            (after.starts_with('(') || after.starts_with("::<")).then(|| name.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_code_reader_sees_code_only() {
+    let source = r##"
+struct Lit { s: &'static str }
+/// A { in a comment
+pub(crate) struct Locks<'a> {
+    /// Why.
+    #[allow(dead_code)]
+    pub(super) a: std::sync::Mutex<HashMap<K, (String, u32)>>,
+    b: tokio::sync::RwLock<Option<X>>, // { }
+    f: fn(u8) -> u8,
+    c: &'a str,
+}
+struct Tuple(u8);
+fn f() { let _ = "}{"; let _ = r#"}"#; let _ = '{'; let _ = '\''; }
+#[cfg(test)]
+mod tests {
+    struct Hidden { a: Mutex<u8> }
+}
+impl<C: Cluster> Controller<C> {
+    fn one(&self) -> u8 {
+        if x { self.two(); } else { self.metrics.count() }
+        self
+            .three::<u8>(4);
+        (self).four(self.five)
+    }
+    #[cfg(test)]
+    fn hidden(&self) { self.six() }
+}
+impl Display for Controller<u8> { fn fmt(&self) { self.seven() } }
+impl Other { fn eight(&self) {} }
+"##;
+    let code = code_of(source);
+    assert_eq!(code.lines().count(), source.lines().count());
+    let names: Vec<_> = structs(&code).into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["Lit", "Locks"]);
+    assert_eq!(
+        structs(&code)[1].fields,
+        [
+            ("a", "std::sync::Mutex<HashMap<K,(String,u32)>>"),
+            ("b", "tokio::sync::RwLock<Option<X>>"),
+            ("f", "fn(u8)->u8"),
+            ("c", "&'astr"),
+        ]
+        .map(|(n, t)| (n.to_owned(), t.to_owned()))
+    );
+    let found: Vec<_> = methods(&code, "Controller")
+        .into_iter()
+        .map(|(name, body)| (name, self_calls(body)))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("one".to_owned(), vec!["two", "three", "four"]),
+            ("fmt".to_owned(), vec!["seven"]),
+        ]
+        .map(|(n, c)| (n, c.into_iter().map(String::from).collect::<Vec<_>>()))
+    );
+}
+
+/// Every Rust file of `src/` but its test modules (the files `tests.rs`), as its path and its
+/// code ([`code_of`]).
+fn src_code() -> Vec<(String, String)> {
+    rust_sources()
+        .into_iter()
+        .filter(|path| !path.ends_with("tests.rs"))
+        .map(|path| {
+            let source = std::fs::read_to_string(Path::new(ROOT).join(&path))
+                .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+            (path.to_string_lossy().into_owned(), code_of(&source))
+        })
+        .collect()
+}
+
+/// The identifiers a type is written with: `Arc<tokio::sync::Mutex<X>>` is Arc, tokio, sync,
+/// Mutex, X.
+fn type_words(ty: &str) -> impl Iterator<Item = &str> {
+    ty.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+}
+
+/// The names that are locks: `Mutex` and `RwLock` (std's, tokio's, by any path) and every type
+/// alias in `code` whose definition holds one (`type Shared<S> = Mutex<Registry<S>>`, and an
+/// alias of that alias).
+fn lock_names(code: &[(String, String)]) -> BTreeSet<String> {
+    let mut aliases = Vec::new();
+    for (_, code) in code {
+        for at in word_at(code, "type") {
+            let rest = &code[at + "type".len()..];
+            let Some(name) = leading_ident(rest) else {
+                continue;
+            };
+            let after = skip_generics(&rest.trim_start()[name.len()..]).trim_start();
+            if let Some(definition) = after.strip_prefix('=') {
+                let end = definition.find(';').unwrap_or(definition.len());
+                aliases.push((name.to_owned(), definition[..end].to_owned(), code.as_str()));
+            }
+        }
+    }
+    let mut locks: BTreeSet<String> = ["Mutex", "RwLock"].map(String::from).into();
+    loop {
+        let more: Vec<String> = aliases
+            .iter()
+            .filter(|(name, definition, code)| {
+                !locks.contains(name) && holds_lock(definition, code, &locks)
+            })
+            .map(|(name, _, _)| name.clone())
+            .collect();
+        if more.is_empty() {
+            return locks;
+        }
+        locks.extend(more);
+    }
+}
+
+/// The structs and enums `code` declares: a name declared in a file is that file's own type
+/// there, whatever an alias of the same name elsewhere is.
+fn local_types(code: &str) -> BTreeSet<&str> {
+    ["struct", "enum"]
+        .iter()
+        .flat_map(|keyword| {
+            word_at(code, keyword)
+                .into_iter()
+                .filter_map(|at| leading_ident(&code[at + keyword.len()..]))
+        })
+        .collect()
+}
+
+/// Whether a type written in `file_code` holds a lock: one of its words is in `locks`, and is
+/// not a type the file declares itself.
+fn holds_lock(ty: &str, file_code: &str, locks: &BTreeSet<String>) -> bool {
+    let local = local_types(file_code);
+    type_words(ty).any(|w| locks.contains(w) && !local.contains(w))
+}
+
+/// A field of a struct in `src/`, with the file that declares it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Field {
+    file: String,
+    owner: String,
+    name: String,
+    /// Its type, whitespace removed.
+    ty: String,
+}
+
+impl Field {
+    /// As ARCHITECTURE.md writes it, whitespace aside: `name: Type`.
+    fn written(&self) -> String {
+        format!("{}:{}", self.name, self.ty)
+    }
+}
+
+/// Every field of every struct in `code`.
+fn all_fields(code: &[(String, String)]) -> Vec<Field> {
+    code.iter()
+        .flat_map(|(file, code)| {
+            structs(code).into_iter().flat_map(move |s| {
+                s.fields.into_iter().map(move |(name, ty)| Field {
+                    file: file.clone(),
+                    owner: s.name.clone(),
+                    name,
+                    ty,
+                })
+            })
+        })
+        .collect()
+}
+
+/// Every lock field of `src/`: a field whose type holds a lock ([`lock_names`]), bare or in an
+/// `Arc`, an `Option`, a map.
+fn lock_fields(code: &[(String, String)]) -> Vec<Field> {
+    let locks = lock_names(code);
+    let file_code: BTreeMap<&str, &str> = code
+        .iter()
+        .map(|(file, code)| (file.as_str(), code.as_str()))
+        .collect();
+    all_fields(code)
+        .into_iter()
+        .filter(|f| holds_lock(&f.ty, file_code[f.file.as_str()], &locks))
+        .collect()
+}
+
+/// The folder whose structs are the controller's concerns.
+const CONCERNS_FOLDER: &str = "src/daemon/controller/";
+
+/// The concerns `owner` holds, and theirs in turn, depth first: a concern is a struct declared
+/// under [`CONCERNS_FOLDER`] that a concern (or `owner`, `Controller` at the top) holds in a
+/// field of its own, not inside a lock (the state a lock guards is that lock's, not a concern).
+fn concerns(code: &[(String, String)], owner: &str) -> Vec<(String, String)> {
+    let locks = lock_fields(code);
+    let fields = all_fields(code);
+    let declared: BTreeMap<&str, &str> = fields
+        .iter()
+        .filter(|f| f.file.starts_with(CONCERNS_FOLDER))
+        .map(|f| (f.owner.as_str(), f.file.as_str()))
+        .collect();
+    fn visit(
+        holder: &str,
+        fields: &[Field],
+        locks: &[Field],
+        declared: &BTreeMap<&str, &str>,
+        found: &mut Vec<(String, String)>,
+    ) {
+        let held = fields
+            .iter()
+            .filter(|f| f.owner == holder && f.file.starts_with(CONCERNS_FOLDER))
+            .filter(|f| !locks.contains(f));
+        for field in held {
+            for word in type_words(&field.ty) {
+                if let Some(file) = declared.get(word)
+                    && !found.iter().any(|(name, _)| name == word)
+                {
+                    found.push((word.to_owned(), (*file).to_owned()));
+                    visit(word, fields, locks, declared, found);
+                }
+            }
+        }
+    }
+    let mut found: Vec<(String, String)> = Vec::new();
+    visit(owner, &fields, &locks, &declared, &mut found);
+    found
+}
+
+/// ARCHITECTURE.md's section whose heading starts with `heading`, to the next `## `.
+fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+    page.split(&format!("\n## {heading}"))
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has a section `## {heading}…`"))
+}
+
+/// The `Controller` methods a reconcile calls, in order: the steps ARCHITECTURE.md's claim path
+/// must name. From `Controller::reconcile`, every `self.f(…)` in the body of a function of the
+/// drivers (the file of `reconcile` and the file of the delete pipeline, `Deletes`) is a step
+/// when `f` is a `Controller` method of the pipeline's files (the drivers and the files of the
+/// concerns `Deletes` holds); a step in a driver file is followed in turn, where it is called
+/// (depth first, calls in the order written); each step counts once, where first called. Each
+/// comes with its file.
+fn reconcile_steps(code: &[(String, String)]) -> Result<Vec<(String, String)>, String> {
+    let methods: Vec<(String, &str, &str)> = code
+        .iter()
+        .filter(|(file, _)| file.starts_with(CONCERNS_FOLDER))
+        .flat_map(|(file, code)| {
+            methods(code, "Controller")
+                .into_iter()
+                .map(move |(name, body)| (name, file.as_str(), body))
+        })
+        .collect();
+    let file_of = |name: &str| {
+        methods
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, f, _)| *f)
+    };
+    let reconcile = file_of("reconcile")
+        .ok_or("no `Controller::reconcile` under src/daemon/controller/: where does a reconcile start now? update this test")?;
+    let pipeline = code
+        .iter()
+        .find(|(_, code)| structs(code).iter().any(|s| s.name == "Deletes"))
+        .map(|(file, _)| file.as_str())
+        .ok_or("no struct `Deletes` (the delete pipeline) in src/: update this test's drivers")?;
+    let drivers = [reconcile, pipeline];
+    let mut files: BTreeSet<String> = drivers.iter().map(|f| (*f).to_owned()).collect();
+    files.extend(concerns(code, "Deletes").into_iter().map(|(_, file)| file));
+    let mut steps: Vec<(String, String)> = Vec::new();
+    fn follow<'a>(
+        name: &str,
+        methods: &[(String, &'a str, &'a str)],
+        drivers: &[&str],
+        files: &BTreeSet<String>,
+        steps: &mut Vec<(String, String)>,
+    ) {
+        let Some((_, file, body)) = methods.iter().find(|(n, _, _)| n == name) else {
+            return;
+        };
+        if !files.contains(*file) || steps.iter().any(|(n, _)| n == name) {
+            return;
+        }
+        steps.push((name.to_owned(), (*file).to_owned()));
+        if drivers.contains(file) {
+            for call in self_calls(body) {
+                follow(&call, methods, drivers, files, steps);
+            }
+        }
+    }
+    follow("reconcile", &methods, &drivers, &files, &mut steps);
+    Ok(steps)
+}
+
+/// What ARCHITECTURE.md's claim path leaves out or names out of order, against `steps`
+/// ([`reconcile_steps`]): each step must be named in the section (as `f`, `f()` or
+/// `Controller::f`, with its own file as the span's file), and the order in which the section
+/// first names the steps must be the order in which a reconcile first calls them. Naming a step
+/// again later (to say where it comes back) is free.
+fn path_gaps(path: &str, steps: &[(String, String)]) -> Vec<String> {
+    let mut named: Vec<&str> = Vec::new();
+    for block in blocks(path) {
+        for (span, file) in spans_with_files(&block) {
+            let Named::Item(item) = span else {
+                continue;
+            };
+            let name = item.strip_prefix("Controller::").unwrap_or(item);
+            let step = steps
+                .iter()
+                .find(|(n, f)| n == name && Some(f.as_str()) == file);
+            if let Some((name, _)) = step
+                && !named.contains(&name.as_str())
+            {
+                named.push(name);
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for (name, file) in steps {
+        if !named.contains(&name.as_str()) {
+            wrong.push(format!(
+                "the claim path leaves out `{name}` ({file}), which a reconcile calls"
+            ));
+        }
+    }
+    let order: Vec<&str> = steps
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| named.contains(n))
+        .collect();
+    if let Some(at) = (0..order.len()).find(|&i| order[i] != named[i]) {
+        wrong.push(format!(
+            "the claim path first names `{}` where a reconcile first calls `{}`; a reconcile calls, in order: {}",
+            named[at],
+            order[at],
+            steps
+                .iter()
+                .map(|(n, f)| format!("{f} `{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    wrong
+}
+
+/// What ARCHITECTURE.md's state section leaves out: each lock field of `src/` must be named in a
+/// row of its table (`name: Type` as declared, whitespace aside, with its own file as the
+/// span's file), and each concern ([`concerns`] of `Controller`) named in the section, prose or
+/// table, with its own file.
+fn state_gaps(state: &str, locks: &[Field], concerns: &[(String, String)]) -> Vec<String> {
+    let blocks = blocks(state);
+    let named = |row_only: bool| -> BTreeSet<(String, String)> {
+        blocks
+            .iter()
+            .filter(|b| !row_only || b.starts_with('|'))
+            .flat_map(|b| {
+                spans_with_files(b)
+                    .into_iter()
+                    .filter_map(|(span, file)| match span {
+                        Named::Field(text) | Named::Item(text) => {
+                            Some((file?.to_owned(), squeeze(text)))
+                        }
+                        Named::Path(_) => None,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let in_rows = named(true);
+    let in_section = named(false);
+    let mut wrong = Vec::new();
+    for lock in locks {
+        if !in_rows.contains(&(lock.file.clone(), lock.written())) {
+            wrong.push(format!(
+                "the state table leaves out the lock `{}: {}` of `{}` ({}): add it to its concern's row, its file named before it",
+                lock.name, lock.ty, lock.owner, lock.file
+            ));
+        }
+    }
+    for (concern, file) in concerns {
+        if !in_section.contains(&(file.clone(), concern.clone())) {
+            wrong.push(format!(
+                "the state section leaves out the concern `{concern}` ({file}), which the controller holds"
+            ));
+        }
+    }
+    wrong
+}
+
+/// The checks can fail: a lock, a concern or a step left out, a step out of order, a step named
+/// with another file's function of the same name.
+#[test]
+fn a_map_that_leaves_something_out_is_reported() {
+    let code = |files: &[(&str, &str)]| -> Vec<(String, String)> {
+        files
+            .iter()
+            .map(|(f, c)| ((*f).to_owned(), code_of(c)))
+            .collect()
+    };
+    let tree = code(&[
+        (
+            "src/daemon/controller/mod.rs",
+            "struct Controller<C> { cluster: C, deletes: Deletes, notices: Notices }",
+        ),
+        (
+            "src/daemon/controller/reconcile.rs",
+            "impl<C> Controller<C> { async fn reconcile(&self) { self.resolve(); self.act() }\n\
+             fn act(&self) { self.admit(); self.send(); self.report() } }",
+        ),
+        (
+            "src/daemon/controller/delete.rs",
+            "struct Deletes { slots: Slots }\n\
+             impl<C> Controller<C> { fn admit(&self) {} fn send(&self) { self.mark() }\n\
+             fn mark(&self) {} fn report(&self) { self.resolve(); self.tell() } }",
+        ),
+        (
+            "src/daemon/controller/slots.rs",
+            "pub type Shared = Mutex<u8>;\nstruct Slots { state: Arc<Shared>, n: u8 }\n\
+             impl<C> Controller<C> { fn resolve(&self) {} }",
+        ),
+        (
+            "src/daemon/controller/notices.rs",
+            "struct Notices { told: tokio::sync::Mutex<Vec<u8>> }\n\
+             impl<C> Controller<C> { fn tell(&self) {} }",
+        ),
+        (
+            "src/cluster/clock.rs",
+            "struct Shared { n: u8 }\nstruct Clock { shared: Arc<Shared> }",
+        ),
+    ]);
+    let steps = reconcile_steps(&tree).expect("steps");
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "reconcile",
+            "resolve",
+            "act",
+            "admit",
+            "send",
+            "mark",
+            "report"
+        ],
+        "notices' `tell` is no step: not of the pipeline's files"
+    );
+    let path = "1. `src/daemon/controller/reconcile.rs` `Controller::reconcile`: \
+                `src/daemon/controller/slots.rs` `resolve`.\n\
+                2. `src/daemon/controller/reconcile.rs` `act`, `src/daemon/controller/delete.rs` \
+                `admit`, `send` and `mark()`, then `report`, which may call \
+                `src/daemon/controller/slots.rs` `resolve` again.\n";
+    assert_eq!(path_gaps(path, &steps), Vec::<String>::new());
+    let misplaced = path.replace(
+        "`send` and `mark()`, then `report`",
+        "`send`, `report`, `mark`",
+    );
+    assert_eq!(
+        path_gaps(&misplaced, &steps),
+        [format!(
+            "the claim path first names `report` where a reconcile first calls `mark`; a reconcile calls, in order: {}",
+            steps
+                .iter()
+                .map(|(n, f)| format!("{f} `{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )]
+    );
+    let omitted = path.replace("`src/daemon/controller/slots.rs` `resolve`.", "");
+    let gaps = path_gaps(&omitted, &steps);
+    assert!(
+        gaps[0].starts_with(
+            "the claim path first names `act` where a reconcile first calls `resolve`"
+        ),
+        "{gaps:?}"
+    );
+    // `resolve` named with another file is not the step.
+    let elsewhere = path.replace("`src/daemon/controller/slots.rs` `resolve`.", "`resolve`.");
+    assert!(
+        path_gaps(&elsewhere, &steps)[0].starts_with("the claim path first names `act`"),
+        "the span's file is reconcile.rs there"
+    );
+    let gone = path.replace("`mark()`", "marks");
+    assert_eq!(
+        path_gaps(&gone, &steps),
+        [
+            "the claim path leaves out `mark` (src/daemon/controller/delete.rs), which a reconcile calls"
+        ]
+    );
+
+    let locks = lock_fields(&tree);
+    let written: Vec<String> = locks.iter().map(Field::written).collect();
+    assert_eq!(
+        written,
+        ["state:Arc<Shared>", "told:tokio::sync::Mutex<Vec<u8>>"],
+        "a file's own `Shared` is not the lock alias of another file"
+    );
+    let held = concerns(&tree, "Controller");
+    assert_eq!(
+        held,
+        [
+            (
+                "Deletes".to_owned(),
+                "src/daemon/controller/delete.rs".to_owned()
+            ),
+            (
+                "Slots".to_owned(),
+                "src/daemon/controller/slots.rs".to_owned()
+            ),
+            (
+                "Notices".to_owned(),
+                "src/daemon/controller/notices.rs".to_owned()
+            ),
+        ]
+    );
+    let state = "The concerns: `src/daemon/controller/delete.rs` `Deletes`.\n\n\
+                 | Concern | State |\n|---|---|\n\
+                 | slots | `src/daemon/controller/slots.rs` `Slots`: `state: Arc<Shared>` |\n\
+                 | notices | `src/daemon/controller/notices.rs` `Notices`: `told: tokio::sync::Mutex<Vec<u8>>` |\n";
+    assert_eq!(state_gaps(state, &locks, &held), Vec::<String>::new());
+    let one_lock_left = state.replace(": `told: tokio::sync::Mutex<Vec<u8>>`", "");
+    assert_eq!(
+        state_gaps(&one_lock_left, &locks, &held),
+        [
+            "the state table leaves out the lock `told: tokio::sync::Mutex<Vec<u8>>` of `Notices` (src/daemon/controller/notices.rs): add it to its concern's row, its file named before it"
+        ]
+    );
+    let in_prose_only = state
+        .replace("`Deletes`.", "`Deletes`, `state: Arc<Shared>`.")
+        .replace(": `state: Arc<Shared>` |", " |");
+    assert_eq!(
+        state_gaps(&in_prose_only, &locks, &held).len(),
+        1,
+        "a lock belongs in a row"
+    );
+    let concern_left = state.replace("`Deletes`", "the pipeline");
+    assert_eq!(
+        state_gaps(&concern_left, &locks, &held),
+        [
+            "the state section leaves out the concern `Deletes` (src/daemon/controller/delete.rs), which the controller holds"
+        ]
+    );
+}
+
+/// ARCHITECTURE.md's lists are complete, read from the code. The state table ("Who owns which
+/// state") names every lock field of `src/` (a field whose type holds `Mutex` or `RwLock`, std's
+/// or tokio's, directly, wrapped, or through a type alias), as declared, in a row with its own
+/// file; the section names every concern the `Controller` holds (a struct of
+/// src/daemon/controller/ held in a field, not inside a lock, by the `Controller` or by a
+/// concern) with its file. The claim path ("One claim") names every step a reconcile takes
+/// ([`reconcile_steps`]) with its file, first named in the order a reconcile first calls them
+/// ([`path_gaps`]). A failure says what to add, and where.
+#[test]
+fn the_architecture_lists_every_lock_concern_and_step() {
+    let page =
+        std::fs::read_to_string(Path::new(ROOT).join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let code = src_code();
+    let locks = lock_fields(&code);
+    let held = concerns(&code, "Controller");
+    assert!(
+        locks.len() > 10 && held.len() > 3,
+        "the scan finds the locks and the concerns: {locks:?} {held:?}"
+    );
+    let mut wrong = state_gaps(section(&page, "Who owns which state"), &locks, &held);
+    match reconcile_steps(&code) {
+        Ok(steps) => wrong.extend(path_gaps(section(&page, "One claim"), &steps)),
+        Err(why) => wrong.push(why.to_owned()),
+    }
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md leaves out what the code has; update the page:\n{}",
+        wrong.join("\n")
+    );
 }
