@@ -1,6 +1,10 @@
 //! The documentation's links hold: every relative link in every tracked Markdown file names a
 //! file or folder that exists, and every `#anchor` on a Markdown page names one of its headings,
 //! slugged as GitHub does. A page moved or a heading renamed fails here, not for a reader.
+//!
+//! ARCHITECTURE.md is held to the code both ways: what it names exists as written, and what the
+//! code has is listed (every source file in the code map, every file that changes the cluster,
+//! every lock and concern in the state table, every step of a reconcile in the claim path).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
