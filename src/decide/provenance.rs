@@ -66,7 +66,7 @@ impl fmt::Display for Missing {
             Missing::Merged => write!(
                 f,
                 "the owner of the label {label} was merged into the API server's \
-                 {MERGED_MANAGER} entry (more than ten writers updated the claim), which no \
+                 {MERGED_MANAGER} entry (more than ten field managers updated the claim), which no \
                  longer says which write set it"
             ),
             Missing::Unrecorded => write!(
