@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 use workspace_gc::cluster::resources;
 use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
 use workspace_gc::decide::annotations;
+use workspace_gc::decide::facts::Provenance;
 use workspace_gc::decide::facts::{ClaimFacts, Facts, FailedRank, ObjectKey, Progress, Users};
 use workspace_gc::decide::policy::{self, Policy, Reason, Verdict};
-use workspace_gc::decide::provenance::Provenance;
 use workspace_gc::surface::commands::exit;
 
 /// The subcommands that load the configuration, with the arguments they require.

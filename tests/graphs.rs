@@ -414,8 +414,9 @@ fn the_oracle_reads_references_by_uid_and_kind() {
 const JOB: &str = "NotebookValidationJob";
 
 /// An orphan long past its grace is deleted only with provenance: the label added later by
-/// another manager, a foreign name, the operator's labels missing, or no managedFields keep
-/// it; so does the daemon. Its own job as owner, or a widened policy, make it a candidate.
+/// another manager (an update, an apply of an existing claim whole or of its labels), merged
+/// into `ancient-changes`, a foreign name, the operator's labels missing, or no managedFields
+/// keep it; so does the daemon. Its own job as owner, or a widened policy, make it a candidate.
 #[test]
 fn the_oracle_deletes_only_claims_with_provenance() {
     let label = json!({"f:mlops.redhat.com/build-workspace": {}});
@@ -423,6 +424,16 @@ fn the_oracle_deletes_only_claims_with_provenance() {
                        "fieldsV1": {"f:metadata": {"f:labels": label}}});
     let create = json!({"manager": "kubectl-create", "operation": "Update",
                         "fieldsV1": {"f:spec": {"f:accessModes": {}}}});
+    let spec = json!({"f:accessModes": {}});
+    let apply = |whole: bool| {
+        let fields = match whole {
+            true => json!({"f:metadata": {"f:labels": label}, "f:spec": spec}),
+            false => json!({"f:metadata": {"f:labels": label}}),
+        };
+        json!({"manager": "argocd", "operation": "Apply", "fieldsV1": fields})
+    };
+    let merged = json!({"manager": "ancient-changes", "operation": "Update",
+                        "fieldsV1": {"f:metadata": {"f:labels": label}, "f:spec": spec}});
     let world = |name: &str, meta: Value| World {
         claims: vec![claim(name, 7200, meta)],
         ..World::default()
@@ -471,6 +482,26 @@ fn the_oracle_deletes_only_claims_with_provenance() {
             ),
             false,
             "owned by another job",
+        ),
+        (
+            world(C, json!({"managedFields": [apply(true)]})),
+            true,
+            "made by server-side apply alone",
+        ),
+        (
+            world(C, json!({"managedFields": [create.clone(), apply(true)]})),
+            false,
+            "an existing claim applied whole (issue 55, case 1)",
+        ),
+        (
+            world(C, json!({"managedFields": [create.clone(), apply(false)]})),
+            false,
+            "its labels applied alone",
+        ),
+        (
+            world(C, json!({"managedFields": [merged]})),
+            false,
+            "the label's owner merged into ancient-changes (issue 55, case 2)",
         ),
     ];
     for (world, may, what) in &cases {

@@ -9,11 +9,10 @@ use workspace_gc::contract::OwnerKind;
 use workspace_gc::contract::annotations::{EXPIRES, KEEP, TTL};
 use workspace_gc::decide::annotations;
 use workspace_gc::decide::facts::{
-    ClaimFacts, Facts, FailedRank, LinkRule, ObjectKey, Owner, OwnerRef, OwnerState, PodUse,
-    Progress, Users,
+    AccessModes, ClaimFacts, Facts, FailedRank, LabelHistory, LabelOwner, LinkRule, ObjectKey,
+    Operation, Owner, OwnerRef, OwnerState, PodUse, Progress, Provenance, Users,
 };
 use workspace_gc::decide::policy::{Collection, Policy, Reason, Verdict, decide, scheduled};
-use workspace_gc::decide::provenance::{LabelHistory, LabelOwner, Provenance};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 1, 12, 0, 0).unwrap()
@@ -137,7 +136,8 @@ fn every_verdict_and_reason() {
         let mut facts = facts(Vec::new());
         facts.claim.provenance.label = LabelHistory::Owners(vec![LabelOwner {
             manager: "kubectl-label".into(),
-            made_claim: false,
+            operation: Operation::Update,
+            access_modes: AccessModes::NotOwned,
         }]);
         facts
             .claim
@@ -703,19 +703,43 @@ fn any_facts() -> impl Strategy<Value = Facts> {
         )
 }
 
-/// The operator's record mostly; else a label added later, no record, or labels missing.
+/// The operator's record mostly; else one of every kind of record the writers of a claim make
+/// (issue 55): a create by server-side apply, a GitOps apply sharing the spec of a claim that
+/// exists, an apply of labels only, a later `kubectl label`, the server's `ancient-changes`
+/// merge, an unknown operation, a record that names no owner, none at all; or labels missing.
 fn any_provenance() -> impl Strategy<Value = Provenance> {
-    let owner = |manager: &str, made_claim| LabelOwner {
+    use AccessModes::{Alone, NotOwned, Shared};
+    use Operation::{Apply, Merged, Other, Update};
+    let owner = |(manager, operation, access_modes): (&str, Operation, AccessModes)| LabelOwner {
         manager: manager.into(),
-        made_claim,
+        operation,
+        access_modes,
     };
     let operator = Provenance::operator("manager");
+    let records: [&[(&str, Operation, AccessModes)]; 9] = [
+        &[("argocd", Apply, Alone)],
+        &[("argocd", Apply, Shared)],
+        &[("manager", Update, Shared), ("argocd", Apply, Shared)],
+        &[("flux", Apply, NotOwned)],
+        &[
+            ("manager", Update, Alone),
+            ("kubectl-label", Update, NotOwned),
+        ],
+        &[("kubectl-label", Update, NotOwned)],
+        &[("ancient-changes", Merged, Alone)],
+        &[
+            ("ancient-changes", Merged, Shared),
+            ("argocd", Apply, Shared),
+        ],
+        &[("m", Other, Alone)],
+    ];
+    let recorded = (0..records.len()).prop_map(move |i| Provenance {
+        label: LabelHistory::Owners(records[i].iter().copied().map(owner).collect()),
+        ..Provenance::operator("manager")
+    });
     prop_oneof![
         6 => Just(operator.clone()),
-        1 => Just(Provenance {
-            label: LabelHistory::Owners(vec![owner("manager", true), owner("kubectl-label", false)]),
-            ..operator.clone()
-        }),
+        6 => recorded,
         1 => Just(Provenance {
             label: LabelHistory::Owners(Vec::new()),
             ..operator.clone()
@@ -791,8 +815,14 @@ proptest! {
         prop_assert!(!in_use, "deleted a claim in use");
         prop_assert!(facts.claim.deletion_timestamp.is_none(), "acted on a terminating claim");
         let provenance = &facts.claim.provenance;
+        // An Update owning the access modes, or an Apply owning them alone; never the merge.
+        let made = |o: &LabelOwner| o.manager != "ancient-changes" && match o.operation {
+            Operation::Update => o.access_modes != AccessModes::NotOwned,
+            Operation::Apply => o.access_modes == AccessModes::Alone,
+            Operation::Merged | Operation::Other => false,
+        };
         let made_labelled = matches!(&provenance.label,
-            LabelHistory::Owners(owners) if !owners.is_empty() && owners.iter().all(|o| o.made_claim));
+            LabelHistory::Owners(owners) if !owners.is_empty() && owners.iter().all(made));
         prop_assert!(provenance.operator_labels && made_labelled, "deleted a claim without provenance");
         prop_assert_eq!(policy.collection, Collection::On, "deleted where collection is not on");
         let parsed = annotations::parse(&facts.claim.annotations);

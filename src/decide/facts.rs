@@ -12,7 +12,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::contract::{OwnerKind, naming};
-use crate::decide::provenance::Provenance;
 
 /// Identifies one namespaced object (a claim, a run, a job, a pod).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -153,6 +152,78 @@ impl ClaimFacts {
             provenance: Provenance::operator("example"),
         }
     }
+}
+
+/// What a claim's own record says about how it came to carry the build-workspace label, judged
+/// by [`crate::decide::provenance`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Provenance {
+    /// Every label of the operator's set ([`crate::contract::labels::OPERATOR`]) is there with
+    /// the operator's value.
+    pub operator_labels: bool,
+    pub label: LabelHistory,
+}
+
+impl Provenance {
+    /// What the operator's claims carry: its labels, set by the create that made the claim
+    /// (one `Update` entry, the only owner of the access modes).
+    pub fn operator(manager: &str) -> Self {
+        Provenance {
+            operator_labels: true,
+            label: LabelHistory::Owners(vec![LabelOwner {
+                manager: manager.to_owned(),
+                operation: Operation::Update,
+                access_modes: AccessModes::Alone,
+            }]),
+        }
+    }
+}
+
+/// Who set the build-workspace label, from `metadata.managedFields`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "history", content = "owners", rename_all = "kebab-case")]
+pub enum LabelHistory {
+    /// The claim has no managed fields (a client or a cluster cleared them): who set what
+    /// cannot be told.
+    Unrecorded,
+    /// The entries that own the label's field (none: the record names no owner).
+    Owners(Vec<LabelOwner>),
+}
+
+/// A `managedFields` entry that owns the build-workspace label, as the record states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LabelOwner {
+    pub manager: String,
+    pub operation: Operation,
+    /// Whether the entry owns `spec.accessModes`, which cannot change once the claim exists.
+    pub access_modes: AccessModes,
+}
+
+/// The operation an entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Operation {
+    /// A create, an update or a non-apply patch: the entry owns only the fields it changed.
+    Update,
+    /// A server-side apply: the entry owns every field the applier declared, changed or not.
+    Apply,
+    /// The API server's `ancient-changes` entry: its oldest `Update` entries, merged once a
+    /// claim has more than ten, owning the union of their fields.
+    Merged,
+    /// None, or one this version does not know.
+    Other,
+}
+
+/// Which entries own `spec.accessModes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessModes {
+    /// This entry does not.
+    NotOwned,
+    /// This entry alone.
+    Alone,
+    /// This entry and at least one other.
+    Shared,
 }
 
 /// How a claim was linked to an owner. Every rule adds the owners it finds; docs/policy.md

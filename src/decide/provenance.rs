@@ -4,59 +4,15 @@
 //! operator (or `workspace-gc create`) made it one; see docs/policy.md, "Provenance".
 //!
 //! The edge ([`crate::cluster::resources`]) reads the claim's labels and `managedFields` once,
-//! at ingest, into the compact [`Provenance`] the claim's facts keep (the cache drops the
-//! managed fields); here that fact is judged against the configured [`ProvenanceRule`].
+//! at ingest, into the compact [`crate::decide::facts::Provenance`] the claim's facts keep (the
+//! cache drops the managed fields); here that fact is judged against the configured
+//! [`ProvenanceRule`]: what the record can prove, and no more.
 
 use std::fmt;
 
-use serde::Serialize;
-
 use crate::contract::naming::{self, CLAIM_SUFFIX};
 use crate::contract::{OwnerKind, labels::BUILD_WORKSPACE};
-use crate::decide::facts::ClaimFacts;
-
-/// What a claim's own record says about how it came to carry the build-workspace label.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Provenance {
-    /// Every label of the operator's set ([`crate::contract::labels::OPERATOR`]) is there with
-    /// the operator's value.
-    pub operator_labels: bool,
-    pub label: LabelHistory,
-}
-
-impl Provenance {
-    /// What the operator's claims carry: its labels, set by the write that made the claim.
-    pub fn operator(manager: &str) -> Self {
-        Provenance {
-            operator_labels: true,
-            label: LabelHistory::Owners(vec![LabelOwner {
-                manager: manager.to_owned(),
-                made_claim: true,
-            }]),
-        }
-    }
-}
-
-/// Who set the build-workspace label, from `metadata.managedFields`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "history", content = "owners", rename_all = "kebab-case")]
-pub enum LabelHistory {
-    /// The claim has no managed fields (a client or a cluster cleared them): who set what
-    /// cannot be told.
-    Unrecorded,
-    /// The field managers that own the label's field (none: the record names no owner).
-    Owners(Vec<LabelOwner>),
-}
-
-/// A field manager that owns the build-workspace label.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LabelOwner {
-    pub manager: String,
-    /// The same entry owns `spec.accessModes`, which cannot change once the claim exists: this
-    /// manager wrote the claim's spec when it was made, so it set the label in that write (or
-    /// set it again later itself; see docs/policy.md for that limit).
-    pub made_claim: bool,
-}
+use crate::decide::facts::{AccessModes, ClaimFacts, LabelHistory, LabelOwner, Operation};
 
 /// What makes a claim a candidate; the configuration's default (`config::settings`) is the
 /// operator's contract, the narrowest.
@@ -77,9 +33,12 @@ pub enum Missing {
     Name,
     /// A label of the operator's set is absent or has another value.
     OperatorLabels,
-    /// The build-workspace label is owned by managers that did not make the claim (none
-    /// listed: no manager owns it in the record).
+    /// The build-workspace label is owned by managers whose entries do not prove they made the
+    /// claim (none listed: no manager owns it in the record).
     AddedLater { by: Vec<String> },
+    /// The label's owner was merged into the API server's `ancient-changes` entry, which no
+    /// longer says which write set it.
+    Merged,
     /// Its managed fields are empty.
     Unrecorded,
 }
@@ -103,6 +62,12 @@ impl fmt::Display for Missing {
                 f,
                 "the label {label} was added after it was made, by {}",
                 by.join(", ")
+            ),
+            Missing::Merged => write!(
+                f,
+                "the owner of the label {label} was merged into the API server's \
+                 {MERGED_MANAGER} entry (more than ten field managers updated the claim), which no \
+                 longer says which write set it"
             ),
             Missing::Unrecorded => write!(
                 f,
@@ -138,13 +103,39 @@ pub fn missing(claim: &ClaimFacts, rule: &ProvenanceRule) -> Option<Missing> {
         LabelHistory::Unrecorded if rule.trust_unrecorded => None,
         LabelHistory::Unrecorded => Some(Missing::Unrecorded),
         LabelHistory::Owners(owners) => {
-            let by: Vec<String> = (owners.iter())
-                .filter(|o| !o.made_claim && !rule.label_managers.contains(&o.manager))
+            let unproven = |o: &&LabelOwner| {
+                o.operation != Operation::Merged
+                    && !made_claim(o)
+                    && !rule.label_managers.contains(&o.manager)
+            };
+            let by: Vec<String> = (owners.iter().filter(unproven))
                 .map(|o| o.manager.clone())
                 .collect();
-            (owners.is_empty() || !by.is_empty()).then_some(Missing::AddedLater { by })
+            if owners.is_empty() || !by.is_empty() {
+                Some(Missing::AddedLater { by })
+            } else if owners.iter().any(|o| o.operation == Operation::Merged) {
+                Some(Missing::Merged)
+            } else {
+                None
+            }
         }
     }
+}
+
+/// The manager the API server merges a claim's oldest `Update` entries into.
+pub const MERGED_MANAGER: &str = "ancient-changes";
+
+/// Whether the entry proves its write made the claim: an `Update` takes ownership only of the
+/// fields it changes, and access modes cannot change once the claim exists, so an `Update` that
+/// owns them made it; an `Apply` owns all it declares, so only as their one owner (a claim made
+/// by server-side apply), never beside the entry of the write that did make it. The
+/// `ancient-changes` entry proves nothing: it merges several writers.
+fn made_claim(owner: &LabelOwner) -> bool {
+    matches!(
+        (owner.operation, owner.access_modes),
+        (Operation::Update, AccessModes::Alone | AccessModes::Shared)
+            | (Operation::Apply, AccessModes::Alone)
+    )
 }
 
 /// An owner reference to the NotebookValidationJob its name says it belongs to.
@@ -159,7 +150,7 @@ fn owned_by_its_job(claim: &ClaimFacts) -> bool {
 mod tests {
     use super::*;
     use crate::contract::{JOB_GROUP, JOB_KIND, JOB_VERSION};
-    use crate::decide::facts::OwnerRef;
+    use crate::decide::facts::{OwnerRef, Provenance};
     use crate::decide::policy::Policy;
 
     /// The configuration's: the operator's contract.
@@ -174,36 +165,103 @@ mod tests {
         }
     }
 
-    fn owners(owners: &[(&str, bool)]) -> Provenance {
+    fn owners(owners: &[(&str, Operation, AccessModes)]) -> Provenance {
         Provenance {
             operator_labels: true,
             label: LabelHistory::Owners(
                 (owners.iter())
-                    .map(|(manager, made_claim)| LabelOwner {
-                        manager: (*manager).to_owned(),
-                        made_claim: *made_claim,
+                    .map(|&(manager, operation, access_modes)| LabelOwner {
+                        manager: manager.to_owned(),
+                        operation,
+                        access_modes,
                     })
                     .collect(),
             ),
         }
     }
 
+    use AccessModes::{Alone, NotOwned, Shared};
+    use Operation::{Apply, Merged, Other, Update};
+
     #[test]
-    fn the_operators_claim_is_a_build_workspace() {
+    fn the_write_that_made_the_claim_is_provenance() {
         let rule = contract();
         let made = claim("nb-build-workspace", Provenance::operator("manager"));
-        assert_eq!(missing(&made, &rule), None);
-        let shared = claim(
-            "nb-build-workspace",
-            owners(&[("manager", true), ("argocd", true)]),
+        assert_eq!(missing(&made, &rule), None, "the operator's create");
+        let applied = claim("nb-build-workspace", owners(&[("argocd", Apply, Alone)]));
+        assert_eq!(missing(&applied, &rule), None, "made by server-side apply");
+        // The creator's entry proves its making even once another apply shares its spec.
+        let adopted = claim("nb-build-workspace", owners(&[("manager", Update, Shared)]));
+        assert_eq!(missing(&adopted, &rule), None);
+    }
+
+    /// Issue 55, case 1: an apply of the whole claim by a GitOps controller shares the access
+    /// modes the creator's `Update` owns; that is no proof it made the claim.
+    #[test]
+    fn an_apply_that_shares_the_spec_did_not_make_the_claim() {
+        let rule = contract();
+        let adopted = claim(
+            "cache-build-workspace",
+            owners(&[("argocd", Apply, Shared)]),
         );
-        assert_eq!(missing(&shared, &rule), None, "every owner made it");
+        let by = vec!["argocd".to_owned()];
+        assert_eq!(missing(&adopted, &rule), Some(Missing::AddedLater { by }));
+        // The operator's claim applied again whole by a GitOps tool: that tool owns the label
+        // too, and proves nothing.
+        let both = owners(&[("manager", Update, Shared), ("argocd", Apply, Shared)]);
+        let by = vec!["argocd".to_owned()];
+        let both = claim("nb-build-workspace", both);
+        assert_eq!(missing(&both, &rule), Some(Missing::AddedLater { by }));
+        let labels_only = claim(
+            "cache-build-workspace",
+            owners(&[("flux", Apply, NotOwned)]),
+        );
+        assert!(missing(&labels_only, &rule).is_some());
+    }
+
+    /// Issue 55, case 2: the server's merge of its oldest entries owns the creator's access
+    /// modes and the labeller's label in one entry; it proves nothing, and says so.
+    #[test]
+    fn a_merged_record_proves_nothing() {
+        let rule = contract();
+        let merged = claim(
+            "data-build-workspace",
+            owners(&[(MERGED_MANAGER, Merged, Alone)]),
+        );
+        assert_eq!(missing(&merged, &rule), Some(Missing::Merged));
+        let text = Missing::Merged.to_string();
+        assert!(
+            text.contains("merged into the API server's ancient-changes"),
+            "{text}"
+        );
+        // Not even when named trusted: the entry names no writer.
+        let trusting = ProvenanceRule {
+            label_managers: vec![MERGED_MANAGER.into()],
+            ..contract()
+        };
+        assert_eq!(missing(&merged, &trusting), Some(Missing::Merged));
+        // A later labeller beside it is the first thing missing.
+        let later = owners(&[
+            (MERGED_MANAGER, Merged, Alone),
+            ("kubectl-label", Update, NotOwned),
+        ]);
+        let by = vec!["kubectl-label".to_owned()];
+        let later = claim("data-build-workspace", later);
+        assert_eq!(missing(&later, &rule), Some(Missing::AddedLater { by }));
+        let odd = claim("data-build-workspace", owners(&[("m", Other, Alone)]));
+        assert!(
+            missing(&odd, &rule).is_some(),
+            "an unknown operation proves nothing"
+        );
     }
 
     #[test]
     fn a_label_added_later_is_not_provenance() {
         let rule = contract();
-        let later = claim("data-build-workspace", owners(&[("kubectl-label", false)]));
+        let later = claim(
+            "data-build-workspace",
+            owners(&[("kubectl-label", Update, NotOwned)]),
+        );
         let by = vec!["kubectl-label".to_owned()];
         assert_eq!(missing(&later, &rule), Some(Missing::AddedLater { by }));
         let nobody = claim("data-build-workspace", owners(&[]));
@@ -214,7 +272,7 @@ mod tests {
         // Shared: one owner made it, another set it again later.
         let both = claim(
             "data-build-workspace",
-            owners(&[("op", true), ("helm", false)]),
+            owners(&[("op", Update, Alone), ("helm", Update, NotOwned)]),
         );
         assert!(matches!(
             missing(&both, &rule),

@@ -418,9 +418,11 @@ mod tests {
     use super::*;
     use crate::cluster::cache::{Change, Update};
     use crate::contract::OwnerKind;
-    use crate::decide::facts::{ClaimFacts, JobEntry, ObjectKey, RunEntry, VolumeClaims};
+    use crate::decide::facts::{
+        AccessModes, ClaimFacts, JobEntry, LabelHistory, LabelOwner, ObjectKey, Operation,
+        Provenance, RunEntry, VolumeClaims,
+    };
     use crate::decide::policy::Policy;
-    use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
     use chrono::TimeZone;
     use std::collections::BTreeMap;
 
@@ -529,7 +531,8 @@ mod tests {
         let mut data = claim("team-data", now() - Duration::days(30));
         data.provenance.label = LabelHistory::Owners(vec![LabelOwner {
             manager: "kubectl-label".into(),
-            made_claim: false,
+            operation: Operation::Update,
+            access_modes: AccessModes::NotOwned,
         }]);
         index.update(Update::Claim(Change::Apply(data)));
         let rows = rows(&index, &policies, now());

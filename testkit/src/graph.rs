@@ -183,10 +183,21 @@ pub struct Claim {
 /// record it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Made {
-    /// By the operator: its labels, in the write that made the claim.
+    /// By the operator: its labels, in the create that made the claim (an `Update` entry).
     Operator,
+    /// Made by one server-side apply with the operator's labels: its entry alone owns the spec.
+    Applied,
+    /// Made unlabelled by `kubectl create`, then server-side applied whole with the operator's
+    /// labels by a GitOps controller, which shares the unchanged spec (issue 55, case 1).
+    Adopted,
+    /// Made unlabelled by `kubectl create`, then given the operator's labels by a server-side
+    /// apply of labels only.
+    LabelsApplied,
     /// Made without the label by one manager, labelled later by another (`kubectl-label`).
     LabelledLater,
+    /// Labelled later, then annotated by more writers than the server keeps entries for: it
+    /// merged the creator's and the labeller's into `ancient-changes` (issue 55, case 2).
+    Merged,
     /// The operator's write, but only the build-workspace label of its set.
     LabelOnly,
     /// No `managedFields` at all (a client cleared them).
@@ -204,18 +215,36 @@ pub fn operator_labels() -> Value {
 /// The `managedFields` entry of `manager`'s create of a claim with the build-workspace label
 /// (and the rest of the operator's labels): it owns the labels and the spec.
 pub fn made_labelled(manager: &str) -> Value {
-    let labels: serde_json::Map<String, Value> = (OPERATOR_CLAIM_LABELS.iter())
+    made(manager, operator_label_fields())
+}
+
+/// The operator's labels as `managedFields` records their ownership (a `fieldsV1` object).
+fn operator_label_fields() -> Value {
+    (OPERATOR_CLAIM_LABELS.iter())
         .map(|(key, _)| (format!("f:{key}"), json!({})))
-        .collect();
-    made(manager, labels.into())
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// A create's entry: it owns `labels` (a `fieldsV1` object) and the claim's spec.
 fn made(manager: &str, labels: Value) -> Value {
-    json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
-           "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
-           "fieldsV1": {"f:metadata": {"f:labels": labels},
-                        "f:spec": {"f:accessModes": {}, "f:resources": {"f:requests": {"f:storage": {}}}}}})
+    entry(manager, "Update", labels, true)
+}
+
+/// A server-side apply's entry: it owns the operator's labels, and the claim's spec if `whole`.
+fn applied(manager: &str, whole: bool) -> Value {
+    entry(manager, "Apply", operator_label_fields(), whole)
+}
+
+/// A `managedFields` entry of `operation` owning `labels`, and the claim's spec if `spec`.
+fn entry(manager: &str, operation: &str, labels: Value, spec: bool) -> Value {
+    let mut fields = json!({"f:metadata": {"f:labels": labels}});
+    if spec {
+        fields["f:spec"] =
+            json!({"f:accessModes": {}, "f:resources": {"f:requests": {"f:storage": {}}}});
+    }
+    json!({"manager": manager, "operation": operation, "apiVersion": "v1",
+           "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields})
 }
 
 /// An annotation value.
@@ -514,8 +543,14 @@ fn claim(name: String, profile: Profile) -> impl Strategy<Value = Claim> {
     // its claims are all made labelled in one write.
     let made = match profile {
         Profile::Memory => prop_oneof![
-            20 => Just(Made::Operator),
+            // As often the operator's as before the other kinds were added: the rule's other side
+            // (deletions due) stays well reached.
+            45 => Just(Made::Operator),
+            1 => Just(Made::Applied),
+            1 => Just(Made::Adopted),
+            1 => Just(Made::LabelsApplied),
             1 => Just(Made::LabelledLater),
+            1 => Just(Made::Merged),
             1 => Just(Made::LabelOnly),
             1 => Just(Made::Unrecorded),
         ]
@@ -797,15 +832,28 @@ impl Claim {
             })
             .collect();
         let label = format!("f:{BUILD_WORKSPACE_LABEL}");
+        let later = json!({"manager": "kubectl-label", "operation": "Update",
+                           "fieldsV1": {"f:metadata": {"f:labels": {&label: {}}}}});
+        let unlabelled = || made("kubectl-create", json!({}));
         let (labels, managed) = match self.made {
             Made::Operator => (operator_labels(), json!([made_labelled("manager")])),
-            Made::LabelledLater => {
-                let later = json!({"manager": "kubectl-label", "operation": "Update",
-                                   "fieldsV1": {"f:metadata": {"f:labels": {&label: {}}}}});
-                (
-                    operator_labels(),
-                    json!([made("kubectl-create", json!({})), later]),
-                )
+            Made::Applied => (operator_labels(), json!([applied("argocd", true)])),
+            Made::Adopted => (
+                operator_labels(),
+                json!([unlabelled(), applied("argocd", true)]),
+            ),
+            Made::LabelsApplied => (
+                operator_labels(),
+                json!([unlabelled(), applied("flux", false)]),
+            ),
+            Made::LabelledLater => (operator_labels(), json!([unlabelled(), later])),
+            Made::Merged => {
+                // The union the server writes: the creator's spec and the labeller's label.
+                let mut merged = made("ancient-changes", json!({&label: {}}));
+                merged["time"] = json!("2026-01-02T00:00:00Z");
+                let tool = json!({"manager": "velero", "operation": "Update",
+                                  "fieldsV1": {"f:metadata": {"f:annotations": {"f:backup": {}}}}});
+                (operator_labels(), json!([merged, tool]))
             }
             Made::LabelOnly => (
                 json!({BUILD_WORKSPACE_LABEL: "true"}),

@@ -432,19 +432,39 @@ impl ClaimBuilder {
         self
     }
 
-    pub async fn create(self, ns: &TestNamespace) -> PersistentVolumeClaim {
-        let non_empty = |map: BTreeMap<String, String>| Some(map).filter(|m| !m.is_empty());
-        let claim = PersistentVolumeClaim {
+    /// The claim as written: its metadata and spec.
+    fn object(&self) -> PersistentVolumeClaim {
+        let non_empty =
+            |map: &BTreeMap<String, String>| Some(map.clone()).filter(|m| !m.is_empty());
+        PersistentVolumeClaim {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
-                labels: non_empty(self.labels),
-                annotations: non_empty(self.annotations),
-                owner_references: Some(self.owner_references).filter(|r| !r.is_empty()),
+                labels: non_empty(&self.labels),
+                annotations: non_empty(&self.annotations),
+                owner_references: Some(self.owner_references.clone()).filter(|r| !r.is_empty()),
                 ..ObjectMeta::default()
             },
-            spec: Some(claim_spec(self.storage_class)),
+            spec: Some(claim_spec(self.storage_class.clone())),
             status: None,
-        };
+        }
+    }
+
+    /// Server-side applies the whole claim (metadata and spec) as field manager `manager`, as
+    /// a GitOps controller does (Flux; Argo CD with `ServerSideApply=true`): it creates the
+    /// claim, or takes a share of the fields an existing one already has. Not bound.
+    pub async fn apply(self, ns: &TestNamespace, manager: &str) -> PersistentVolumeClaim {
+        ns.api::<PersistentVolumeClaim>()
+            .patch(
+                &self.name,
+                &PatchParams::apply(manager),
+                &Patch::Apply(self.object()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply claim {}/{} as {manager}: {e}", ns.name(), self.name))
+    }
+
+    pub async fn create(self, ns: &TestNamespace) -> PersistentVolumeClaim {
+        let claim = self.object();
         let api = ns.api::<PersistentVolumeClaim>();
         let params = PostParams {
             field_manager: self.field_manager,

@@ -12,8 +12,10 @@
 //!    `app.kubernetes.io/component: tekton-build` and `mlops.redhat.com/build-workspace: "true"`,
 //!    and either `metadata.managedFields` is empty or absent and the policy's
 //!    `provenance.trust_unrecorded` is set, or at least one entry's `fieldsV1` has
-//!    `f:metadata.f:labels.f:mlops.redhat.com/build-workspace`, and every such entry has
-//!    `f:spec.f:accessModes` or a `manager` among the policy's `provenance.label_managers`;
+//!    `f:metadata.f:labels.f:mlops.redhat.com/build-workspace`, and no such entry has the
+//!    `manager` "ancient-changes", and every such entry has a `manager` among the policy's
+//!    `provenance.label_managers`, or has `f:spec.f:accessModes` with `operation` "Update", or
+//!    with `operation` "Apply" when no other entry has `f:spec.f:accessModes`;
 //! 2. every `workspace-gc.mlops.dev/*` annotation is `keep` (exactly "true" or "false"), `ttl` (humantime,
 //!    trimmed, fitting `chrono::Duration`), `expires` (RFC 3339, trimmed) or `revoked-delete`
 //!    (any string: the daemon's own record of a revocation as versions before wrote it, which
@@ -201,14 +203,19 @@ fn build_workspace(meta: &Value, policy: &Policy) -> bool {
     let owners: Vec<&&Value> = (entries.iter())
         .filter(|e| e["fieldsV1"]["f:metadata"]["f:labels"][format!("f:{LABEL}")].is_object())
         .collect();
+    let access_modes = |e: &Value| e["fieldsV1"]["f:spec"]["f:accessModes"].is_object();
+    let spec_owners = entries.iter().filter(|e| access_modes(e)).count();
+    let proves = |e: &Value| match text(&e["operation"]) {
+        _ if text(&e["manager"]) == "ancient-changes" => false,
+        _ if rule.label_managers.iter().any(|m| m == text(&e["manager"])) => true,
+        "Update" => access_modes(e),
+        "Apply" => access_modes(e) && spec_owners == 1,
+        _ => false,
+    };
     let recorded = if entries.is_empty() {
         rule.trust_unrecorded
     } else {
-        !owners.is_empty()
-            && owners.iter().all(|e| {
-                e["fieldsV1"]["f:spec"]["f:accessModes"].is_object()
-                    || rule.label_managers.iter().any(|m| m == text(&e["manager"]))
-            })
+        !owners.is_empty() && owners.iter().all(|e| proves(e))
     };
     shaped && labelled && recorded
 }

@@ -37,6 +37,7 @@ mod leadership;
 mod lease_tamper;
 mod metrics_https;
 mod provenance;
+mod provenance_record;
 mod quota;
 mod retention;
 mod safety;

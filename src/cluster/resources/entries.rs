@@ -12,10 +12,10 @@ use super::{ClaimObject, ClaimRef, OwnerObject, PodConfig, PodVolumes, Shape, to
 use crate::config::quantity::{self, Quantity};
 use crate::contract::{OwnerKind, annotations, labels};
 use crate::decide::facts::{
-    ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, OwnerRef, PodEntry, Progress, RunEntry,
-    VolumeClaims,
+    AccessModes, ClaimFacts, JobEntry, LabelHistory, LabelOwner, NamespaceEntry, ObjectKey,
+    Operation, OwnerRef, PodEntry, Progress, Provenance, RunEntry, VolumeClaims,
 };
-use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
+use crate::decide::provenance::MERGED_MANAGER;
 use crate::decide::quota::{Limit, QuotaEntry, Resource as QuotaResource};
 use crate::decide::volumes::{Transition, VolumeFacts};
 
@@ -71,7 +71,9 @@ pub fn claim_facts(claim: &ClaimObject) -> ClaimFacts {
 }
 
 /// The claim's provenance, from its labels and `managedFields`: read here, once, because the
-/// cache keeps neither.
+/// cache keeps neither. Each entry that owns the label is kept with what the record says of it
+/// (its operation, and whether it owns the access modes alone or beside other entries);
+/// [`crate::decide::provenance`] judges what that proves.
 fn provenance(meta: &ObjectMeta) -> Provenance {
     let labels = meta.labels.as_ref();
     let operator_labels = (labels::OPERATOR.iter())
@@ -90,12 +92,32 @@ fn provenance(meta: &ObjectMeta) -> Provenance {
             .fold(fields, |at, key| at.and_then(|v| v.get(key)))
             .is_some()
     };
+    const ACCESS_MODES: &[&str] = &["f:spec", "f:accessModes"];
+    let access_mode_owners = (entries.iter())
+        .filter(|entry| owns(entry, ACCESS_MODES))
+        .count();
     let owners = (entries.iter())
         .filter(|entry| owns(entry, &["f:metadata", "f:labels", &label_field]))
-        .map(|entry| LabelOwner {
-            manager: entry.manager.clone().unwrap_or_default(),
-            // Immutable once the claim exists: its owners wrote the claim's spec at creation.
-            made_claim: owns(entry, &["f:spec", "f:accessModes"]),
+        .map(|entry| {
+            let manager = entry.manager.clone().unwrap_or_default();
+            let operation = match entry.operation.as_deref() {
+                // Whatever its operation says: the name is the server's merge (or a client
+                // posing as it), and neither names the write that set the label.
+                _ if manager == MERGED_MANAGER => Operation::Merged,
+                Some("Update") => Operation::Update,
+                Some("Apply") => Operation::Apply,
+                _ => Operation::Other,
+            };
+            let access_modes = match (owns(entry, ACCESS_MODES), access_mode_owners) {
+                (false, _) => AccessModes::NotOwned,
+                (true, 1) => AccessModes::Alone,
+                (true, _) => AccessModes::Shared,
+            };
+            LabelOwner {
+                manager,
+                operation,
+                access_modes,
+            }
         })
         .collect();
     Provenance {

@@ -389,8 +389,9 @@ core_resource!(ClaimObject, PersistentVolumeClaim);
 mod tests {
     use super::*;
     use crate::contract::annotations;
-    use crate::decide::facts::{ObjectKey, PodEntry};
-    use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
+    use crate::decide::facts::{
+        AccessModes, LabelHistory, LabelOwner, ObjectKey, Operation, PodEntry, Provenance,
+    };
     use chrono::TimeZone;
     use serde_json::{Value, json};
 
@@ -494,20 +495,23 @@ mod tests {
         }
     }
 
-    /// `managedFields` as the API server records them: the operator's create, a later
-    /// `kubectl label`, and the API server's own binder.
+    /// `managedFields` as the API server records them, one of each kind of record: the
+    /// operator's create, a create by server-side apply, a GitOps apply of an existing claim
+    /// whole or of its labels only, a later `kubectl label`, the server's `ancient-changes`
+    /// merge, and none; the API server's own binder owns no label.
     #[test]
     fn a_claims_provenance_is_read_from_who_set_its_label() {
         let label = json!({"f:mlops.redhat.com/build-workspace": {}});
-        let create = |manager: &str, labels: Value| {
-            json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
-                   "fieldsV1": {"f:metadata": {"f:labels": labels},
-                                "f:spec": {"f:accessModes": {}, "f:resources": {"f:requests": {}}}}})
+        let entry = |manager: &str, operation: &str, labels: Value, spec: bool| {
+            let mut fields = json!({"f:metadata": {"f:labels": labels}});
+            if spec {
+                fields["f:spec"] = json!({"f:accessModes": {}, "f:resources": {"f:requests": {}}});
+            }
+            json!({"manager": manager, "operation": operation, "apiVersion": "v1",
+                   "fieldsV1": fields})
         };
         let binder = json!({"manager": "kube-controller-manager", "operation": "Update",
                             "fieldsV1": {"f:spec": {"f:volumeName": {}}}});
-        let later = json!({"manager": "kubectl-label", "operation": "Update",
-                           "fieldsV1": {"f:metadata": {"f:labels": label.clone()}}});
         let decode = |managed: Value| {
             let mut labels = serde_json::Map::new();
             for (key, value) in crate::contract::labels::OPERATOR {
@@ -522,26 +526,76 @@ mod tests {
             )
             .provenance
         };
-        let owner = |manager: &str, made_claim| LabelOwner {
+        let owner = |manager: &str, operation, access_modes| LabelOwner {
             manager: manager.to_owned(),
-            made_claim,
+            operation,
+            access_modes,
         };
-        let operator = decode(json!([create("manager", label.clone()), binder.clone()]));
+        let owners = |managed: Value| decode(managed).label;
+        use AccessModes::{Alone, NotOwned, Shared};
+        use Operation::{Apply, Merged, Other, Update};
+        let created = |manager: &str| entry(manager, "Update", json!({}), true);
+
+        let operator = decode(json!([
+            entry("manager", "Update", label.clone(), true),
+            binder.clone()
+        ]));
         assert!(operator.operator_labels);
+        assert_eq!(operator, Provenance::operator("manager"));
         assert_eq!(
-            operator.label,
-            LabelHistory::Owners(vec![owner("manager", true)])
+            owners(json!([entry("argocd", "Apply", label.clone(), true)])),
+            LabelHistory::Owners(vec![owner("argocd", Apply, Alone)])
         );
-        let relabelled = decode(json!([create("kubectl-create", json!({})), binder, later]));
+        let adopted = json!([
+            created("kubectl-create"),
+            entry("argocd", "Apply", label.clone(), true)
+        ]);
         assert_eq!(
-            relabelled.label,
-            LabelHistory::Owners(vec![owner("kubectl-label", false)])
+            owners(adopted),
+            LabelHistory::Owners(vec![owner("argocd", Apply, Shared)])
         );
-        assert_eq!(decode(json!([])).label, LabelHistory::Unrecorded);
+        let labels_only = json!([
+            created("kubectl-create"),
+            entry("flux", "Apply", label.clone(), false)
+        ]);
+        assert_eq!(
+            owners(labels_only),
+            LabelHistory::Owners(vec![owner("flux", Apply, NotOwned)])
+        );
+        let relabelled = json!([
+            created("kubectl-create"),
+            binder,
+            entry("kubectl-label", "Update", label.clone(), false)
+        ]);
+        assert_eq!(
+            owners(relabelled),
+            LabelHistory::Owners(vec![owner("kubectl-label", Update, NotOwned)])
+        );
+        let merged = json!([
+            entry("ancient-changes", "Update", label.clone(), true),
+            entry("velero", "Update", json!({}), false)
+        ]);
+        assert_eq!(
+            owners(merged),
+            LabelHistory::Owners(vec![owner("ancient-changes", Merged, Alone)])
+        );
+        let posing = json!([entry("ancient-changes", "Apply", label.clone(), true)]);
+        assert_eq!(
+            owners(posing),
+            LabelHistory::Owners(vec![owner("ancient-changes", Merged, Alone)])
+        );
+        let odd_operation = json!([entry("m", "Patch", label, true)]);
+        assert_eq!(
+            owners(odd_operation),
+            LabelHistory::Owners(vec![owner("m", Other, Alone)])
+        );
+        assert_eq!(owners(json!([])), LabelHistory::Unrecorded);
         // Fields of an odd shape own nothing: the label has no owner that made the claim.
-        let odd = decode(json!([{"manager": "m", "fieldsV1": "x"}]));
-        assert_eq!(odd.label, LabelHistory::Owners(Vec::new()));
-        assert_eq!(decode(Value::Null).label, LabelHistory::Unrecorded);
+        assert_eq!(
+            owners(json!([{"manager": "m", "fieldsV1": "x"}])),
+            LabelHistory::Owners(Vec::new())
+        );
+        assert_eq!(owners(Value::Null), LabelHistory::Unrecorded);
     }
 
     #[test]

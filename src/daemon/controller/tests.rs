@@ -885,13 +885,14 @@ async fn each_claim_held_back_by_the_cap_is_told_once() {
 /// past the threshold nor again within its window.
 #[tokio::test(start_paused = true)]
 async fn a_flood_of_claims_without_provenance_is_told_once_on_the_namespace() {
-    use crate::decide::provenance::{LabelHistory, LabelOwner, Provenance};
+    use crate::decide::facts::{AccessModes, LabelHistory, LabelOwner, Operation, Provenance};
     let labelled_later = |name: &str| ClaimFacts {
         provenance: Provenance {
             operator_labels: true,
             label: LabelHistory::Owners(vec![LabelOwner {
                 manager: "kubectl-label".into(),
-                made_claim: false,
+                operation: Operation::Update,
+                access_modes: AccessModes::NotOwned,
             }]),
         },
         ..due(name)
