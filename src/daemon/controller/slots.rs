@@ -227,10 +227,20 @@ mod tests {
         ));
     }
 
-    /// The last instant of a bucket of the default window: a deletion recorded there counts
-    /// exactly a window past it, and a millisecond.
-    fn bucket_end() -> DateTime<Utc> {
-        DateTime::from_timestamp_millis(1_800_000_000_000 - 1).unwrap()
+    /// Slots with a cap of one whose one deletion was counted at the last instant of a bucket
+    /// of the default window (so it counts exactly a window past it, and a millisecond), and
+    /// the instants it was asked at, and that window.
+    fn one_counted() -> (Slots, Option<Counted>, Instant, DateTime<Utc>, Duration) {
+        let slots = slots(1);
+        let window = Config::default().deletion.window;
+        let now = Instant::now();
+        let wall = DateTime::from_timestamp_millis(1_800_000_000_000 - 1).unwrap();
+        let admitted = slots.admit(&key("a"), wall, 10, now, wall).admission;
+        let Admission::At(reservation) = admitted else {
+            panic!("the first claim gets a slot: {admitted:?}");
+        };
+        let (_, counted) = slots.count_for_send(reservation, wall);
+        (slots, counted, now, wall, window)
     }
 
     /// The balancer now answers from a server 3 s ahead of the one whose clock dated a
@@ -238,14 +248,7 @@ mod tests {
     /// and the tolerance later, it no longer does.
     #[test]
     fn a_deletion_counts_a_whole_window_on_a_clock_within_the_tolerance_ahead() {
-        let slots = slots(1);
-        let window = Config::default().deletion.window;
-        let (now, wall) = (Instant::now(), bucket_end());
-        let admitted = slots.admit(&key("a"), wall, 10, now, wall).admission;
-        let Admission::At(reservation) = admitted else {
-            panic!("the first claim gets a slot: {admitted:?}");
-        };
-        slots.count_for_send(reservation, wall);
+        let (slots, _, now, wall, window) = one_counted();
         let ahead = Duration::from_secs(3);
         let later = window - Duration::from_secs(1);
         let judged = slots.admit(&key("b"), wall, 10, now + later, wall + later + ahead);
@@ -262,14 +265,7 @@ mod tests {
     /// slot, so a deletion the tolerance still counts is not dropped on the way.
     #[test]
     fn a_recovered_ledger_keeps_what_the_tolerance_still_counts() {
-        let leader = slots(1);
-        let window = Config::default().deletion.window;
-        let (now, wall) = (Instant::now(), bucket_end());
-        let admitted = leader.admit(&key("a"), wall, 10, now, wall).admission;
-        let Admission::At(reservation) = admitted else {
-            panic!("the first claim gets a slot: {admitted:?}");
-        };
-        let (_, counted) = leader.count_for_send(reservation, wall);
+        let (_, counted, now, wall, window) = one_counted();
         let text = counted.expect("counted").ledger.to_annotation();
         // Past the window, within the tolerance, on the next leader's estimate.
         let then = wall + window + Duration::from_secs(1);
