@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::cluster::cache::Scope;
 use crate::cluster::in_flight::InFlight;
 use crate::cluster::progress::Delivery;
-use crate::cluster::server_clock::ServerClock;
+use crate::cluster::server_clock::{Dispute, ServerClock};
 use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
@@ -154,10 +154,10 @@ pub trait Clock: Send + Sync + 'static {
     fn server(&self) -> (DateTime<Utc>, DateTime<Utc>);
     /// The monotonic instant at which a deadline is met, as [`Clock::now`] judges it.
     fn instant_at(&self, deadline: DateTime<Utc>) -> Instant;
-    /// When an answer of the API server last contradicted the earlier ones (its clock moved
-    /// in a way no drift explains); `None` if none has. The cap's ledger is dated by the
-    /// estimate, so after such a jump it could forget deletions dated on the other clock.
-    fn contradicted_at(&self) -> Option<Instant>;
+    /// The hold of the cap standing now: answers of the API server disagreed beyond the
+    /// tolerance within the last window. The cap's ledger is dated by the estimate, so after
+    /// such a jump it could forget deletions dated on the other clock.
+    fn dispute(&self) -> Option<Dispute>;
 }
 
 impl Clock for ServerClock {
@@ -176,7 +176,7 @@ impl Clock for ServerClock {
         ServerClock::instant_at(self, deadline)
     }
 
-    fn contradicted_at(&self) -> Option<Instant> {
-        ServerClock::contradicted_at(self)
+    fn dispute(&self) -> Option<Dispute> {
+        ServerClock::dispute(self)
     }
 }

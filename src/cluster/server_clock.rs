@@ -11,9 +11,15 @@
 //! ([`DRIFT_DIVISOR`]). The bounds are anchored on the monotonic clock, not the wall clock, so
 //! a step of the wall clock between two answers cannot falsify them.
 //!
+//! API servers behind one address answer with their own clocks. Answers of clocks apart by
+//! more than an answer's uncertainty contradict each other; each contradiction measures how
+//! far apart the two clocks may be. Up to [`TOLERATED_DISAGREEMENT`] the blast-radius cap
+//! absorbs it; beyond, the cap is held full (a [`Dispute`]) until answers have stayed within it
+//! for a whole window.
+//!
 //! [`Estimator`] is the pure part: samples in, bounds out. [`ServerClock`] shares one between
 //! the tower layer on the client ([`ServerClock::layer`]) that feeds it and the code that
-//! judges deadlines ([`ServerClock::now`]), and publishes the offset.
+//! judges deadlines ([`ServerClock::now`]), and publishes the offset and the dispute.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +34,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing::{debug, info, warn};
 
+use crate::config::MAX_DURATION;
 use crate::observe::metrics::Metrics;
 
 /// The rate of this machine's monotonic clock against the server's clock is trusted to 1 part
@@ -42,6 +49,16 @@ pub const WARN_BEYOND: Duration = Duration::from_secs(30);
 
 /// Before any answer, how long until a deadline is looked at again.
 const UNKNOWN_RECHECK: Duration = Duration::from_secs(10);
+
+/// How far apart the clocks of the API servers behind one address may be without holding the
+/// blast-radius cap. The cap judges its window this much before the earliest the server's clock
+/// can read (`Limiter::with_tolerance`), so a deletion dated on one server's clock counts a
+/// whole window on any other clock within this of it. A `Date` is to the second, so two
+/// answers of clocks δ apart that contradict each other measure at most δ + 2 s and both round
+/// trips: 4 s absorbs servers a second apart (NTP keeps them within milliseconds), and a full
+/// cap waits 4 s longer (under 1 % of the shipped 10-minute window). A contradiction measured
+/// beyond it holds the cap ([`Dispute`]).
+pub const TOLERATED_DISAGREEMENT: Duration = Duration::from_secs(4);
 
 /// One answer of the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +99,13 @@ impl Bounds {
         let limit = limit.as_secs_f64();
         lower > limit || upper < -limit
     }
+}
+
+/// The two anchors one answer gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Answer {
+    lower: Anchor,
+    upper: Anchor,
 }
 
 /// A reading of the server's clock that holds at a monotonic instant: at or past it for a
@@ -142,61 +166,68 @@ pub enum Observed {
     First,
     /// It agrees with the earlier ones, and narrowed the bounds or left them as they were.
     Agrees,
-    /// It contradicts them: a clock was stepped (the server's, or this machine slept). The
-    /// estimate starts again from it alone.
-    Contradicts,
+    /// It contradicts them: API servers behind one address whose clocks disagree, or a clock
+    /// was stepped (the server's, or this machine slept). The estimate starts again from it
+    /// alone. `apart`: the most the clocks of the two answers that disagree can be apart
+    /// (at least the truth: the true disagreement of two honest clocks is never larger).
+    Contradicts { apart: Duration },
 }
 
 /// The tightest bounds the samples so far allow. Pure: no clock is read here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Estimator {
-    /// The lower and the upper anchor.
-    anchors: Option<(Anchor, Anchor)>,
+    /// The answer whose lower anchor is the estimate's, and the one whose upper anchor is:
+    /// each keeps its other anchor, to measure a contradiction by.
+    answers: Option<(Answer, Answer)>,
 }
 
 impl Estimator {
     /// Takes in one answer.
     pub fn observe(&mut self, sample: Sample) -> Observed {
-        let (lower, upper) = anchors_of(sample);
-        let Some((old_lower, old_upper)) = self.anchors else {
-            self.anchors = Some((lower, upper));
+        let answer = answer_of(sample);
+        let Some((old_low, old_high)) = self.answers else {
+            self.answers = Some((answer, answer));
             return Observed::First;
         };
         // Compared where both hold onwards, so that later instants see the same order.
-        let then = old_lower.at.max(lower.at);
-        let lower = if old_lower.earliest(then) > lower.earliest(then) {
-            old_lower
+        let then = old_low.lower.at.max(answer.lower.at);
+        let low = if old_low.lower.earliest(then) > answer.lower.earliest(then) {
+            old_low
         } else {
-            lower
+            answer
         };
-        let then = old_upper.at.max(upper.at);
-        let upper = if old_upper.latest(then) < upper.latest(then) {
-            old_upper
+        let then = old_high.upper.at.max(answer.upper.at);
+        let high = if old_high.upper.latest(then) < answer.upper.latest(then) {
+            old_high
         } else {
-            upper
+            answer
         };
         let received = sample.sent.max(sample.received);
-        if lower.earliest(received) >= upper.latest(received) {
-            self.anchors = Some(anchors_of(sample));
-            return Observed::Contradicts;
+        if low.lower.earliest(received) >= high.upper.latest(received) {
+            self.answers = Some((answer, answer));
+            // `low`'s clock is surely ahead of `high`'s, by at most the span from the least
+            // `high`'s can read to the most `low`'s can. Beyond the range, as far apart as can be.
+            let apart = low.upper.latest(received) - high.lower.earliest(received);
+            let apart = apart.to_std().unwrap_or(Duration::MAX);
+            return Observed::Contradicts { apart };
         }
-        self.anchors = Some((lower, upper));
+        self.answers = Some((low, high));
         Observed::Agrees
     }
 
     /// What the server's clock reads at monotonic instant `at`; `None` before any sample.
     pub fn bounds(&self, at: Instant) -> Option<Bounds> {
-        let (lower, upper) = self.anchors?;
+        let (low, high) = self.answers?;
         Some(Bounds {
-            earliest: lower.earliest(at),
-            latest: upper.latest(at),
+            earliest: low.lower.earliest(at),
+            latest: high.upper.latest(at),
         })
     }
 }
 
 /// The lower and upper anchor one answer gives: the server's clock read at least its `Date`
 /// when it arrived, and less than a second more when it was sent.
-fn anchors_of(sample: Sample) -> (Anchor, Anchor) {
+fn answer_of(sample: Sample) -> Answer {
     let lower = Anchor {
         at: sample.sent.max(sample.received),
         server: sample.date,
@@ -206,7 +237,34 @@ fn anchors_of(sample: Sample) -> (Anchor, Anchor) {
         server: (sample.date.checked_add_signed(TimeDelta::seconds(1)))
             .unwrap_or(DateTime::<Utc>::MAX_UTC),
     };
-    (lower, upper)
+    Answer { lower, upper }
+}
+
+/// A hold of the blast-radius cap: answers of the API server disagreed beyond
+/// [`TOLERATED_DISAGREEMENT`], so the deletions the cap counts cannot be dated within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dispute {
+    /// The contradiction that began it: a hold is told once, however many extend it.
+    pub since: tokio::time::Instant,
+    /// When it ends: a window after the last contradiction beyond the tolerance.
+    pub until: tokio::time::Instant,
+}
+
+/// The contradictions beyond the tolerance of the latest hold: its first and its last.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    since: Instant,
+    last: Instant,
+}
+
+impl Hold {
+    /// When it ends, `span` after its last contradiction; as asked at `at`, a span beyond what
+    /// an instant can hold ends never before the next ask.
+    fn until(&self, span: Duration, at: Instant) -> Instant {
+        (self.last.checked_add(span))
+            .or_else(|| at.checked_add(UNKNOWN_RECHECK))
+            .unwrap_or(at)
+    }
 }
 
 /// The `Date` header of an answer, if it has a valid one (IMF-fixdate, RFC 9110).
@@ -230,9 +288,13 @@ struct Shared {
     metrics: OnceLock<Arc<Metrics>>,
     /// Whether the offset was last surely beyond [`WARN_BEYOND`]: the log says transitions only.
     skewed: AtomicBool,
-    /// When an answer last contradicted the earlier ones: API servers behind one address whose
-    /// clocks disagree, or a stepped clock.
-    contradicted: Mutex<Option<Instant>>,
+    /// The latest hold of the cap, standing or ended.
+    hold: Mutex<Option<Hold>>,
+    /// How long a hold lasts after its last contradiction: the cap's window
+    /// ([`ServerClock::report_to`]); for good until told.
+    span: OnceLock<Duration>,
+    /// Whether a hold was last published as standing: its end is logged once.
+    held: AtomicBool,
 }
 
 impl ServerClock {
@@ -243,9 +305,11 @@ impl ServerClock {
         }
     }
 
-    /// Publishes the offset to `metrics` from now on (the first call wins).
-    pub fn report_to(&self, metrics: Arc<Metrics>) {
+    /// Publishes the offset and the dispute to `metrics` from now on, a dispute holding the
+    /// cap for `window` after its last contradiction (the first call wins).
+    pub fn report_to(&self, metrics: Arc<Metrics>, window: Duration) {
         let _ = self.shared.metrics.set(metrics);
+        let _ = self.shared.span.set(window);
         self.publish(Instant::now(), Utc::now());
     }
 
@@ -298,14 +362,87 @@ impl ServerClock {
         self.estimator().bounds(at)
     }
 
-    /// The monotonic instant an answer last contradicted the earlier ones; `None` if none has.
-    pub fn contradicted_at(&self) -> Option<tokio::time::Instant> {
-        let at = *self
-            .shared
-            .contradicted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        at.map(tokio::time::Instant::from_std)
+    /// The hold of the cap standing now, if any; the gauge is published with it, so a slot
+    /// asked for sees the same as the metrics.
+    pub fn dispute(&self) -> Option<Dispute> {
+        self.publish_dispute(Instant::now())
+    }
+
+    /// The hold standing at `at`.
+    fn dispute_at(&self, at: Instant) -> Option<Dispute> {
+        let hold = (*self.hold())?;
+        let until = hold.until(self.span(), at);
+        (at < until).then(|| Dispute {
+            since: tokio::time::Instant::from_std(hold.since),
+            until: tokio::time::Instant::from_std(until),
+        })
+    }
+
+    fn hold(&self) -> std::sync::MutexGuard<'_, Option<Hold>> {
+        self.shared.hold.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn span(&self) -> Duration {
+        self.shared.span.get().copied().unwrap_or(MAX_DURATION)
+    }
+
+    /// Answers disagreed by up to `apart` at `at`: beyond the tolerance, the cap is held (a
+    /// new hold, or the standing one extended).
+    fn contradicted(&self, apart: Duration, at: Instant, offset: (f64, f64)) {
+        let (offset_lower_seconds, offset_upper_seconds) = offset;
+        let apart_seconds = apart.as_secs_f64();
+        let tolerated_seconds = TOLERATED_DISAGREEMENT.as_secs_f64();
+        if apart <= TOLERATED_DISAGREEMENT {
+            debug!(
+                apart_seconds,
+                tolerated_seconds,
+                "the API server's clock disagrees with its earlier answers within the tolerance (API servers behind one address); estimating afresh"
+            );
+            return;
+        }
+        let span = self.span();
+        let mut hold = self.hold();
+        let standing = hold.filter(|hold| at < hold.until(span, at));
+        *hold = Some(match standing {
+            Some(Hold { since, last }) => Hold {
+                since,
+                last: last.max(at),
+            },
+            None => Hold {
+                since: at,
+                last: at,
+            },
+        });
+        drop(hold);
+        if standing.is_some() {
+            debug!(
+                apart_seconds,
+                "the API server's clock disagrees again beyond the tolerance; the hold of the blast-radius cap is extended"
+            );
+        } else {
+            warn!(
+                apart_seconds,
+                tolerated_seconds,
+                offset_lower_seconds,
+                offset_upper_seconds,
+                "the API server's clock disagrees with its earlier answers beyond the tolerance (API servers behind one address whose clocks disagree, or a clock stepped); the blast-radius cap admits no deletion until answers stay within it for a window"
+            );
+        }
+    }
+
+    /// Sets the dispute gauge as the hold stands at `at`, and logs the end of one.
+    fn publish_dispute(&self, at: Instant) -> Option<Dispute> {
+        let dispute = self.dispute_at(at);
+        let held = dispute.is_some();
+        if let Some(metrics) = self.shared.metrics.get() {
+            metrics.set_clock_disputed(held);
+        }
+        if self.shared.held.swap(held, Ordering::Relaxed) && !held {
+            info!(
+                "the API server's answers have agreed within the tolerance for a window: the blast-radius cap admits deletions again"
+            );
+        }
+        dispute
     }
 
     fn estimator(&self) -> std::sync::MutexGuard<'_, Estimator> {
@@ -326,7 +463,8 @@ impl ServerClock {
             received,
             date,
         });
-        let (at, local) = (Instant::now(), Utc::now());
+        // Judged at its arrival: the instant the estimate compares it at.
+        let (at, local) = (sent.max(received), Utc::now());
         let Some(bounds) = self.bounds_at(at) else {
             return;
         };
@@ -337,25 +475,16 @@ impl ServerClock {
                 offset_upper_seconds = upper,
                 "the API server's clock is known; deadlines are judged by the earlier of it and this replica's"
             ),
-            Observed::Contradicts => {
-                *self
-                    .shared
-                    .contradicted
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(at);
-                warn!(
-                    offset_lower_seconds = lower,
-                    offset_upper_seconds = upper,
-                    "the API server's clock disagrees with its earlier answers (a clock was stepped, or API servers behind one address disagree); estimating afresh, and the blast-radius cap counts its window as full for a window"
-                )
-            }
+            Observed::Contradicts { apart } => self.contradicted(apart, at, (lower, upper)),
             Observed::Agrees => {}
         }
         self.publish(at, local);
     }
 
-    /// Sets the offset metric and logs when the offset crosses [`WARN_BEYOND`].
+    /// Sets the offset metric and the dispute gauge, and logs when the offset crosses
+    /// [`WARN_BEYOND`].
     fn publish(&self, at: Instant, local: DateTime<Utc>) {
+        self.publish_dispute(at);
         let Some(bounds) = self.bounds_at(at) else {
             return;
         };
@@ -514,7 +643,13 @@ mod tests {
             received: at(base, 10_010),
             date: utc(EPOCH - 3600),
         };
-        assert_eq!(estimator.observe(stepped), Observed::Contradicts);
+        let Observed::Contradicts { apart } = estimator.observe(stepped) else {
+            panic!("a contradiction");
+        };
+        // An hour and the ten seconds the first server's clock moved on since, and the two
+        // answers' uncertainty (each a second, its round trip, and the drift since).
+        let (least, most) = (Duration::from_secs(3610), Duration::from_millis(3_611_021));
+        assert!(least < apart && apart <= most, "{apart:?}");
         let bounds = estimator.bounds(at(base, 10_010)).unwrap();
         assert_eq!(bounds.earliest, utc(EPOCH - 3600));
     }
@@ -533,6 +668,117 @@ mod tests {
         );
         headers.insert(http::header::DATE, "yesterday".parse().unwrap());
         assert_eq!(date_of(&headers), None);
+    }
+
+    /// The answers of two API servers behind one address, `apart` milliseconds apart, from
+    /// `from` milliseconds after `base` for `seconds`: one every 437 ms (so that they fall at
+    /// every phase of a second) from each in turn, each with a 2 ms round trip; the first
+    /// server's clock reads `EPOCH` at `base`.
+    fn balanced(base: Instant, apart: u64, from: u64, seconds: u64) -> Vec<Sample> {
+        (0..seconds * 1000 / 437)
+            .map(|i| {
+                let sent = from + i * 437;
+                let offset = if i % 2 == 0 { 0 } else { apart };
+                answer(base, sent, offset)
+            })
+            .collect()
+    }
+
+    /// An answer sent `sent` milliseconds after `base`, from a server `offset` milliseconds
+    /// ahead of `EPOCH` at `base`, with a 2 ms round trip.
+    fn answer(base: Instant, sent: u64, offset: u64) -> Sample {
+        let server = utc(EPOCH) + TimeDelta::milliseconds((sent + 1 + offset) as i64);
+        Sample {
+            sent: at(base, sent),
+            received: at(base, sent + 2),
+            date: utc(server.timestamp()),
+        }
+    }
+
+    /// Feeds `samples` to `clock` as the client's layer does.
+    fn feed(clock: &ServerClock, samples: &[Sample]) {
+        for sample in samples {
+            let date = sample.date.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::DATE, date.parse().unwrap());
+            clock.answered(sample.sent, sample.received, &headers);
+        }
+    }
+
+    /// Through a balancer over two API servers 0.3 s apart, answers contradict each other
+    /// (their `Date`s straddle a second), each measured far within what the cap absorbs: no
+    /// dispute. (Before, each contradiction held the cap full for a window.)
+    #[test]
+    fn servers_a_fraction_of_a_second_apart_never_hold_the_cap() {
+        let base = Instant::now();
+        let samples = balanced(base, 300, 0, 120);
+        let mut estimator = Estimator::default();
+        let measured: Vec<Duration> = (samples.iter())
+            .filter_map(|&sample| match estimator.observe(sample) {
+                Observed::Contradicts { apart } => Some(apart),
+                _ => None,
+            })
+            .collect();
+        assert!(measured.len() > 10, "they contradict: {measured:?}");
+        assert!(
+            measured
+                .iter()
+                .all(|&apart| apart <= TOLERATED_DISAGREEMENT),
+            "{measured:?}"
+        );
+        let clock = ServerClock::default();
+        feed(&clock, &samples);
+        assert_eq!(clock.dispute_at(samples[samples.len() - 1].received), None);
+    }
+
+    /// Whether `registry` says the cap is held.
+    fn disputed(registry: &prometheus_client::registry::Registry) -> bool {
+        crate::observe::metrics::tests::exposition(registry)
+            .lines()
+            .any(|line| line == "workspace_gc_blast_radius_clock_disputed 1")
+    }
+
+    /// Servers 5 s apart hold the cap: the gauge reads 1 from the first contradiction, without
+    /// waiting for a claim to ask for a slot; contradictions that go on extend that hold (one
+    /// hold: told once); it ends a window after the last, and the gauge with it. A later
+    /// contradiction begins another.
+    #[test]
+    fn a_dispute_is_published_from_the_contradiction_until_its_hold_ends() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::register(&mut registry));
+        let window = Duration::from_secs(60);
+        let clock = ServerClock::default();
+        clock.report_to(metrics, window);
+        let base = Instant::now();
+        let first = balanced(base, 5000, 0, 1);
+        feed(&clock, &first[..2]);
+        let since = tokio::time::Instant::from_std(first[1].received);
+        let held = clock.dispute_at(first[1].received);
+        assert_eq!(held.map(|held| held.since), Some(since));
+        assert!(disputed(&registry), "published from the contradiction");
+        // Contradictions for a minute more: one hold, extended to a window past the last.
+        let more = balanced(base, 5000, 1000, 60);
+        feed(&clock, &more);
+        let last = more[more.len() - 1].received;
+        let held = clock.dispute_at(last).expect("held");
+        assert_eq!(held.since, since, "one hold");
+        assert_eq!(held.until, tokio::time::Instant::from_std(last + window));
+        // Then only the server that answered last: held for the rest of the window.
+        let agreeing = |millis| answer(base, millis, 0);
+        feed(&clock, &[agreeing(62_000)]);
+        assert!(disputed(&registry));
+        feed(&clock, &[agreeing(121_000)]);
+        assert!(
+            !disputed(&registry),
+            "the hold ended a window after the last"
+        );
+        assert_eq!(clock.dispute_at(at(base, 122_100)), None);
+        // The other server again: a new hold.
+        let again = answer(base, 123_000, 5000);
+        feed(&clock, &[again]);
+        let held = clock.dispute_at(again.received).expect("held again");
+        assert_eq!(held.since, tokio::time::Instant::from_std(again.received));
+        assert!(disputed(&registry));
     }
 
     /// A server whose clock reads `offset` milliseconds ahead of monotonic time `t` (in
@@ -607,7 +853,9 @@ mod tests {
             let base = Instant::now();
             let mut estimator = Estimator::default();
             for sample in server.samples(base) {
-                prop_assert_ne!(estimator.observe(sample), Observed::Contradicts);
+                let observed = estimator.observe(sample);
+                let contradicts = matches!(observed, Observed::Contradicts { .. });
+                prop_assert!(!contradicts, "{:?}", observed);
             }
             for t in asked {
                 let bounds = estimator.bounds(at(base, t)).unwrap();
@@ -638,6 +886,40 @@ mod tests {
             // The last answer alone bounds it within its second and round trip (under 5 s).
             if local <= truth - TimeDelta::seconds(6) {
                 prop_assert_eq!(judging, local);
+            }
+        }
+
+        /// Two honest servers `apart` milliseconds apart behind one address: a contradiction
+        /// never measures them closer than they are, and servers up to a second apart whose
+        /// answers come within 200 ms are always measured within the tolerance.
+        #[test]
+        fn a_contradiction_measures_at_least_the_disagreement(
+            offset in -10_000_000i64..10_000_000,
+            apart in 0i64..10_000,
+            answers in prop::collection::vec(
+                (0u64..30_000, 0u64..200, 0u64..=1000, any::<bool>()),
+                1..60,
+            ),
+        ) {
+            let base = Instant::now();
+            let (ahead, behind): (Vec<_>, Vec<_>) = answers.into_iter().partition(|a| a.3);
+            let server = |shift: i64, answers: Vec<(u64, u64, u64, bool)>| Server {
+                offset: offset + shift,
+                ppm: 0,
+                answers: answers.into_iter().map(|(s, t, p, _)| (s, t, p)).collect(),
+            };
+            let (ahead, behind) = (server(apart, ahead), server(0, behind));
+            let mut samples: Vec<Sample> = ahead.samples(base).chain(behind.samples(base)).collect();
+            samples.sort_by_key(|sample| sample.received);
+            let truth = Duration::from_millis(apart.unsigned_abs());
+            let mut estimator = Estimator::default();
+            for sample in samples {
+                if let Observed::Contradicts { apart: measured } = estimator.observe(sample) {
+                    prop_assert!(measured >= truth, "{measured:?} {truth:?}");
+                    if truth <= Duration::from_secs(1) {
+                        prop_assert!(measured <= TOLERATED_DISAGREEMENT, "{measured:?}");
+                    }
+                }
             }
         }
 

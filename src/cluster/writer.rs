@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 use crate::cluster::in_flight::InFlight;
 use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
+use crate::cluster::server_clock::TOLERATED_DISAGREEMENT;
 use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP, REVOKED};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Invalid;
@@ -83,8 +84,8 @@ pub enum Notice {
         max: u32,
         window: String,
     },
-    /// The API server's clock contradicted its earlier answers: the cap's window is counted
-    /// as full for this long.
+    /// Answers of the API server disagreed about its clock beyond the tolerance: the cap's
+    /// window is counted as full until they have agreed within it for this long.
     ClockDisputed {
         window: String,
     },
@@ -378,11 +379,12 @@ impl Writer {
                 EventType::Warning,
                 "ServerClockDisputed",
                 format!(
-                    "not deleted yet: the API server's clock contradicted its earlier answers \
-                     (API servers behind one address whose clocks disagree, or a clock stepped), \
-                     so the deletions of the last {window} cannot be dated for the \
-                     blast-radius cap; it counts the window as full until answers agree for \
-                     {window}"
+                    "not deleted yet: the API server's answers disagree about its clock by more \
+                     than {tolerance} (API servers behind one address whose clocks disagree, or \
+                     a clock stepped), so the deletions of the last {window} cannot be dated \
+                     for the blast-radius cap; it counts the window as full until answers agree \
+                     within {tolerance} for {window}",
+                    tolerance = humantime::format_duration(TOLERATED_DISAGREEMENT)
                 ),
             ),
             Notice::DeletionScheduled { at, reason } => (

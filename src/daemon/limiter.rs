@@ -10,11 +10,15 @@
 //! `src/cluster/leader/records.rs`). Until the ledger of the current window is known — at
 //! start, and from the moment leadership is lost until it is won again and the ledger read
 //! back — nothing is admitted: the cap fails closed.
+//!
+//! The window is judged a tolerance earlier than the instant it is asked at
+//! ([`Limiter::with_tolerance`]): the API servers behind one address may date deletions by
+//! clocks that disagree within it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio::time::Instant;
 
 use crate::daemon::cap_ledger::{Ledger, LedgerError};
@@ -49,6 +53,8 @@ pub struct Limiter {
     share: Option<f64>,
     population: usize,
     window: Duration,
+    /// How much earlier than asked the window is judged ([`Limiter::with_tolerance`]).
+    tolerance: TimeDelta,
     next_slot: Option<Instant>,
     /// `None` while the count of the current window is unknown.
     ledger: Option<Ledger>,
@@ -75,6 +81,7 @@ impl Limiter {
             share: None,
             population: 0,
             window,
+            tolerance: TimeDelta::zero(),
             next_slot: None,
             ledger: None,
             term: 0,
@@ -88,6 +95,25 @@ impl Limiter {
     pub fn with_share(mut self, percent: Option<f64>) -> Self {
         self.share = percent;
         self
+    }
+
+    /// Judges the window `tolerance` earlier than the instant asked, the earliest the API
+    /// server's clock can read: every deletion then counts `tolerance` longer than its window.
+    /// Deletions are dated at the latest the server's clock can read, which no honest server's
+    /// clock has passed; the earliest is at most the fastest server's clock. So as long as the
+    /// API servers behind one address disagree by at most `tolerance`, a deletion counts a
+    /// whole window on the slowest server's clock, whichever server's clock dated it and
+    /// whichever judges it: on this replica or on the next leader, which recovers the ledger
+    /// from the Lease with the same tolerance (`server_clock::TOLERATED_DISAGREEMENT`, beyond
+    /// which a clock dispute holds the cap instead).
+    pub fn with_tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = TimeDelta::from_std(tolerance).unwrap_or(TimeDelta::MAX);
+        self
+    }
+
+    /// The instant the window is judged at when asked at `wall`.
+    fn judged(&self, wall: DateTime<Utc>) -> DateTime<Utc> {
+        (wall.checked_sub_signed(self.tolerance)).unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 
     /// How many claims the daemon watches now, which the share is taken of.
@@ -115,25 +141,27 @@ impl Limiter {
     /// before this one ([`Line::ahead`]): the slots they are owed are not this one's.
     pub fn reserve(&mut self, now: Instant, wall: DateTime<Utc>, ahead: usize) -> Admission {
         let max = self.max();
+        let judged = self.judged(wall);
         let Some(ledger) = &mut self.ledger else {
             return Admission::Unknown;
         };
-        ledger.forget_before(wall);
+        ledger.forget_before(judged);
         let slot = self.next_slot.map_or(now, |next| next.max(now));
         let at = wall + (slot - now);
+        let judged_at = judged + (slot - now);
         let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
         let capped = match max.saturating_sub(ahead) {
             // Once the whole window has turned over, at least; a second if it is empty (those
             // ahead are taking their slots).
             0 => Some(
                 ledger
-                    .capped_until(at, 1)
-                    .unwrap_or(at + Duration::from_secs(1)),
+                    .capped_until(judged_at, 1)
+                    .unwrap_or(judged_at + Duration::from_secs(1)),
             ),
-            room => ledger.capped_until(at, room),
+            room => ledger.capped_until(judged_at, room),
         };
         if let Some(until) = capped {
-            let wait = (until - wall).to_std().unwrap_or(Duration::ZERO);
+            let wait = (until - judged).to_std().unwrap_or(Duration::ZERO);
             return Admission::Capped {
                 until: now.checked_add(wait).unwrap_or(now + self.window),
             };
@@ -157,7 +185,7 @@ impl Limiter {
         let max = u64::from(self.max());
         self.ledger
             .as_ref()
-            .is_none_or(|ledger| ledger.count(wall) >= max)
+            .is_none_or(|ledger| ledger.count(self.judged(wall)) >= max)
     }
 
     /// Returns a slot that was not used (the live re-check kept the claim, or the delete was
@@ -210,7 +238,11 @@ impl Limiter {
         wall: DateTime<Utc>,
         reach: Duration,
     ) -> Result<(), LedgerError> {
-        let found = found.map(|text| Ledger::from_annotation(text, self.window, wall, reach));
+        // Judged as `reserve` judges, so what still counts there is kept; the dates allowed
+        // ahead of `wall` stay those the reach allows.
+        let judged = self.judged(wall);
+        let ahead = reach.saturating_add((wall - judged).to_std().unwrap_or(Duration::ZERO));
+        let found = found.map(|text| Ledger::from_annotation(text, self.window, judged, ahead));
         let (ledger, result) = match found {
             None => (Ledger::new(self.window), Ok(())),
             Some(Ok(ledger)) => (ledger, Ok(())),

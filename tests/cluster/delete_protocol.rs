@@ -301,6 +301,40 @@ async fn api_servers_whose_clocks_disagree_never_open_the_cap() {
     assert!(status.success(), "{status}");
 }
 
+/// API servers behind one load balancer whose clocks are a second apart (NTP keeps them within
+/// milliseconds; a second is what the tolerance is made to absorb): the Lease's answers come
+/// from a server a second ahead, the rest from the other. Their answers contradict each other,
+/// each measured within 4 s, so nothing holds the cap: every claim due is deleted at once, no
+/// dispute is published or told. (Before, each contradiction held the cap full for a window,
+/// here 10 minutes.)
+#[tokio::test(flavor = "multi_thread")]
+async fn api_servers_a_second_apart_never_hold_the_cap() {
+    let replica = Replica::new("clock-near").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
+    proxy.add(Rule::new("", "leases", Fault::DateAhead(secs(1))).user(user));
+    let (vars, names) = overdue_under_a_cap(ns, "near", 6, 6, "10m").await;
+    let (daemon, _logs) = replica.spawn(Some(&vars));
+    assert!(
+        wait_until(secs(60), || async {
+            deleted_count(ns, &names).await == names.len()
+        })
+        .await,
+        "every claim due is deleted:\n{}",
+        daemon.logs()
+    );
+    let text = daemon.metrics().await;
+    let disputed = metric(&text, "workspace_gc_blast_radius_clock_disputed", "");
+    assert_eq!(disputed, 0.0, "{}", daemon.logs());
+    let told = ns
+        .events()
+        .await
+        .iter()
+        .any(|event| event.reason.as_deref() == Some("ServerClockDisputed"));
+    assert!(!told, "no dispute told:\n{}", daemon.logs());
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
 /// A large cap and a standing failure: every DELETE is reset by a hop (never carried out) and
 /// every revocation too, so each claim's DELETE stays named in flight on the Lease. What the
 /// Lease names stops at its budget, a quarter of the 256 KiB its annotations may take: further

@@ -63,8 +63,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     ) -> Result<Reservation, Outcome> {
         let key = &claim.key;
         let slots = &self.deletes.slots;
-        if let Some(disputed) = slots.disputed(self.clock.contradicted_at(), Instant::now()) {
-            self.metrics.set_clock_disputed(true);
+        // The clock publishes the dispute's gauge itself, from the contradiction on.
+        if let Some(disputed) = slots.disputed(self.clock.dispute()) {
             if disputed.first {
                 let window = slots.window().to_owned();
                 warn!(claim = %key, %window, "the API server's clock contradicted its earlier answers: the blast-radius cap counts its window as full; deletion deferred");
@@ -74,7 +74,6 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             return Err(Outcome::At(disputed.until));
         }
-        self.metrics.set_clock_disputed(false);
         let population = self.cache.read().claim_count();
         // Judged at the earliest the API server's clock can read: never shorter windows.
         let (earliest, _) = self.clock.server();

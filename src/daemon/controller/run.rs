@@ -81,7 +81,9 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
-    options.clock.report_to(metrics.clone());
+    options
+        .clock
+        .report_to(metrics.clone(), config.deletion.window);
     // A client built without the clock's layer (in-process tests) tells it nothing by itself.
     if !options.clock.known()
         && let Err(error) = options.clock.ask(&client).await

@@ -1,5 +1,5 @@
 //! Deletion slots: the pace and the blast-radius cap (the pure `daemon::limiter`), the line of
-//! claims the cap holds back, and the clock dispute that holds the cap full, under one lock.
+//! claims the cap holds back, and the clock dispute told, under one lock.
 //! Each operation takes the instants it judges at; none hands the lock out.
 
 use std::sync::Mutex;
@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::cluster::server_clock::{Dispute, TOLERATED_DISAGREEMENT};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::cap_ledger::LedgerError;
 use crate::daemon::limiter::{Admission, Counted, Limiter, Line, Reservation};
@@ -17,8 +18,6 @@ pub(super) struct Slots {
     state: Mutex<State>,
     /// The cap's window as its notice tells it.
     window: String,
-    /// The window itself, for how long a clock dispute holds the cap full.
-    span: std::time::Duration,
 }
 
 struct State {
@@ -26,7 +25,8 @@ struct State {
     /// The claims the cap holds back, earliest due first. Each is told once per episode (until
     /// it gets a slot, is no longer due, or is gone), not at every retry.
     line: Line<ObjectKey>,
-    /// The clock dispute whose notice went out: told once per dispute, not per claim.
+    /// The hold of the clock dispute whose notice went out (its start): told once per hold,
+    /// not per claim nor per contradiction that extends it.
     disputed_told: Option<Instant>,
 }
 
@@ -59,7 +59,8 @@ impl Slots {
             deletion.max_deletions_per_window,
             deletion.window,
         )
-        .with_share(deletion.max_deletions_percent);
+        .with_share(deletion.max_deletions_percent)
+        .with_tolerance(TOLERATED_DISAGREEMENT);
         Slots {
             state: Mutex::new(State {
                 limiter,
@@ -67,7 +68,6 @@ impl Slots {
                 disputed_told: None,
             }),
             window: humantime::format_duration(deletion.window).to_string(),
-            span: deletion.window,
         }
     }
 
@@ -80,21 +80,14 @@ impl Slots {
         &self.window
     }
 
-    /// Until when the cap counts its window as full because the API server's clock
-    /// contradicted its earlier answers at `contradicted_at`: the ledger is dated by that
+    /// Until when the cap counts its window as full because answers of the API server
+    /// disagreed beyond the tolerance (`dispute`, standing): the ledger is dated by that
     /// clock's estimate, and an estimate that jumped forward would otherwise forget the
-    /// deletions dated on the slower clock, for good (and the Lease's copy with them). `None`
-    /// once a whole window has passed since. Fails closed: deletions wait, none is forgotten.
-    pub(super) fn disputed(
-        &self,
-        contradicted_at: Option<Instant>,
-        now: Instant,
-    ) -> Option<Disputed> {
-        let until = contradicted_at? + self.span;
-        if until <= now {
-            return None;
-        }
-        let first = self.state().disputed_told.replace(until) != Some(until);
+    /// deletions dated on the slower clock, for good (and the Lease's copy with them). Fails
+    /// closed: deletions wait, none is forgotten. Slots granted before it are not taken back.
+    pub(super) fn disputed(&self, dispute: Option<Dispute>) -> Option<Disputed> {
+        let Dispute { since, until } = dispute?;
+        let first = self.state().disputed_told.replace(since) != Some(since);
         Some(Disputed { until, first })
     }
 
@@ -234,14 +227,74 @@ mod tests {
         ));
     }
 
+    /// Slots with a cap of one whose one deletion was counted at the last instant of a bucket
+    /// of the default window (so it counts exactly a window past it, and a millisecond), and
+    /// the instants it was asked at, and that window.
+    fn one_counted() -> (Slots, Option<Counted>, Instant, DateTime<Utc>, Duration) {
+        let slots = slots(1);
+        let window = Config::default().deletion.window;
+        let now = Instant::now();
+        let wall = DateTime::from_timestamp_millis(1_800_000_000_000 - 1).unwrap();
+        let admitted = slots.admit(&key("a"), wall, 10, now, wall).admission;
+        let Admission::At(reservation) = admitted else {
+            panic!("the first claim gets a slot: {admitted:?}");
+        };
+        let (_, counted) = slots.count_for_send(reservation, wall);
+        (slots, counted, now, wall, window)
+    }
+
+    /// The balancer now answers from a server 3 s ahead of the one whose clock dated a
+    /// deletion: judged on it, the deletion still counts a whole window of real time; a window
+    /// and the tolerance later, it no longer does.
     #[test]
-    fn a_clock_dispute_is_told_once_and_ends_after_a_window() {
+    fn a_deletion_counts_a_whole_window_on_a_clock_within_the_tolerance_ahead() {
+        let (slots, _, now, wall, window) = one_counted();
+        let ahead = Duration::from_secs(3);
+        let later = window - Duration::from_secs(1);
+        let judged = slots.admit(&key("b"), wall, 10, now + later, wall + later + ahead);
+        assert!(
+            matches!(judged.admission, Admission::Capped { .. }),
+            "{judged:?}"
+        );
+        let after = window + TOLERATED_DISAGREEMENT + Duration::from_millis(1);
+        let judged = slots.admit(&key("b"), wall, 10, now + after, wall + after);
+        assert!(matches!(judged.admission, Admission::At(_)), "{judged:?}");
+    }
+
+    /// A hand-over: the next leader recovers the ledger from the Lease judged as it judges a
+    /// slot, so a deletion the tolerance still counts is not dropped on the way.
+    #[test]
+    fn a_recovered_ledger_keeps_what_the_tolerance_still_counts() {
+        let (_, counted, now, wall, window) = one_counted();
+        let text = counted.expect("counted").ledger.to_annotation();
+        // Past the window, within the tolerance, on the next leader's estimate.
+        let then = wall + window + Duration::from_secs(1);
+        let next = slots(1);
+        next.recover(Some(&text), then, Duration::ZERO).unwrap();
+        let judged = next.admit(&key("b"), then, 10, now, then);
+        assert!(
+            matches!(judged.admission, Admission::Capped { .. }),
+            "{judged:?}"
+        );
+    }
+
+    #[test]
+    fn a_clock_dispute_is_told_once_per_hold() {
         let slots = slots(1);
         let now = Instant::now();
-        assert_eq!(slots.disputed(None, now), None);
-        let at = Some(now);
-        assert!(slots.disputed(at, now).unwrap().first);
-        assert!(!slots.disputed(at, now).unwrap().first);
-        assert_eq!(slots.disputed(at, now + slots.span), None);
+        assert_eq!(slots.disputed(None), None);
+        let window = Duration::from_secs(600);
+        let hold = |since: Instant, last: Instant| {
+            Some(Dispute {
+                since,
+                until: last + window,
+            })
+        };
+        assert!(slots.disputed(hold(now, now)).unwrap().first);
+        let extended = slots.disputed(hold(now, now + window / 2)).unwrap();
+        assert!(!extended.first, "extended, not a new hold");
+        assert_eq!(extended.until, now + window / 2 + window);
+        let later = now + window * 2;
+        assert!(slots.disputed(hold(later, later)).unwrap().first);
     }
 }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::cluster::cache::{Change, Index, Scope, Update};
 use crate::cluster::in_flight::InFlight;
 use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
+use crate::cluster::server_clock::Dispute;
 use crate::cluster::watches::PROVEN;
 use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation};
 use crate::config::Config;
@@ -306,8 +307,8 @@ impl LeaseRecords for FakeCluster {
 struct FakeClock {
     start: Instant,
     wall: DateTime<Utc>,
-    /// When an answer last contradicted the earlier ones.
-    contradicted: Mutex<Option<Instant>>,
+    /// The hold of the cap a clock dispute put, standing until its end.
+    dispute: Mutex<Option<Dispute>>,
 }
 
 impl Clock for FakeClock {
@@ -324,8 +325,8 @@ impl Clock for FakeClock {
         Instant::now() + (deadline - self.now()).to_std().unwrap_or(Duration::ZERO)
     }
 
-    fn contradicted_at(&self) -> Option<Instant> {
-        *lock(&self.contradicted)
+    fn dispute(&self) -> Option<Dispute> {
+        lock(&self.dispute).filter(|dispute| Instant::now() < dispute.until)
     }
 }
 
@@ -364,7 +365,7 @@ fn controller_with(
     let clock = FakeClock {
         start: Instant::now(),
         wall: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
-        contradicted: Mutex::default(),
+        dispute: Mutex::default(),
     };
     let (schedule, scheduler) = Scheduler::new();
     *lock(&cluster.scheduler) = Some(scheduler);
@@ -566,7 +567,7 @@ fn at_once() -> Outcome {
 #[tokio::test(start_paused = true)]
 async fn a_clock_contradiction_holds_the_cap_full_for_a_window() {
     let c = controller(FakeCluster::default(), 10, &[due("a"), due("b")], true);
-    *lock(&c.clock.contradicted) = Some(Instant::now());
+    *lock(&c.clock.dispute) = Some(hold(Instant::now(), Instant::now()));
     let held = Outcome::At(Instant::now() + Duration::from_secs(3600));
     assert_eq!(c.clone().reconcile(key("a")).await, held);
     assert_eq!(c.clone().reconcile(key("b")).await, held);
@@ -582,6 +583,49 @@ async fn a_clock_contradiction_holds_the_cap_full_for_a_window() {
     tokio::time::advance(Duration::from_secs(3600)).await;
     assert_eq!(c.clone().reconcile(key("a")).await, Outcome::Done);
     assert_eq!(lock(&c.cluster.sent).len(), 1);
+}
+
+/// The hold of a clock dispute that began at `since` and was last extended at `last`, as the
+/// API server's clock reports it for the controller's hour-long window.
+fn hold(since: Instant, last: Instant) -> Dispute {
+    Dispute {
+        since,
+        until: last + Duration::from_secs(3600),
+    }
+}
+
+/// The `ServerClockDisputed` events told so far.
+fn disputes_told(c: &Controller<FakeCluster, FakeClock>) -> usize {
+    (lock(&c.cluster.notices).iter())
+        .filter(|n| matches!(n, Notice::ClockDisputed { .. }))
+        .count()
+}
+
+/// Contradictions that go on arriving extend one hold of the cap: it is told once, however
+/// many extend it (before, once per contradiction a claim saw); a hold that begins after the
+/// last ended is told again.
+#[tokio::test(start_paused = true)]
+async fn a_hold_is_told_once_however_many_contradictions_extend_it() {
+    let c = controller(FakeCluster::default(), 10, &[due("a"), due("b")], true);
+    let since = Instant::now();
+    *lock(&c.clock.dispute) = Some(hold(since, since));
+    let outcome = c.clone().reconcile(key("a")).await;
+    assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    *lock(&c.clock.dispute) = Some(hold(since, Instant::now()));
+    let outcome = c.clone().reconcile(key("b")).await;
+    assert_eq!(
+        outcome,
+        Outcome::At(Instant::now() + Duration::from_secs(3600))
+    );
+    assert_eq!(disputes_told(&c), 1, "told once per hold");
+    assert!(lock(&c.cluster.sent).is_empty());
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    let again = Instant::now();
+    *lock(&c.clock.dispute) = Some(hold(again, again));
+    let outcome = c.clone().reconcile(key("b")).await;
+    assert!(matches!(outcome, Outcome::At(_)), "{outcome:?}");
+    assert_eq!(disputes_told(&c), 2, "a new hold is told");
 }
 
 /// The claim's writes so far, as the fake cluster logged them.
@@ -1396,9 +1440,11 @@ mod model {
                     match event {
                         Event::HandOver => hand_over(&c).await,
                         Event::ClockDisputed => {
-                            let window = Duration::from_secs(3600);
                             let now = Instant::now();
-                            *lock(&c.clock.contradicted) = Some(now - (window - DISPUTED));
+                            *lock(&c.clock.dispute) = Some(Dispute {
+                                since: now,
+                                until: now + DISPUTED,
+                            });
                             disputed.push((now - start, now - start + DISPUTED));
                         }
                     }

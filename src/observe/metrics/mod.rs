@@ -390,8 +390,9 @@ impl Metrics {
         );
         r.register(
             "blast_radius_clock_disputed",
-            "1 while deletions are held back because the API server's clock contradicted its \
-             earlier answers within the last window: the cap's window is counted as full",
+            "1 while the blast-radius cap admits no deletion because answers of the API server \
+             disagreed about its clock beyond the tolerance within the last window: the cap's \
+             window is counted as full",
             metrics.blast_radius_clock_disputed.clone(),
         );
         r.register(
