@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::cluster::cache::Candidates;
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::cap_ledger::LedgerError;
 use crate::daemon::limiter::{Admission, Counted, Limiter, Line, Reservation};
@@ -98,20 +99,20 @@ impl Slots {
         Some(Disputed { until, first })
     }
 
-    /// A slot for `key`, waiting at `place` in line, among `population` claims: judged at
+    /// A slot for `key`, waiting at `place` in line, among `population` candidates: judged at
     /// `now` and at `earliest`, the earliest the API server's clock can read (never shorter
     /// windows).
     pub(super) fn admit(
         &self,
         key: &ObjectKey,
         place: DateTime<Utc>,
-        population: usize,
+        population: Candidates,
         now: Instant,
         earliest: DateTime<Utc>,
     ) -> Admitted {
         let mut state = self.state();
         let State { limiter, line, .. } = &mut *state;
-        limiter.population(population);
+        limiter.population(now, population);
         let ahead = line.ahead(key, place, limiter.max() as usize);
         let admission = limiter.reserve(now, earliest, ahead);
         let first = match admission {
@@ -198,38 +199,44 @@ mod tests {
         ObjectKey::new("ml", name)
     }
 
+    /// Ten candidates, as many as ever.
+    const TEN: Candidates = Candidates {
+        now: 10,
+        fewest: 10,
+    };
+
     #[test]
     fn a_claim_held_back_is_told_once_an_episode_and_a_released_slot_admits_it() {
         let slots = slots(1);
         let (now, wall) = (Instant::now(), Utc::now());
-        let first = slots.admit(&key("a"), wall, 10, now, wall);
+        let first = slots.admit(&key("a"), wall, TEN, now, wall);
         let Admission::At(reservation) = first.admission else {
             panic!("the first claim gets a slot: {first:?}");
         };
-        let held = slots.admit(&key("b"), wall, 10, now, wall);
+        let held = slots.admit(&key("b"), wall, TEN, now, wall);
         assert!(matches!(held.admission, Admission::Capped { .. }));
         assert!(held.first && held.full);
-        let again = slots.admit(&key("b"), wall, 10, now, wall);
+        let again = slots.admit(&key("b"), wall, TEN, now, wall);
         assert!(!again.first, "told once per episode");
         slots.release(reservation);
-        let admitted = slots.admit(&key("b"), wall, 10, now, wall);
+        let admitted = slots.admit(&key("b"), wall, TEN, now, wall);
         assert!(matches!(admitted.admission, Admission::At(_)));
         // Its episode ended with the slot: held back again, it is told again.
-        assert!(slots.admit(&key("b"), wall, 10, now, wall).first);
+        assert!(slots.admit(&key("b"), wall, TEN, now, wall).first);
     }
 
     #[test]
     fn standing_by_forgets_the_count_and_the_line() {
         let slots = slots(1);
         let (now, wall) = (Instant::now(), Utc::now());
-        slots.admit(&key("a"), wall, 10, now, wall);
-        assert!(slots.admit(&key("b"), wall, 10, now, wall).first);
+        slots.admit(&key("a"), wall, TEN, now, wall);
+        assert!(slots.admit(&key("b"), wall, TEN, now, wall).first);
         slots.forget();
-        let unknown = slots.admit(&key("b"), wall, 10, now, wall);
+        let unknown = slots.admit(&key("b"), wall, TEN, now, wall);
         assert_eq!(unknown.admission, Admission::Unknown);
         slots.recover(None, wall, Duration::ZERO).unwrap();
         assert!(matches!(
-            slots.admit(&key("b"), wall, 10, now, wall).admission,
+            slots.admit(&key("b"), wall, TEN, now, wall).admission,
             Admission::At(_)
         ));
     }
