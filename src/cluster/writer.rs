@@ -14,6 +14,7 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use ring::rand::{SecureRandom, SystemRandom};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -232,8 +233,10 @@ impl Writer {
                 Ok(Ok(claim)) if claim.metadata.deletion_timestamp.is_some() => {
                     return Revocation::Landed;
                 }
+                // Proven only by a version the answer carries; none proves nothing.
                 Ok(Ok(claim))
-                    if claim.metadata.resource_version != Some(delete.resource_version.clone()) =>
+                    if (claim.metadata.resource_version.as_deref())
+                        .is_some_and(|version| version != delete.resource_version) =>
                 {
                     return Revocation::Revoked;
                 }
@@ -531,7 +534,6 @@ const REVOKE_WRITES: usize = 3;
 
 /// A nonce no one can foresee, from the system's secure random source; `None` if it fails.
 fn nonce() -> Option<u64> {
-    use ring::rand::{SecureRandom, SystemRandom};
     let mut bytes = [0; 8];
     SystemRandom::new().fill(&mut bytes).ok()?;
     Some(u64::from_be_bytes(bytes))
@@ -928,7 +930,7 @@ mod tests {
     }
 
     /// Revocations through a mock API server that answers each PATCH with the claim, its
-    /// resourceVersion the next of `versions` (the last repeated): the bodies sent, in order,
+    /// resourceVersion the next of `versions` (the last repeated; `""`: none): the bodies sent, in order,
     /// and what the writer made of them.
     async fn revoke_through(versions: &[&str]) -> (Vec<Value>, Revocation) {
         let (writer, mut handle) = unanswering();
@@ -942,6 +944,12 @@ mod tests {
                 let version = &versions[(bodies.len() - 1).min(versions.len() - 1)];
                 let mut claim = claim_object(false);
                 claim["metadata"]["resourceVersion"] = json!(version);
+                if version.is_empty() {
+                    claim["metadata"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("resourceVersion");
+                }
                 let response = Response::builder()
                     .status(200)
                     .body(Body::from(serde_json::to_vec(&claim).unwrap()))
@@ -983,6 +991,12 @@ mod tests {
         let (bodies, result) = revoke_through(&["42"]).await;
         assert_eq!(result, Revocation::Unanswered, "never proven: still owed");
         assert!(bodies.len() >= 2, "{bodies:?}");
+        let (_, result) = revoke_through(&[""]).await;
+        assert_eq!(
+            result,
+            Revocation::Unanswered,
+            "an answer without a version proves nothing"
+        );
     }
 
     /// A volume, as judged: its UID and resourceVersion go with every write.
