@@ -168,9 +168,9 @@ pub mod annotations {
     /// `spec.claimRef.uid` equals it may be deleted once `Released`.
     pub const DELETED_CLAIM_UID: &str = "workspace-gc.mlops.dev/deleted-claim-uid";
     /// On a claim, written by workspace-gc alone: the resourceVersion of a DELETE of it that
-    /// got no definite answer. Writing it gives the claim a new resourceVersion, so that
-    /// DELETE fails its precondition (409) whenever it reaches the API server. Never read as
-    /// policy. Outside [`PREFIX`]: a version from before the revocation (7c806ec and earlier)
+    /// got no definite answer, a `/` and a nonce ([`revocation`]). Writing it gives the claim
+    /// a new resourceVersion, so that DELETE fails its precondition (409) whenever it reaches
+    /// the API server. Never read as policy. Outside [`PREFIX`]: a version from before the revocation (7c806ec and earlier)
     /// takes any unknown key under the prefix for an invalid annotation and keeps the claim
     /// for good, so a downgrade to it would strand every claim ever revoked; one outside the
     /// prefix it ignores.
@@ -179,4 +179,18 @@ pub mod annotations {
     /// an invalid annotation), and the guard admits a revocation under it, so those versions
     /// still revoke during a rolling upgrade. Never written.
     pub const REVOKED_UNDER_PREFIX: &str = "workspace-gc.mlops.dev/revoked-delete";
+
+    /// The value [`REVOKED`] is written with: the revoked DELETE's resourceVersion, `/`, and a
+    /// nonce no one can foresee. Anyone who may annotate the claim could pre-set the version
+    /// alone (the claim's next resourceVersion is foreseeable): writing a value already there
+    /// changes nothing, and the DELETE could still land.
+    pub fn revocation(resource_version: &str, nonce: u64) -> String {
+        format!("{resource_version}/{nonce:016x}")
+    }
+
+    /// The resourceVersion of the DELETE a [`REVOKED`] value revokes: what comes before its
+    /// last `/` (the nonce has none), or the whole value, as versions before wrote it.
+    pub fn revoked_version(value: &str) -> &str {
+        value.rsplit_once('/').map_or(value, |(version, _)| version)
+    }
 }

@@ -48,7 +48,9 @@ pub fn scopes(selector: &SelectorConfig) -> Vec<Scope> {
 /// The index the watches of [`updates`] fill: it is synced once each of them has listed.
 pub fn index(config: &Config) -> Index {
     let selector = &config.selector;
-    let mut index = Index::new(&scopes(selector)).with_keep_failed(config.policy.keep_failed);
+    let mut index = Index::new(&scopes(selector))
+        .with_keep_failed(config.policy.keep_failed)
+        .with_provenance(config.policy().provenance);
     if config.quota.enabled {
         index = index.with_quotas(&scopes(selector));
     }

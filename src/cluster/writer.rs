@@ -14,6 +14,7 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use ring::rand::{SecureRandom, SystemRandom};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -21,7 +22,7 @@ use crate::cluster::in_flight::InFlight;
 use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
 use crate::cluster::server_clock::TOLERATED_DISAGREEMENT;
-use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP, REVOKED};
+use crate::contract::annotations::{self, DELETED_CLAIM_UID, KEEP, REVOKED};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::namespace::Invalid;
 use crate::decide::policy::Reason;
@@ -99,13 +100,15 @@ pub enum Notice {
 /// What a revocation of a DELETE without a definite answer found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Revocation {
-    /// The claim changed: the DELETE fails its precondition whenever it arrives.
+    /// The claim changed (the answer's resourceVersion is not the DELETE's precondition): the
+    /// DELETE fails its precondition whenever it arrives.
     Revoked,
     /// The claim is gone or being deleted: the DELETE, or someone else's, was carried out.
     Landed,
     /// Refused (the claim re-created under the name, a guard, RBAC): what it means is read.
     Refused,
-    /// No definite answer, or this replica may not write: the DELETE may still land.
+    /// No definite answer, no write that changed the claim, or this replica may not write:
+    /// the DELETE may still land.
     Unanswered,
 }
 
@@ -203,39 +206,66 @@ impl Writer {
 
     /// Revokes a claim DELETE that got no definite answer: changes the claim (its UID, in the
     /// patch, is a precondition), so that the DELETE, carrying the resourceVersion before,
-    /// fails (409) whenever it reaches the API server. Sent once, if this replica leads; the
-    /// entry leaves the Lease once the answer is definite.
+    /// fails (409) whenever it reaches the API server. Proven by the answer alone: revoked only
+    /// when the claim's resourceVersion is no longer the DELETE's precondition. A 200 that
+    /// kept it changed nothing (the value was already there), so another value is written,
+    /// at most [`REVOKE_WRITES`] in all; never proven, the DELETE stays owed. Sent only while
+    /// this replica leads; the entry leaves the Lease once the answer is definite.
     pub async fn revoke(&self, delete: &InFlight, metrics: &Metrics) -> Revocation {
-        let Ok(deadline) = self.fenced(Instant::now() + REVOKE_BOUND) else {
-            return Revocation::Unanswered;
-        };
-        let patch = serde_json::json!({"metadata": {
-            "uid": delete.uid,
-            "annotations": {REVOKED: delete.resource_version},
-        }});
+        let bound = Instant::now() + REVOKE_BOUND;
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &delete.namespace);
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-        match tokio::time::timeout_at(deadline, api.patch(&delete.name, &params, &patch)).await {
-            Ok(Ok(claim)) if claim.metadata.deletion_timestamp.is_some() => Revocation::Landed,
-            Ok(Ok(_)) => Revocation::Revoked,
-            Ok(Err(kube::Error::Api(status))) if status.is_not_found() => Revocation::Landed,
-            Ok(Err(error @ kube::Error::Api(_))) if !is_server_error(&error) => {
-                metrics.api_error(Operation::Patch, &error);
-                warn!(claim = %delete.key(), %error, "the revocation of a delete without an answer was refused");
-                Revocation::Refused
-            }
-            Ok(Err(error)) => {
-                metrics.api_error(Operation::Patch, &error);
-                warn!(claim = %delete.key(), %error, "the revocation of a delete without an answer got no answer");
-                Revocation::Unanswered
-            }
-            Err(_) => {
-                metrics.api_timeout(Operation::Patch);
-                warn!(claim = %delete.key(), "the revocation of a delete without an answer got no answer before its deadline");
-                Revocation::Unanswered
+        for _ in 0..REVOKE_WRITES {
+            let Ok(deadline) = self.fenced(bound) else {
+                return Revocation::Unanswered;
+            };
+            let Some(nonce) = nonce() else {
+                warn!(claim = %delete.key(), "no random nonce for the revocation of a delete without an answer: not sent");
+                return Revocation::Unanswered;
+            };
+            let value = annotations::revocation(&delete.resource_version, nonce);
+            let patch = serde_json::json!({"metadata": {
+                "uid": delete.uid,
+                "annotations": {REVOKED: value},
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+            let sent = tokio::time::timeout_at(deadline, api.patch(&delete.name, &params, &patch));
+            match sent.await {
+                Ok(Ok(claim)) if claim.metadata.deletion_timestamp.is_some() => {
+                    return Revocation::Landed;
+                }
+                // Proven only by a version the answer carries; none proves nothing.
+                Ok(Ok(claim))
+                    if (claim.metadata.resource_version.as_deref())
+                        .is_some_and(|version| version != delete.resource_version) =>
+                {
+                    return Revocation::Revoked;
+                }
+                Ok(Ok(_)) => {
+                    warn!(claim = %delete.key(), resource_version = %delete.resource_version, "a revocation was answered with the delete's own resourceVersion: it changed nothing; writing another value");
+                }
+                Ok(Err(kube::Error::Api(status))) if status.is_not_found() => {
+                    return Revocation::Landed;
+                }
+                Ok(Err(error @ kube::Error::Api(_))) if !is_server_error(&error) => {
+                    metrics.api_error(Operation::Patch, &error);
+                    warn!(claim = %delete.key(), %error, "the revocation of a delete without an answer was refused");
+                    return Revocation::Refused;
+                }
+                Ok(Err(error)) => {
+                    metrics.api_error(Operation::Patch, &error);
+                    warn!(claim = %delete.key(), %error, "the revocation of a delete without an answer got no answer");
+                    return Revocation::Unanswered;
+                }
+                Err(_) => {
+                    metrics.api_timeout(Operation::Patch);
+                    warn!(claim = %delete.key(), "the revocation of a delete without an answer got no answer before its deadline");
+                    return Revocation::Unanswered;
+                }
             }
         }
+        warn!(claim = %delete.key(), writes = REVOKE_WRITES, "no revocation changed the claim: the delete without an answer may still land; the claim is kept and revoked again after a backoff");
+        Revocation::Unanswered
     }
 
     /// The deadline a write must go out by: the earlier of `deadline` and the fence's reach;
@@ -499,6 +529,17 @@ impl Writer {
 const MARK_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a revocation may take before it is tried again; the claim is kept meanwhile.
 const REVOKE_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The most writes one revocation makes before it gives up unproven: each carries a fresh
+/// nonce, so only a write no one could foresee was answered unchanged.
+const REVOKE_WRITES: usize = 3;
+
+/// A nonce no one can foresee, from the system's secure random source; `None` if it fails.
+fn nonce() -> Option<u64> {
+    let mut bytes = [0; 8];
+    SystemRandom::new().fill(&mut bytes).ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
 
 /// Whether the API server answered that it could not call an admission webhook (failurePolicy
 /// Fail, the webhook's pods down or slow): its own refusal, given before the request is
@@ -772,7 +813,8 @@ mod tests {
         assert_eq!(result, Answer::Real(DeleteResult::Denied));
     }
 
-    /// A writer whose mock server takes every request and never answers; the handle counts them.
+    /// A writer whose mock server takes every request and answers none unless the test does
+    /// through the handle, which counts them.
     fn unanswering() -> (
         Writer,
         tower_test::mock::Handle<Request<Body>, Response<Body>>,
@@ -863,11 +905,16 @@ mod tests {
             path,
             "/api/v1/namespaces/ml/persistentvolumeclaims/nb-build-workspace"
         );
-        // The UID is the precondition; the annotation's value is the revoked resourceVersion,
-        // so the patch always changes the claim.
+        // The UID is the precondition; the annotation's value is the revoked resourceVersion
+        // and a nonce, so the patch always changes the claim.
+        assert_eq!(body["metadata"]["uid"], "uid-1");
+        let value = body["metadata"]["annotations"][REVOKED].as_str().unwrap();
+        assert_eq!(annotations::revoked_version(value), "42", "{value}");
+        assert_eq!(value.len(), "42/".len() + 16, "{value}");
+        assert_eq!(body["metadata"].as_object().unwrap().len(), 2, "{body}");
         assert_eq!(
-            body,
-            json!({"metadata": {"uid": "uid-1", "annotations": {REVOKED: "42"}}})
+            body["metadata"]["annotations"].as_object().unwrap().len(),
+            1
         );
         assert_eq!(result, Revocation::Revoked);
         let (_, _, _, result) = revoke_against(200, claim_object(true)).await;
@@ -882,6 +929,76 @@ mod tests {
             let (_, _, _, result) = revoke_against(code, status(code, reason)).await;
             assert_eq!(result, Revocation::Unanswered, "{code}");
         }
+    }
+
+    /// Revocations through a mock API server that answers each PATCH with the claim, its
+    /// resourceVersion the next of `versions` (the last repeated; `""`: none): the bodies sent, in order,
+    /// and what the writer made of them.
+    async fn revoke_through(versions: &[&str]) -> (Vec<Value>, Revocation) {
+        let (writer, mut handle) = unanswering();
+        let metrics = Metrics::register(&mut Registry::default());
+        let versions: Vec<String> = versions.iter().map(|v| (*v).to_owned()).collect();
+        let server = tokio::spawn(async move {
+            let mut bodies = Vec::new();
+            while let Some((request, reply)) = handle.next_request().await {
+                let body = request.into_body().collect_bytes().await.unwrap();
+                bodies.push(serde_json::from_slice::<Value>(&body).unwrap());
+                let version = &versions[(bodies.len() - 1).min(versions.len() - 1)];
+                let mut claim = claim_object(false);
+                claim["metadata"]["resourceVersion"] = json!(version);
+                if version.is_empty() {
+                    claim["metadata"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("resourceVersion");
+                }
+                let response = Response::builder()
+                    .status(200)
+                    .body(Body::from(serde_json::to_vec(&claim).unwrap()))
+                    .unwrap();
+                reply.send_response(response);
+            }
+            bodies
+        });
+        let delete = InFlight {
+            namespace: "ml".into(),
+            name: "nb-build-workspace".into(),
+            uid: "uid-1".into(),
+            resource_version: "42".into(),
+        };
+        let result = bounded_wait(writer.revoke(&delete, &metrics)).await;
+        drop(writer);
+        let bodies = bounded_wait(server).await.unwrap();
+        (bodies, result)
+    }
+
+    /// A 200 whose resourceVersion is still the DELETE's precondition changed nothing (the
+    /// annotation held the value written): the DELETE can still land. Never taken as revoked:
+    /// written again with a value that cannot be there, and, when no write ever changes the
+    /// claim, the DELETE stays owed.
+    #[tokio::test]
+    async fn a_revocation_is_proven_by_a_new_resource_version_not_by_a_200() {
+        let (bodies, result) = revoke_through(&["42", "43"]).await;
+        assert_eq!(
+            result,
+            Revocation::Revoked,
+            "the second write changed the claim"
+        );
+        assert_eq!(bodies.len(), 2, "{bodies:?}");
+        let value = |body: &Value| body["metadata"]["annotations"][REVOKED].clone();
+        assert_ne!(value(&bodies[0]), value(&bodies[1]), "a fresh value");
+        for body in &bodies {
+            assert_eq!(body["metadata"]["uid"], "uid-1");
+        }
+        let (bodies, result) = revoke_through(&["42"]).await;
+        assert_eq!(result, Revocation::Unanswered, "never proven: still owed");
+        assert!(bodies.len() >= 2, "{bodies:?}");
+        let (_, result) = revoke_through(&[""]).await;
+        assert_eq!(
+            result,
+            Revocation::Unanswered,
+            "an answer without a version proves nothing"
+        );
     }
 
     /// A volume, as judged: its UID and resourceVersion go with every write.
@@ -899,13 +1016,7 @@ mod tests {
     where
         F: std::future::Future<Output = T>,
     {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let writer = Writer::new(
-            kube::Client::new(service, "default"),
-            Mode::Delete,
-            None,
-            Fence::unfenced(),
-        );
+        let (writer, mut handle) = unanswering();
         let metrics = Metrics::register(&mut Registry::default());
         let server = tokio::spawn(async move {
             let (request, reply) = handle.next_request().await.expect("a request");

@@ -1,5 +1,5 @@
 //! Deletion pacing and the blast-radius cap: at most one deletion per `interval`, and at most
-//! `max_per_window` in any rolling `window` (fewer when a `share` of the population of claims is
+//! `max_per_window` in any rolling `window` (fewer when a `share` of the candidates is
 //! smaller), so that a wrong selector cannot wipe a cluster.
 //! Pure: the caller passes the instant. While the cap holds claims back they wait in a
 //! [`Line`], earliest due first: a slot that frees goes to the claim that has waited longest
@@ -15,12 +15,13 @@
 //! ([`Limiter::with_tolerance`]): the API servers behind one address may date deletions by
 //! clocks that disagree within it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio::time::Instant;
 
+use crate::cluster::cache::Candidates;
 use crate::daemon::cap_ledger::{Ledger, LedgerError};
 
 /// The answer to a request for a deletion slot.
@@ -48,10 +49,10 @@ pub struct Reservation {
 pub struct Limiter {
     interval: Duration,
     max_per_window: u32,
-    /// At most this percentage of the claims the daemon watches in any window, as last told
-    /// ([`Limiter::population`]); `None`: the absolute cap alone.
+    /// At most this percentage of the candidates in any window ([`Limiter::population`]);
+    /// `None`: the absolute cap alone.
     share: Option<f64>,
-    population: usize,
+    population: Population,
     window: Duration,
     /// How much earlier than asked the window is judged ([`Limiter::with_tolerance`]).
     tolerance: TimeDelta,
@@ -61,6 +62,45 @@ pub struct Limiter {
     term: u64,
     /// How many times the count has changed: orders the ledgers handed out to be written.
     changes: u64,
+}
+
+/// The candidates the share is taken of: the fewest the cache counted at any moment within
+/// the last window. Claims that arrive (a flood, or a namespace relabelled) cannot raise the
+/// allowance of the window they arrive in: they count once a whole window has passed since,
+/// while candidates that go count less at once. Of the rules that hold a flood to its
+/// window's share, this one needs no window boundaries, which a rolling window lacks: the
+/// smallest count in the window is the count any deletion in it was allowed against.
+#[derive(Debug, Default)]
+struct Population {
+    /// The candidates now.
+    now: usize,
+    /// Earlier counts, each with the last instant it is known to have held, rising in both:
+    /// a count no smaller than a later one can never be the fewest again. The first is the
+    /// fewest within the window.
+    lows: VecDeque<(Instant, usize)>,
+}
+
+impl Population {
+    /// The cache's count at `at`, and the fewest since the last: that fewest held at some
+    /// moment up to `at`, so it counts as holding until `at` (never shorter).
+    fn observe(&mut self, at: Instant, candidates: Candidates, window: Duration) {
+        let at = (self.lows.back()).map_or(at, |&(last, _)| last.max(at));
+        let fewest = candidates.fewest.min(candidates.now);
+        while (self.lows.back()).is_some_and(|&(_, count)| count >= fewest) {
+            self.lows.pop_back();
+        }
+        self.lows.push_back((at, fewest));
+        if let Some(start) = at.checked_sub(window) {
+            while (self.lows.front()).is_some_and(|&(last, _)| last < start) {
+                self.lows.pop_front();
+            }
+        }
+        self.now = candidates.now;
+    }
+
+    fn fewest(&self) -> usize {
+        (self.lows.front()).map_or(self.now, |&(_, count)| count.min(self.now))
+    }
 }
 
 /// The ledger to write before a delete, and when it was taken among the count's changes: a
@@ -79,7 +119,7 @@ impl Limiter {
             interval,
             max_per_window,
             share: None,
-            population: 0,
+            population: Population::default(),
             window,
             tolerance: TimeDelta::zero(),
             next_slot: None,
@@ -89,7 +129,7 @@ impl Limiter {
         }
     }
 
-    /// Caps each window at `percent` of the claims watched too (`deletion.max_deletions_percent`):
+    /// Caps each window at `percent` of the candidates too (`deletion.max_deletions_percent`):
     /// a flood of new candidates (a whole namespace relabelled at once) is taken a share at a
     /// time, whatever the absolute cap allows.
     pub fn with_share(mut self, percent: Option<f64>) -> Self {
@@ -116,9 +156,10 @@ impl Limiter {
         (wall.checked_sub_signed(self.tolerance)).unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 
-    /// How many claims the daemon watches now, which the share is taken of.
-    pub fn population(&mut self, claims: usize) {
-        self.population = claims;
+    /// The candidates the cache counts, taken at `now`: the share is of the fewest there were
+    /// within the last window.
+    pub fn population(&mut self, now: Instant, candidates: Candidates) {
+        self.population.observe(now, candidates, self.window);
     }
 
     /// The most deletions any window may hold now: the absolute cap, or the share of the
@@ -127,7 +168,7 @@ impl Limiter {
         let Some(percent) = self.share else {
             return self.max_per_window;
         };
-        let share = (percent / 100.0 * self.population as f64).ceil();
+        let share = (percent / 100.0 * self.population.fewest() as f64).ceil();
         // Saturating: a share beyond u32 is the absolute cap anyway.
         let share = if share >= f64::from(u32::MAX) {
             u32::MAX
@@ -336,29 +377,97 @@ mod tests {
         ledger.capped_until(wall, limiter.max_per_window).is_some()
     }
 
-    /// With a share, a window holds at most that percentage of the claims watched (at least
+    fn candidates(now: usize, fewest: usize) -> Candidates {
+        Candidates { now, fewest }
+    }
+
+    /// With a share, a window holds at most that percentage of the candidates (at least
     /// one), and never more than the absolute cap.
     #[test]
     fn a_share_of_the_population_caps_each_window_below_the_absolute_cap() {
         let (now, wall, window) = (Instant::now(), Utc::now(), Duration::from_secs(600));
+        let later = |i: usize| now + window * 2 * u32::try_from(i).unwrap();
         let mut shared = limiter(Duration::ZERO, 100, window).with_share(Some(10.0));
-        for (population, max) in [(0, 1), (5, 1), (11, 2), (400, 40), (5_000, 100)] {
-            shared.population(population);
-            assert_eq!(shared.max(), max, "{population} claims");
+        for (i, (population, max)) in [(0, 1), (5, 1), (11, 2), (400, 40), (5_000, 100)]
+            .into_iter()
+            .enumerate()
+        {
+            // Each a window apart: a count that rose counts once a window has passed.
+            shared.population(later(i), candidates(population, population));
+            assert_eq!(shared.max(), max, "{population} candidates");
         }
-        shared.population(30);
+        let mut shared = limiter(Duration::ZERO, 100, window).with_share(Some(10.0));
+        shared.population(now, candidates(30, 30));
         for _ in 0..3 {
             assert!(matches!(shared.reserve(now, wall, 0), Admission::At(_)));
         }
-        assert!(shared.full(wall), "3 of 30 claims: 10%");
+        assert!(shared.full(wall), "3 of 30 candidates: 10%");
         assert!(matches!(
             shared.reserve(now, wall, 0),
             Admission::Capped { .. }
         ));
-        shared.population(40);
-        assert!(!shared.full(wall), "more claims, a larger share");
+        shared.population(now + window * 2, candidates(40, 40));
+        assert!(
+            !shared.full(wall),
+            "more candidates, a window later: a larger share"
+        );
         let unshared = limiter(Duration::ZERO, 100, window);
         assert_eq!(unshared.max(), 100, "no share: the absolute cap");
+    }
+
+    /// On a fake clock: candidates that arrive raise the share only once a whole window has
+    /// passed since the count was last seen low, whether the low was seen at an admission or
+    /// between two (the cache's fewest since the last); candidates that go lower it at once.
+    #[test]
+    fn a_flood_of_candidates_raises_no_share_within_the_window_it_arrives_in() {
+        let (t0, window) = (Instant::now(), Duration::from_secs(600));
+        let secs = |s: u64| t0 + Duration::from_secs(s);
+        let mut shared = limiter(Duration::ZERO, 1000, window).with_share(Some(10.0));
+        // (seconds, candidates now, the fewest since the last, the share, why)
+        let steps = [
+            (0, 10, 10, 1, "10 candidates"),
+            // 300 arrive; the next admission sees them, and the low held until it.
+            (100, 310, 10, 1, "the window they arrive in"),
+            (
+                650,
+                310,
+                310,
+                1,
+                "a window after they came, not after the low's last sight",
+            ),
+            (
+                701,
+                310,
+                310,
+                31,
+                "a whole window since the low was last seen",
+            ),
+            // Fewer at once: a dip between two admissions counts, and holds a window.
+            (800, 310, 50, 5, "a dip"),
+            (1000, 200, 200, 5, "the dip is within the window"),
+            (1401, 200, 200, 20, "a window after the dip"),
+            // Rising step by step: each step waits a window from the last sight of the one
+            // before (the cache's fewest since 1500 s is the 400 it had then).
+            (1500, 400, 400, 20, "400 arrive"),
+            (1600, 600, 400, 20, "600 arrive"),
+            (
+                2101,
+                600,
+                600,
+                40,
+                "the 400 last seen at 1600 s is within the window",
+            ),
+            (2201, 600, 600, 60, "a window after the 400"),
+        ];
+        for (at, now, fewest, max, why) in steps {
+            shared.population(secs(at), candidates(now, fewest));
+            assert_eq!(shared.max(), max, "at {at} s: {why}");
+        }
+        assert!(
+            shared.population.lows.len() <= 2,
+            "{:?}",
+            shared.population.lows
+        );
     }
 
     fn slot(admission: Admission) -> Instant {

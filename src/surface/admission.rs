@@ -7,10 +7,10 @@
 //! UID of the claim it deleted (`deletion.released_volume_ttl`), and may change a volume only
 //! by writing or removing that mark, equal to the volume's claimRef UID.
 //!
-//! The one change it lets the daemon make to a claim is its revocation annotation
-//! ([`REVOKED`], or [`REVOKED_UNDER_PREFIX`] as versions before wrote it): writing it gives the
-//! claim a new resourceVersion, so a DELETE that got no answer fails its precondition whenever
-//! it arrives.
+//! The one change it lets the daemon make to a claim is a new value of its revocation
+//! annotation ([`REVOKED`], or [`REVOKED_UNDER_PREFIX`] as versions before wrote it): writing
+//! it gives the claim a new resourceVersion, so a DELETE that got no answer fails its
+//! precondition whenever it arrives. A write of the value already there would store nothing.
 //!
 //! With leader election, a second policy, the fence, takes the daemon's Lease as its parameter
 //! and lets a claim or volume DELETE through only from the pod the Lease names: a
@@ -166,10 +166,16 @@ pub fn guard(
     let volumes = |condition: String| of("persistentvolumes", condition);
     let mark = cel_string(DELETED_CLAIM_UID);
     // The revocation as this version writes it, and as versions before wrote it under the
-    // prefix: a rolling upgrade runs both.
+    // prefix: a rolling upgrade runs both. Only a write that changes the value: one that writes
+    // the value already there (anyone who may annotate the claim can pre-set it) stores
+    // nothing, and the DELETE it was to revoke can still land.
     let (revoked, before) = (cel_string(REVOKED), cel_string(REVOKED_UNDER_PREFIX));
     let revocation = |key: &str| {
-        format!("({key} in variables.newAnnotations && variables.newAnnotations[{key}] != '')")
+        format!(
+            "({key} in variables.newAnnotations && variables.newAnnotations[{key}] != '' \
+             && !({key} in variables.annotations \
+             && variables.annotations[{key}] == variables.newAnnotations[{key}]))"
+        )
     };
     let (writes_revoked, writes_before) = (revocation(&revoked), revocation(&before));
     let mut validations = vec![
@@ -193,8 +199,9 @@ pub fn guard(
                  || k in variables.newAnnotations))"
             )),
             format!(
-                "workspace-gc changes a claim only to write its revocation annotation \
-                 {REVOKED}: nothing else in its spec, labels, annotations, finalizers or owners"
+                "workspace-gc changes a claim only to write a new value of its revocation \
+                 annotation {REVOKED}: nothing else in its spec, labels, annotations, finalizers \
+                 or owners"
             ),
         ),
         // A DeleteCollection is admitted item by item as a DELETE with the collection's

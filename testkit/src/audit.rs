@@ -118,7 +118,8 @@ impl DeleteInvariant {
             .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch") && e.succeeded())
             .collect();
         writes.sort_by_key(|e| e.at);
-        // The daemon's revocations of its DELETEs: (namespace, name, revoked resourceVersion).
+        // The daemon's revocations of its DELETEs: (namespace, name, revoked resourceVersion),
+        // the version read off the value as it is written (`annotations::revocation`).
         let revocations: Vec<(&AuditEvent, &str)> = audited
             .iter()
             .filter(|e| {
@@ -129,7 +130,8 @@ impl DeleteInvariant {
             .filter_map(|e| {
                 let written = &e.request["metadata"]["annotations"];
                 let version = written[REVOKED].as_str();
-                Some((e, version.or(written[REVOKED_UNDER_PREFIX].as_str())?))
+                let value = version.or(written[REVOKED_UNDER_PREFIX].as_str())?;
+                Some((e, annotations::revoked_version(value)))
             })
             .collect();
         let revocations_of = |delete: &AuditEvent| {

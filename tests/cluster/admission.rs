@@ -1026,6 +1026,67 @@ async fn fence_admits(
     }
 }
 
+/// A revocation that writes the value the annotation already holds changes nothing: the API
+/// server stores nothing, the claim keeps its resourceVersion, and a DELETE held with that
+/// precondition still lands. Anyone who may annotate the claim can pre-set that value (the
+/// claim's next resourceVersion is foreseeable), so the guard admits only a revocation that
+/// changes the value, under either key. (Before, it admitted the write that changed nothing.)
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guard_refuses_a_revocation_that_changes_nothing() {
+    let control_plane = ControlPlane::shared();
+    let admin = control_plane.client();
+    let (ns, sa) = guarded_namespace(control_plane, "guard-unchanged").await;
+    let claim = ClaimBuilder::build_workspace("same-build-workspace")
+        .create(&ns)
+        .await;
+    let probe = ClaimBuilder::build_workspace("probe-build-workspace")
+        .create(&ns)
+        .await;
+    let guard = guard_for(NO_FENCE, &ns, &[]);
+    install(&admin, &guard, &format!("guard-{}", ns.name())).await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(sa, ns.name());
+    wait_for_guard(&claims, &probe.metadata.name.unwrap()).await;
+    let name = "same-build-workspace";
+    let params = PatchParams::default();
+    for key in [REVOKED, REVOKED_UNDER_PREFIX] {
+        let write = |value: &str| {
+            Patch::Merge(json!({"metadata": {
+                "uid": claim.metadata.uid,
+                "annotations": {key: value},
+            }}))
+        };
+        // Someone who may annotate the claim sets the value first.
+        ns.api::<PersistentVolumeClaim>()
+            .patch(name, &params, &write("4711"))
+            .await
+            .expect("the claim's writer annotates it");
+        let before = live(&ns, name).await.unwrap().metadata.resource_version;
+        for dry_run in [true, false] {
+            let params = PatchParams {
+                dry_run,
+                ..PatchParams::default()
+            };
+            refused(
+                claims.patch(name, &params, &write("4711")).await,
+                "revocation-only",
+            );
+        }
+        assert_eq!(
+            live(&ns, name).await.unwrap().metadata.resource_version,
+            before,
+            "{key}: nothing was written"
+        );
+        let changed = claims
+            .patch(name, &params, &write("4711/1"))
+            .await
+            .expect("a revocation that changes the value is let through");
+        assert_ne!(
+            changed.metadata.resource_version, before,
+            "{key}: the claim has a new resourceVersion"
+        );
+    }
+}
+
 /// The fence on the real server. With the Lease held by pod X, the daemon's ServiceAccount
 /// deletes a claim or a volume only with a token bound to pod X: one bound to pod Y, or to no
 /// pod, is refused, for real and as a dry run. When the Lease passes to Y, X is refused and Y

@@ -14,11 +14,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::{
     ClaimBuilder, ControlPlane, DeleteInvariant, Fault, Process, Proxy, Rule, TestNamespace,
-    ViolationKind, capped, deleted, deleted_count, elected_vars, expiring, in_secs, log_dir,
-    metric, overdue_under_a_cap, read_audit, replica_through, service_account, set_var, wait_until,
-    webhook_that_is_down,
+    ViolationKind, capped, deleted, deleted_count, elected_vars, expiring, forward_held_delete,
+    in_secs, log_dir, metric, overdue_under_a_cap, read_audit, replica_through, service_account,
+    set_var, wait_until, webhook_that_is_down,
 };
-use workspace_gc::contract::annotations::DELETES_IN_FLIGHT;
+use workspace_gc::contract::annotations::{DELETES_IN_FLIGHT, REVOKED};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -142,10 +142,11 @@ async fn a_lost_answer_then_a_new_claim_of_the_name_is_settled_with_the_shipped_
 }
 
 /// The first DELETE is answered 503 by a hop that never forwarded it; its revocation is carried
-/// out but the answer lost; the retry of the revocation is answered 503; the next writes the
-/// value already there: 200, no new resourceVersion, no watch event. The claim, due, is still
-/// decided again and deleted once the faults end: no outcome waits for an event its own write
-/// is expected to cause. (Before, that no-op revocation ended the reconcile for good: a leak.)
+/// out but the answer lost; the retry of the revocation is answered 503; the next is answered
+/// 200. The claim, due, is still decided again and deleted once the faults end: no outcome
+/// waits for an event its own write is expected to cause. (Before, a revocation that wrote the
+/// value already there, with no new resourceVersion and no watch event, ended the reconcile for
+/// good: a leak. Each revocation now writes a fresh value.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_revocation_that_changes_nothing_still_leads_to_the_delete() {
     let replica = Replica::new("noop-revoke").await;
@@ -170,8 +171,70 @@ async fn a_revocation_that_changes_nothing_still_leads_to_the_delete() {
     );
     assert!(
         proxy.hits(revocations) >= 1,
-        "a revocation reached the API server and changed nothing"
+        "a revocation reached the API server"
     );
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// Anyone who may annotate a claim can pre-set the revocation annotation to the value a
+/// revocation would write: the claim's next resourceVersion, which is foreseeable. Here it is
+/// set so (guessing, and trying again until the guess is the resourceVersion the write itself
+/// gets), then the daemon decides the claim, its DELETE is held in a hop past the deadline, and
+/// the daemon revokes it. The revocation must change the claim: released late, the held DELETE
+/// fails its precondition (409) and the claim lives. (Before, the revocation wrote the value
+/// already there, the API server stored nothing, the 200 was taken as revoked, and the late
+/// DELETE took the claim.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revocation_pre_set_to_the_claims_next_version_still_changes_the_claim() {
+    let replica = Replica::new("pre-set").await;
+    let (ns, proxy, user) = (&replica.ns, &replica.proxy, replica.user.clone());
+    let claim = "preset-build-workspace";
+    let created = expiring(claim, in_secs(-60)).create(ns).await;
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let mut version: u64 = created.metadata.resource_version.unwrap().parse().unwrap();
+    let mut trapped = false;
+    for _ in 0..100 {
+        let guess = (version + 1).to_string();
+        let patch = json!({"metadata": {"annotations": {REVOKED: guess}}});
+        let written = claims
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("annotate the claim");
+        let now = written.metadata.resource_version.unwrap();
+        if now == guess {
+            trapped = true;
+            break;
+        }
+        version = now.parse().unwrap();
+    }
+    assert!(
+        trapped,
+        "the annotation holds the claim's own resourceVersion"
+    );
+    let held = proxy.add(
+        Rule::new("delete", "persistentvolumeclaims", Fault::HoldAndForward)
+            .user(user)
+            .name(claim)
+            .times(1),
+    );
+    let (daemon, _logs) = replica.spawn(None);
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(held) == 1 }).await,
+        "the DELETE was sent, and is held:\n{}",
+        daemon.logs()
+    );
+    let revoked = || async {
+        metric(
+            &daemon.metrics().await,
+            "workspace_gc_revocations_total",
+            "result=\"revoked\"",
+        ) >= 1.0
+    };
+    // Waited for, not asserted yet: what matters is what the late DELETE does.
+    let was_revoked = wait_until(secs(30), revoked).await;
+    forward_held_delete(proxy, held, ns, claim, || daemon.logs()).await;
+    assert!(was_revoked, "the DELETE was revoked:\n{}", daemon.logs());
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}");
 }

@@ -811,7 +811,9 @@ fn one_decision_reaches_the_server_once() {
 fn revoke(user: &str, rv: &str, at: i64, code: i64) -> AuditEvent {
     AuditEvent {
         code,
-        request: json!({"metadata": {"uid": "u1", "annotations": {annotations::REVOKED: rv}}}),
+        request: json!({"metadata": {"uid": "u1", "annotations": {
+            annotations::REVOKED: annotations::revocation(rv, 0x2a),
+        }}}),
         ..event(user, "patch", "persistentvolumeclaims", "ml", "ws", at)
     }
 }

@@ -15,6 +15,7 @@
 //! - `graphs_cluster`: generated object graphs, the binary's audit against the oracle;
 //! - `faults`, `fault_tools`, `clock`, `leadership`, `lease_tamper`: faults, the fault tools,
 //!   clocks, leader election and the blast-radius cap;
+//! - `share`: the blast-radius cap's share of the candidates;
 //! - `delete_protocol`: the delete protocol's liveness and cost under the answers of a real API
 //!   server and the hops before it, as the shipped identity;
 //! - `unused_condition`: Kubernetes 1.37's `Unused` claim condition and a late DELETE (skipped
@@ -42,5 +43,6 @@ mod quota;
 mod retention;
 mod safety;
 mod served_versions;
+mod share;
 mod unused_condition;
 mod upgrade;

@@ -36,6 +36,7 @@ impl Cached for ClaimFacts {
     }
 
     fn index(&self, index: &mut Index, add: bool) {
+        index.count_candidate(self, add);
         for reference in &self.owner_references {
             set_row(
                 &mut index.claims_by_owner,

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
 
@@ -19,6 +20,7 @@ use crate::decide::facts::{
     ClaimFacts, JobEntry, NamespaceEntry, ObjectKey, PodEntry, Progress, RunEntry,
 };
 use crate::decide::linking::Found;
+use crate::decide::provenance::{self, ProvenanceRule};
 use crate::decide::quota::QuotaEntry;
 use crate::observe::metrics::Kind;
 
@@ -43,6 +45,16 @@ pub enum Change<E> {
     Init(Scope),
     InitApply(Scope, E),
     InitDone(Scope),
+}
+
+/// The candidates the blast-radius cap's share is taken of ([`Index::take_candidates`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidates {
+    /// How many there are now.
+    pub now: usize,
+    /// The fewest there were at any moment since they were last taken (since the claims
+    /// listed, the first time).
+    pub fewest: usize,
 }
 
 /// A TaskRun's entry. PipelineRuns and TaskRuns share [`RunEntry`], but not a table: the two
@@ -104,6 +116,15 @@ pub struct Index {
     keep_failed: u32,
     /// How far each kind's watch of each scope has delivered ([`Update::Delivered`]).
     delivered: HashMap<(Kind, Scope), u64>,
+    /// What makes a claim a candidate ([`Index::with_provenance`]); `None`: every claim not
+    /// terminating is one (an index whose count no cap reads: the audit's, unit tests').
+    rule: Option<Arc<ProvenanceRule>>,
+    /// The claims that pass `rule` and are not terminating: the population of the cap's
+    /// share, asked at every admission, so counted as claims come and go, not scanned.
+    candidates: usize,
+    /// The fewest `candidates` at the end of any change since they were last taken; atomic,
+    /// because taken under the read lock ([`Index::take_candidates`]).
+    fewest: AtomicUsize,
 }
 
 /// One namespace's failed owners with a completion time: how many of each kind finished then.
@@ -136,6 +157,51 @@ impl Index {
             keep_failed: 0,
             sizes_by_namespace: HashMap::new(),
             delivered: HashMap::new(),
+            rule: None,
+            candidates: 0,
+            fewest: AtomicUsize::new(0),
+        }
+    }
+
+    /// An index counting as candidates the claims `rule` lets through (the daemon's
+    /// `provenance` configuration), not terminating.
+    pub fn with_provenance(mut self, rule: Arc<ProvenanceRule>) -> Self {
+        self.rule = Some(rule);
+        let candidates = self.claims().filter(|c| self.is_candidate(c)).count();
+        self.candidates = candidates;
+        *self.fewest.get_mut() = candidates;
+        self
+    }
+
+    /// Whether `claim` counts in the cap's share: a build workspace by its provenance, and
+    /// not being deleted.
+    fn is_candidate(&self, claim: &ClaimFacts) -> bool {
+        claim.deletion_timestamp.is_none()
+            && (self.rule.as_ref()).is_none_or(|rule| provenance::missing(claim, rule).is_none())
+    }
+
+    /// Counts `claim` in (or out of) the candidates.
+    fn count_candidate(&mut self, claim: &ClaimFacts, add: bool) {
+        if !self.is_candidate(claim) {
+            return;
+        }
+        if add {
+            self.candidates += 1;
+        } else {
+            self.candidates = self.candidates.saturating_sub(1);
+        }
+    }
+
+    /// The candidates now, and the fewest since the last call: the cap's share takes the
+    /// fewest it was told within a window ([`crate::daemon::limiter`]), so claims arriving
+    /// between two admissions cannot raise it before a window has passed.
+    pub fn take_candidates(&self) -> Candidates {
+        // Relaxed: the lock orders it after every change; the swap alone makes two takes
+        // at once each see the low once.
+        let fewest = self.fewest.swap(self.candidates, Ordering::Relaxed);
+        Candidates {
+            now: self.candidates,
+            fewest: fewest.min(self.candidates),
         }
     }
 
@@ -324,6 +390,19 @@ impl Index {
 
     /// Applies one watcher event and returns the claims to re-evaluate.
     pub fn apply<E: Cached>(&mut self, change: Change<E>) -> BTreeSet<ObjectKey> {
+        let listed = self.claims.synced();
+        let affected = self.apply_change(change);
+        // Until the claims have listed, the count is filling, not falling.
+        let fewest = self.fewest.get_mut();
+        *fewest = if listed {
+            (*fewest).min(self.candidates)
+        } else {
+            self.candidates
+        };
+        affected
+    }
+
+    fn apply_change<E: Cached>(&mut self, change: Change<E>) -> BTreeSet<ObjectKey> {
         let mut affected = BTreeSet::new();
         match change {
             Change::Apply(entry) => self.upsert(entry, &mut affected),
@@ -403,11 +482,6 @@ impl Index {
 
     pub fn claims(&self) -> impl Iterator<Item = &ClaimFacts> {
         self.claims.values()
-    }
-
-    /// How many claims are tracked: the population the cap's share is taken of.
-    pub fn claim_count(&self) -> usize {
-        self.claims.len()
     }
 
     /// The tracked claims of one namespace.

@@ -74,7 +74,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             return Err(Outcome::At(disputed.until));
         }
-        let population = self.cache.read().claim_count();
+        // The share's population: the candidates, not every labelled claim watched.
+        let population = self.cache.read().take_candidates();
         // Judged at the earliest the API server's clock can read: never shorter windows.
         let (earliest, _) = self.clock.server();
         let Admitted {

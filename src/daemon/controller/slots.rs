@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::cluster::cache::Candidates;
 use crate::cluster::server_clock::{Dispute, TOLERATED_DISAGREEMENT};
 use crate::config::{Config, MAX_DURATION, deletion_interval};
 use crate::daemon::cap_ledger::LedgerError;
@@ -91,20 +92,20 @@ impl Slots {
         Some(Disputed { until, first })
     }
 
-    /// A slot for `key`, waiting at `place` in line, among `population` claims: judged at
+    /// A slot for `key`, waiting at `place` in line, among `population` candidates: judged at
     /// `now` and at `earliest`, the earliest the API server's clock can read (never shorter
     /// windows).
     pub(super) fn admit(
         &self,
         key: &ObjectKey,
         place: DateTime<Utc>,
-        population: usize,
+        population: Candidates,
         now: Instant,
         earliest: DateTime<Utc>,
     ) -> Admitted {
         let mut state = self.state();
         let State { limiter, line, .. } = &mut *state;
-        limiter.population(population);
+        limiter.population(now, population);
         let ahead = line.ahead(key, place, limiter.max() as usize);
         let admission = limiter.reserve(now, earliest, ahead);
         let first = match admission {
@@ -191,38 +192,44 @@ mod tests {
         ObjectKey::new("ml", name)
     }
 
+    /// Ten candidates, as many as ever.
+    const TEN: Candidates = Candidates {
+        now: 10,
+        fewest: 10,
+    };
+
     #[test]
     fn a_claim_held_back_is_told_once_an_episode_and_a_released_slot_admits_it() {
         let slots = slots(1);
         let (now, wall) = (Instant::now(), Utc::now());
-        let first = slots.admit(&key("a"), wall, 10, now, wall);
+        let first = slots.admit(&key("a"), wall, TEN, now, wall);
         let Admission::At(reservation) = first.admission else {
             panic!("the first claim gets a slot: {first:?}");
         };
-        let held = slots.admit(&key("b"), wall, 10, now, wall);
+        let held = slots.admit(&key("b"), wall, TEN, now, wall);
         assert!(matches!(held.admission, Admission::Capped { .. }));
         assert!(held.first && held.full);
-        let again = slots.admit(&key("b"), wall, 10, now, wall);
+        let again = slots.admit(&key("b"), wall, TEN, now, wall);
         assert!(!again.first, "told once per episode");
         slots.release(reservation);
-        let admitted = slots.admit(&key("b"), wall, 10, now, wall);
+        let admitted = slots.admit(&key("b"), wall, TEN, now, wall);
         assert!(matches!(admitted.admission, Admission::At(_)));
         // Its episode ended with the slot: held back again, it is told again.
-        assert!(slots.admit(&key("b"), wall, 10, now, wall).first);
+        assert!(slots.admit(&key("b"), wall, TEN, now, wall).first);
     }
 
     #[test]
     fn standing_by_forgets_the_count_and_the_line() {
         let slots = slots(1);
         let (now, wall) = (Instant::now(), Utc::now());
-        slots.admit(&key("a"), wall, 10, now, wall);
-        assert!(slots.admit(&key("b"), wall, 10, now, wall).first);
+        slots.admit(&key("a"), wall, TEN, now, wall);
+        assert!(slots.admit(&key("b"), wall, TEN, now, wall).first);
         slots.forget();
-        let unknown = slots.admit(&key("b"), wall, 10, now, wall);
+        let unknown = slots.admit(&key("b"), wall, TEN, now, wall);
         assert_eq!(unknown.admission, Admission::Unknown);
         slots.recover(None, wall, Duration::ZERO).unwrap();
         assert!(matches!(
-            slots.admit(&key("b"), wall, 10, now, wall).admission,
+            slots.admit(&key("b"), wall, TEN, now, wall).admission,
             Admission::At(_)
         ));
     }
@@ -235,7 +242,7 @@ mod tests {
         let window = Config::default().deletion.window;
         let now = Instant::now();
         let wall = DateTime::from_timestamp_millis(1_800_000_000_000 - 1).unwrap();
-        let admitted = slots.admit(&key("a"), wall, 10, now, wall).admission;
+        let admitted = slots.admit(&key("a"), wall, TEN, now, wall).admission;
         let Admission::At(reservation) = admitted else {
             panic!("the first claim gets a slot: {admitted:?}");
         };
@@ -251,13 +258,13 @@ mod tests {
         let (slots, _, now, wall, window) = one_counted();
         let ahead = Duration::from_secs(3);
         let later = window - Duration::from_secs(1);
-        let judged = slots.admit(&key("b"), wall, 10, now + later, wall + later + ahead);
+        let judged = slots.admit(&key("b"), wall, TEN, now + later, wall + later + ahead);
         assert!(
             matches!(judged.admission, Admission::Capped { .. }),
             "{judged:?}"
         );
         let after = window + TOLERATED_DISAGREEMENT + Duration::from_millis(1);
-        let judged = slots.admit(&key("b"), wall, 10, now + after, wall + after);
+        let judged = slots.admit(&key("b"), wall, TEN, now + after, wall + after);
         assert!(matches!(judged.admission, Admission::At(_)), "{judged:?}");
     }
 
@@ -271,7 +278,7 @@ mod tests {
         let then = wall + window + Duration::from_secs(1);
         let next = slots(1);
         next.recover(Some(&text), then, Duration::ZERO).unwrap();
-        let judged = next.admit(&key("b"), then, 10, now, then);
+        let judged = next.admit(&key("b"), then, TEN, now, then);
         assert!(
             matches!(judged.admission, Admission::Capped { .. }),
             "{judged:?}"

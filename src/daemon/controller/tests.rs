@@ -965,15 +965,20 @@ async fn a_flood_of_claims_without_provenance_is_told_once_on_the_namespace() {
     );
 }
 
-/// With a share of the population, a flood of due claims is taken that share a window at a
-/// time, below the absolute cap, and the notice names the cap as it stands.
+/// With a share of the candidates, due claims listed at start are taken that share a window
+/// at a time, below the absolute cap, and the notice names the cap as it stands.
 #[tokio::test(start_paused = true)]
-async fn a_share_of_the_claims_watched_caps_a_flood() {
+async fn a_share_of_the_candidates_caps_a_flood() {
     let names: Vec<String> = (0..20).map(|i| format!("flood-{i}")).collect();
     let claims: Vec<ClaimFacts> = names.iter().map(|name| due(name)).collect();
-    let c = controller_with(FakeCluster::default(), 100, &claims, true, |config| {
-        config.deletion.max_deletions_percent = Some(10.0);
-    });
+    let edit = |config: &mut Config| config.deletion.max_deletions_percent = Some(10.0);
+    let c = controller_with(FakeCluster::default(), 100, &[], true, edit);
+    let mut config = Config::default();
+    config.quota.enabled = false;
+    config.provenance.claim_suffixes = vec![String::new()];
+    edit(&mut config);
+    // Listed at start: a window's share of the claims there when the watch listed.
+    *c.cache.write() = listed(&config, &claims);
     for name in &names {
         c.clone().reconcile(key(name)).await;
     }
@@ -1670,4 +1675,87 @@ fn the_controller_holds_at_most_seven_fields() {
         .filter(|line| line.trim_end().ends_with(','))
         .count();
     assert!((1..=7).contains(&fields), "{fields} fields");
+}
+
+/// The index the watches leave once they listed `claims` (the claims' list first), built for
+/// `config` as the daemon builds it: the cap's share is taken of the candidates it held when it
+/// synced.
+fn listed(config: &Config, claims: &[ClaimFacts]) -> Index {
+    let mut index = crate::cluster::watches::index(config);
+    index.update(Update::Claim(Change::Init(None)));
+    for claim in claims {
+        index.update(Update::Claim(Change::InitApply(None, claim.clone())));
+    }
+    index.update(Update::Claim(Change::InitDone(None)));
+    index.update(Update::Job(Change::InitDone(None)));
+    index.update(Update::Run(Change::InitDone(None)));
+    index.update(Update::TaskRun(Change::InitDone(None)));
+    index.update(Update::Pod(Change::InitDone(None)));
+    index
+}
+
+/// The share is of the candidates: 300 labelled claims in another namespace that fail
+/// provenance (their names lack the operator's shape) raise nothing; and a flood of new
+/// candidates arriving within a window does not raise that window's allowance, only the next
+/// one's. (Before, the share was taken of every labelled claim: 10 % of 310 let both due
+/// claims go at once, and the flood raised its own window's share.)
+#[tokio::test(start_paused = true)]
+async fn the_share_is_of_the_candidates_the_window_began_with() {
+    let edit = |config: &mut Config| {
+        config.deletion.max_deletions_percent = Some(10.0);
+        config.provenance.claim_suffixes = vec!["-build-workspace".into()];
+    };
+    let kept = |name: &str| {
+        let mut claim = due(name);
+        (claim.annotations).insert(crate::contract::annotations::KEEP.into(), "true".into());
+        claim
+    };
+    let mut claims: Vec<ClaimFacts> = (0..8)
+        .map(|i| kept(&format!("steady{i}-build-workspace")))
+        .collect();
+    claims.extend(["a-build-workspace", "b-build-workspace"].map(due));
+    claims.extend((0..300).map(|i| {
+        let mut junk = due(&format!("junk-{i}"));
+        junk.key = ObjectKey::new("other", &format!("junk-{i}"));
+        junk
+    }));
+    let c = controller_with(FakeCluster::default(), 100, &[], true, edit);
+    let mut config = Config::default();
+    config.quota.enabled = false;
+    edit(&mut config);
+    *c.cache.write() = listed(&config, &claims);
+    for name in ["a-build-workspace", "b-build-workspace"] {
+        c.clone().reconcile(key(name)).await;
+    }
+    assert_eq!(
+        lock(&c.cluster.sent).len(),
+        1,
+        "10 % of the 10 candidates; the 300 without provenance are none"
+    );
+    let flood: Vec<String> = (0..10).map(|i| format!("new{i}-build-workspace")).collect();
+    for name in &flood {
+        (c.cache.write()).update(Update::Claim(Change::Apply(due(name))));
+    }
+    for name in &flood {
+        c.clone().reconcile(key(name)).await;
+    }
+    assert_eq!(
+        lock(&c.cluster.sent).len(),
+        1,
+        "20 candidates now, but the window began with 10"
+    );
+    tokio::time::advance(Duration::from_secs(3700)).await;
+    let waiting: Vec<&str> = (flood.iter().map(String::as_str))
+        .chain(["b-build-workspace"])
+        .collect();
+    for _ in 0..2 {
+        for name in &waiting {
+            c.clone().reconcile(key(name)).await;
+        }
+    }
+    assert_eq!(
+        lock(&c.cluster.sent).len(),
+        3,
+        "a window later, 10 % of the 20 candidates"
+    );
 }
