@@ -155,12 +155,7 @@ impl Writer {
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<Answer, NotSent> {
-        let in_flight = InFlight {
-            namespace: claim.key.namespace.to_string(),
-            name: claim.key.name.clone(),
-            uid: claim.uid.clone(),
-            resource_version: claim.resource_version.clone(),
-        };
+        let in_flight = InFlight::of(claim);
         let server_dry_run = match self.mode {
             Mode::Delete => {
                 self.fence.record(ledger, &in_flight).await?;

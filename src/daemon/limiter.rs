@@ -187,6 +187,22 @@ impl Limiter {
         Reservation { at, ..reservation }
     }
 
+    /// Counts a DELETE that may still land from `at` in the current term's ledger, however
+    /// full it is (it may land whatever the cap says), and returns its slot; `None` while the
+    /// count is unknown. A DELETE owed a revocation holds one from each recovery on: a slot
+    /// of an earlier term is not in the ledger recovered since, and would stop counting once
+    /// the window of its last record passed.
+    pub fn hold(&mut self, now: Instant, at: DateTime<Utc>) -> Option<Reservation> {
+        let ledger = self.ledger.as_mut()?;
+        ledger.record(at);
+        self.changes += 1;
+        Some(Reservation {
+            slot: now,
+            at,
+            term: self.term,
+        })
+    }
+
     /// The ledger to persist before `reservation`'s delete: every reservation granted so far
     /// and not released, this one included. `None` if it was granted before the count was
     /// last forgotten or recovered: the ledger since then does not count it.

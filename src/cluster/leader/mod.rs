@@ -45,7 +45,7 @@ mod kube_store;
 mod records;
 mod store;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -150,6 +150,12 @@ impl Slots {
         self.state().limiter.count_from(reservation, at)
     }
 
+    /// A slot for a DELETE owed a revocation, counted from `at` in the count just recovered
+    /// (see `Limiter::hold`).
+    pub(super) fn hold(&self, at: DateTime<Utc>) -> Option<Reservation> {
+        self.state().limiter.hold(Instant::now(), at)
+    }
+
     /// Gives a slot back: its DELETE was not sent, was refused, or can never land.
     pub(super) fn release(&self, reservation: Reservation) {
         self.state().limiter.release(reservation);
