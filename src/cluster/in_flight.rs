@@ -35,8 +35,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::cluster::writer::Revocation;
 use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::linking::Found;
 use crate::observe::metrics::Unresolved;
 
 /// A claim DELETE that may still reach the API server: the claim it named, with the
@@ -135,6 +135,30 @@ impl<S> State<S> {
             State::Found { .. } => Some(Unresolved::Found),
             State::Answered => None,
         }
+    }
+}
+
+/// What a revocation of a DELETE without a definite answer found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// The claim changed: the DELETE fails its precondition whenever it arrives.
+    Revoked,
+    /// The claim is gone or being deleted: the DELETE, or someone else's, was carried out.
+    Landed,
+    /// Refused (the claim re-created under the name, a guard, RBAC): what it means is read.
+    Refused,
+    /// No definite answer, or this replica may not write: the DELETE may still land.
+    Unanswered,
+}
+
+/// Whether claim `uid` is gone, re-created under its name, or being deleted, as a live read of
+/// its name found it (`state`: its UID, and whether it is being deleted); `None` when the read
+/// could not tell. A DELETE of `uid` can no longer land on it when it is.
+pub fn gone(state: &Found<(String, bool)>, uid: &str) -> Option<bool> {
+    match state {
+        Found::Yes((found, being_deleted)) => Some(*being_deleted || found != uid),
+        Found::No => Some(true),
+        Found::Unknown(_) => None,
     }
 }
 

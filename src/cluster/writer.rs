@@ -17,7 +17,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::in_flight::InFlight;
+use crate::cluster::in_flight::{InFlight, Revocation};
 use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
 use crate::contract::annotations::{DELETED_CLAIM_UID, KEEP, REVOKED};
@@ -93,19 +93,6 @@ pub enum Notice {
         at: String,
         reason: Reason,
     },
-}
-
-/// What a revocation of a DELETE without a definite answer found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Revocation {
-    /// The claim changed: the DELETE fails its precondition whenever it arrives.
-    Revoked,
-    /// The claim is gone or being deleted: the DELETE, or someone else's, was carried out.
-    Landed,
-    /// Refused (the claim re-created under the name, a guard, RBAC): what it means is read.
-    Refused,
-    /// No definite answer, or this replica may not write: the DELETE may still land.
-    Unanswered,
 }
 
 /// Why a delete was not sent.

@@ -596,6 +596,100 @@ async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
     assert!(status.success(), "{status}");
 }
 
+/// The leader's DELETE is held by a hop on its way and the leader pauses (SIGSTOP); then the
+/// Lease is deleted (`kubectl delete lease`, a namespace re-created). The standby creates it
+/// again naming the DELETE it read there, as it carries the ledger, takes it, and revokes the
+/// DELETE before deciding anything for the claim, on which a build has started meanwhile.
+/// (Before, a Lease created again carried the ledger alone: the next leader revoked nothing,
+/// and the late DELETE took the claim the build uses.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_created_again_still_names_a_held_delete_and_the_next_leader_revokes_it() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(cp, "recreated").await;
+    let proxy = Proxy::http(cp).await;
+    let config_a = replica_through(cp, &ns, "replica-a", &proxy).await;
+    let config_b = replica_through(cp, &ns, "replica-b", &proxy).await;
+    let held = proxy.add(
+        Rule::new("delete", "persistentvolumeclaims", Fault::HoldAndForward)
+            .user(service_account(ns.name(), "replica-a"))
+            .times(1),
+    );
+    let vars = elected_vars(&ns, "4s");
+    let logs = log_dir("leadership");
+    let a = spawn_leader(&config_a, &vars, &logs).await;
+    let b = Process::spawn(&config_b, &vars, "replica-b", &logs.path().join("b.log"));
+    assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
+
+    let claim = "recreated-build-workspace";
+    let uid = (expiring(claim, in_secs(-60)).create(&ns).await)
+        .metadata
+        .uid
+        .expect("a uid");
+    assert!(
+        wait_until(secs(30), || async { proxy.hits(held) == 1 }).await,
+        "replica-a sent the DELETE, and it is held:\n{}",
+        a.logs()
+    );
+    signal(&a, "STOP");
+    // The standby reads the Lease once more: it names the DELETE, named before it was sent.
+    let reads = || async {
+        metric(
+            &b.metrics().await,
+            "workspace_gc_standby_ledger_reads_total",
+            "result=\"remembered\"",
+        )
+    };
+    let before = reads().await;
+    assert!(
+        wait_until(secs(15), || async { reads().await > before }).await,
+        "replica-b reads the Lease:\n{}",
+        b.logs()
+    );
+    let leases = ns.api::<Lease>();
+    let old = leases.get("workspace-gc").await.expect("the lease");
+    leases
+        .delete("workspace-gc", &Default::default())
+        .await
+        .expect("delete the lease");
+    PodBuilder::new("rerun")
+        .mounting(claim)
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(&ns)
+        .await;
+    assert!(
+        wait_until(secs(20), || async {
+            let lease = leases.get_opt("workspace-gc").await.expect("get the lease");
+            lease.is_some_and(|lease| lease.metadata.uid != old.metadata.uid)
+        })
+        .await,
+        "replica-b creates the Lease again:\n{}",
+        b.logs()
+    );
+    assert!(
+        wait_until(secs(20), || b.leading()).await,
+        "replica-b leads:\n{}",
+        b.logs()
+    );
+    let was_revoked = wait_until(secs(15), || revoked(&ns, claim)).await;
+    let named = (leases.get("workspace-gc").await.expect("the lease"))
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(annotations::DELETES_IN_FLIGHT)
+        .unwrap_or_default();
+    forward_held_delete(&proxy, held, &ns, claim, || b.logs()).await;
+    assert!(
+        was_revoked,
+        "replica-b revoked it (the Lease names {named:?}, the DELETE was of {uid}):\n{}",
+        b.logs()
+    );
+    signal(&a, "CONT");
+    a.kill().await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
 /// The Lease write that must name a DELETE before it is sent fails (503 from a hop), so the
 /// DELETE is not sent; then a build starts on the claim, and the claim is kept. The next Lease
 /// write must not name that DELETE in flight: it was never sent, and a next leader would revoke

@@ -17,7 +17,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::commit::Batch;
 use super::records::{self, Kept, Records};
 use super::store::{Change, LeaseStore, StoreError};
 use super::{FenceError, Timing};
@@ -49,6 +48,25 @@ pub(super) struct State {
     pub kept: Kept,
     /// The group commit's asks, and what its last write carried.
     pub batch: Batch,
+}
+
+/// The group commit's state (`commit.rs` drives it): what the shared writes are asked for, and
+/// what the last one carried.
+#[derive(Default)]
+pub(super) struct Batch {
+    /// The newest ledger asked for, with its generation.
+    pub(super) newest: Option<(u64, String)>,
+    /// The last successful write's ledger generation and the DELETEs it named, in this
+    /// holding of the lease: taking or losing it clears it.
+    pub(super) carried: Option<(u64, BTreeMap<String, InFlight>)>,
+}
+
+impl Batch {
+    pub(super) fn carried(&self, generation: u64, delete: &InFlight) -> bool {
+        self.carried.as_ref().is_some_and(|(written, named)| {
+            *written >= generation && named.get(&delete.uid) == Some(delete)
+        })
+    }
 }
 
 /// The holder and renew time a standby last saw, and when it first saw them.

@@ -158,7 +158,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         };
         // Received by the time it was answered, at the latest.
         let answered = self.clock.server().1;
-        (self.deletes.in_flight).sent(slots, claim, &sent, reservation, answered);
+        let answer = sent.as_ref().ok().copied();
+        (self.deletes.in_flight).sent(slots, claim, answer, reservation, answered);
         let result = sent.as_ref().ok().map(|answer| answer.result());
         if let Ok(Answer::Real(DeleteResult::Deleted)) = &sent {
             self.mark(claim, confirmed).await;

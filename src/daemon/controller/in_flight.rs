@@ -10,18 +10,16 @@ use tracing::{info, warn};
 
 use chrono::{DateTime, Utc};
 
-use crate::cluster::in_flight::{self, InFlight, Sent};
+use crate::cluster::in_flight::{self, InFlight, Revocation, Sent};
 use crate::cluster::ports::{Clock, Cluster};
-use crate::cluster::writer::{Answer, Revocation};
+use crate::cluster::writer::Answer;
 use crate::daemon::cap_ledger::LedgerError;
 use crate::daemon::limiter::Reservation;
 use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
-use crate::decide::linking::Found;
 use crate::observe::metrics::{DeleteResult, Revoked};
 
 use super::Controller;
-use super::delete::SendResult;
 use super::slots::Slots;
 
 /// The registry, each DELETE holding its slot of the cap while it may land.
@@ -81,8 +79,8 @@ impl InFlightDeletes {
         self.claims_watch_broken.store(broken, Ordering::Relaxed);
     }
 
-    /// The DELETE of `claim`, sent on `reservation`, ended its request as `sent` (`at`: the
-    /// latest the API server's clock reads now). Its slot of the cap: counted from `at` when it
+    /// The DELETE of `claim`, sent on `reservation`, ended its request answered `answer`
+    /// (`None`: not sent; `at`: the latest the API server's clock reads now). Its slot of the cap: counted from `at` when it
     /// was carried out (received by then), the DELETE's own while it may land, and freed when
     /// it can never land; the registry learns how a real one ended (a dry run's never could
     /// land).
@@ -90,13 +88,13 @@ impl InFlightDeletes {
         &self,
         slots: &Slots,
         claim: &ClaimFacts,
-        sent: &SendResult,
+        answer: Option<Answer>,
         reservation: Reservation,
         at: DateTime<Utc>,
     ) {
         // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
-        let result = sent.as_ref().ok().map(|answer| answer.result());
-        let real = matches!(sent, Ok(Answer::Real(_)) | Err(_));
+        let result = answer.map(|answer| answer.result());
+        let real = !matches!(answer, Some(Answer::Dry(_)));
         let mut registry = self.registry();
         let slot = match result {
             Some(DeleteResult::Deleted) => {
@@ -212,11 +210,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let revocation = match self.cluster.revoke(&delete).await {
             // Refused: the claim may have been re-created, or a guard or RBAC refuses the
             // patch. Only a live read tells whether the DELETE can still land.
-            Revocation::Refused => match self.cluster.claim_state(key).await {
-                Found::Yes((uid, false)) if uid == delete.uid => Revocation::Refused,
-                Found::Unknown(_) => Revocation::Unanswered,
-                _ => Revocation::Landed,
-            },
+            Revocation::Refused => {
+                match in_flight::gone(&self.cluster.claim_state(key).await, &delete.uid) {
+                    Some(false) => Revocation::Refused,
+                    None => Revocation::Unanswered,
+                    Some(true) => Revocation::Landed,
+                }
+            }
             other => other,
         };
         let slots = &self.deletes.slots;

@@ -11,10 +11,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::{Change, Index, Scope, Update};
-use crate::cluster::in_flight::InFlight;
+use crate::cluster::in_flight::{InFlight, Revocation};
 use crate::cluster::ports::{Clock, LeaseRecords, LiveReads, Writes};
 use crate::cluster::watches::PROVEN;
-use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation};
+use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice};
 use crate::config::Config;
 use crate::contract::OwnerKind;
 use crate::contract::annotations::{NS_COLLECT, NS_TTL_AFTER_FINISHED};
