@@ -101,8 +101,9 @@ impl InFlightDeletes {
                 slots.count_from(reservation, at);
                 None
             }
-            // It may have been carried out: it stays counted until its revocation says.
-            Some(DeleteResult::Unanswered) => Some(reservation),
+            // It may have been carried out: it stays counted until its revocation says (in
+            // the current count, should the term have changed while it was on its way).
+            Some(DeleteResult::Unanswered) => slots.keep(reservation, at),
             _ => {
                 slots.release(reservation);
                 None
