@@ -11,13 +11,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
-use crate::cluster::in_flight::InFlight;
+use crate::cluster::in_flight::{InFlight, Revocation};
 use crate::cluster::leader::Fence;
 use crate::cluster::live::{self, LiveView, Snapshots};
 use crate::cluster::ports::{LeaseRecords, LiveReads, Writes};
 use crate::cluster::progress::{self, Delivery};
 use crate::cluster::served::Served;
-use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation, Writer};
+use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Writer};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::Found;
 

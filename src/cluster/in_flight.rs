@@ -4,13 +4,10 @@
 //! one the Lease named when this replica won it, is revoked before anything else is decided
 //! for its claim; a revocation says it was revoked (it can never land) or landed.
 //!
-//! ```text
-//!   name ──▶ Sending ──answered: success──▶ Answered ──claim seen gone──▶ (forgotten)
-//!              │  ├──answered: refused, gone, not sent──▶ (forgotten)
-//!              │  └──no definite answer──▶ Unanswered ─┐
-//!   won ──▶ Found ─────────────────────────────────────┴─revoked──▶ (forgotten, slot freed)
-//!                                                        └─landed──▶ Answered
-//! ```
+//! A DELETE's life, each arrow one event, and the slot of the blast-radius cap it holds on
+//! the way: the diagram in ARCHITECTURE.md, "A DELETE's life". An owed DELETE (`Unanswered`,
+//! `Found`) counts against the cap from the moment a term recovers until its revocation proves
+//! it dead, whoever sent it and however many terms that takes.
 //!
 //! What the Lease names is a view of the registry ([`Registry::on_lease`]): `Sending`,
 //! `Unanswered` and `Found`. The elector writes that view with every Lease write, and that is
@@ -20,8 +17,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::cluster::writer::Revocation;
-use crate::decide::facts::ObjectKey;
+use crate::decide::facts::{ClaimFacts, ObjectKey};
+use crate::decide::linking::Found;
 use crate::observe::metrics::Unresolved;
 
 /// A claim DELETE that may still reach the API server: the claim it named, with the
@@ -36,6 +33,17 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// The DELETE of `claim` as it was decided: its UID and resourceVersion are the DELETE's
+    /// preconditions.
+    pub fn of(claim: &ClaimFacts) -> Self {
+        Self {
+            namespace: claim.key.namespace.to_string(),
+            name: claim.key.name.clone(),
+            uid: claim.uid.clone(),
+            resource_version: claim.resource_version.clone(),
+        }
+    }
+
     pub fn key(&self) -> ObjectKey {
         ObjectKey::new(&self.namespace, &self.name)
     }
@@ -63,7 +71,8 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, InFlight>, serde_json::Error
     Ok(list.into_iter().map(|e| (e.uid.clone(), e)).collect())
 }
 
-/// Where a DELETE stands. `S` is the blast-radius cap's slot it holds while it may land.
+/// Where a DELETE stands. `S` is the blast-radius cap's slot an owed one holds while it may
+/// land: `None` until the cap's count is known (a term recovered), then one counted in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State<S> {
     /// Named on the Lease for a DELETE about to be sent, or sent and not answered yet.
@@ -73,8 +82,9 @@ pub enum State<S> {
     /// until a revocation proves it never can.
     Unanswered { slot: Option<S> },
     /// Named on the Lease when this replica won it: sent by whoever led before, maybe still
-    /// held somewhere on its way. The ledger recovered from the Lease counts it.
-    Found,
+    /// held somewhere on its way. It holds a slot of the cap from the term's recovery on, as
+    /// an unanswered one does.
+    Found { slot: Option<S> },
     /// Answered with success, or its revocation found it carried out: off the Lease, but the
     /// claim is read live before anything is sent for it until the watch shows it gone.
     Answered,
@@ -88,7 +98,15 @@ impl<S> State<S> {
 
     /// Whether it must be revoked before anything else is decided for its claim.
     fn owed(&self) -> bool {
-        matches!(self, State::Unanswered { .. } | State::Found)
+        matches!(self, State::Unanswered { .. } | State::Found { .. })
+    }
+
+    /// The slot of the cap an owed DELETE holds.
+    fn slot(&mut self) -> Option<&mut Option<S>> {
+        match self {
+            State::Unanswered { slot } | State::Found { slot } => Some(slot),
+            State::Sending { .. } | State::Answered => None,
+        }
     }
 
     /// Where it stands if it is neither answered nor revoked.
@@ -96,9 +114,35 @@ impl<S> State<S> {
         match self {
             State::Sending { .. } => Some(Unresolved::Sending),
             State::Unanswered { .. } => Some(Unresolved::Unanswered),
-            State::Found => Some(Unresolved::Found),
+            State::Found { .. } => Some(Unresolved::Found),
             State::Answered => None,
         }
+    }
+}
+
+/// What a revocation of a DELETE without a definite answer found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// The claim changed (the answer's resourceVersion is not the DELETE's precondition): the
+    /// DELETE fails its precondition whenever it arrives.
+    Revoked,
+    /// The claim is gone or being deleted: the DELETE, or someone else's, was carried out.
+    Landed,
+    /// Refused (the claim re-created under the name, a guard, RBAC): what it means is read.
+    Refused,
+    /// No definite answer, no write that changed the claim, or this replica may not write:
+    /// the DELETE may still land.
+    Unanswered,
+}
+
+/// Whether claim `uid` is gone, re-created under its name, or being deleted, as a live read of
+/// its name found it (`state`: its UID, and whether it is being deleted); `None` when the read
+/// could not tell. A DELETE of `uid` can no longer land on it when it is.
+pub fn gone(state: &Found<(String, bool)>, uid: &str) -> Option<bool> {
+    match state {
+        Found::Yes((found, being_deleted)) => Some(*being_deleted || found != uid),
+        Found::No => Some(true),
+        Found::Unknown(_) => None,
     }
 }
 
@@ -232,33 +276,28 @@ impl<S> Registry<S> {
                 entry.state = State::Answered;
                 None
             }
-            Revocation::Revoked => match self.entries.remove(&delete.uid)?.state {
-                State::Unanswered { slot } => slot,
-                _ => None,
-            },
+            Revocation::Revoked => self.entries.remove(&delete.uid)?.state.slot()?.take(),
         }
     }
 
-    /// The slot of the cap an unanswered `delete` holds.
-    pub fn slot(&self, delete: &InFlight) -> Option<S>
-    where
-        S: Clone,
-    {
-        match &self.entries.get(&delete.uid)?.state {
-            State::Unanswered { slot } => slot.clone(),
-            _ => None,
+    /// The revocation of `delete` said nothing certain: it may land from now on, and its slot
+    /// is counted again by `recount` (from now: while it may land, it stays in the cap's
+    /// window).
+    pub fn unrevoked(&mut self, delete: &InFlight, recount: impl FnOnce(S) -> S) {
+        let slot = (self.entries.get_mut(&delete.uid)).and_then(|entry| entry.state.slot());
+        if let Some(slot) = slot {
+            *slot = slot.take().map(recount);
         }
     }
 
-    /// Replaces the slot an unanswered `delete` holds (counted again from later: while it may
-    /// land, it stays in the cap's current window).
-    pub fn reslot(&mut self, delete: &InFlight, moved: S) {
-        if let Some(Entry {
-            state: State::Unanswered { slot },
-            ..
-        }) = self.entries.get_mut(&delete.uid)
-        {
-            *slot = Some(moved);
+    /// The cap's count was recovered (a term began): each DELETE owed a revocation, found on
+    /// the Lease or this replica's own, counts in it from now, its slot of an earlier term
+    /// replaced by what `hold` gives (`None`: the count is not known).
+    pub fn recovered(&mut self, mut hold: impl FnMut(Option<S>) -> Option<S>) {
+        for entry in self.entries.values_mut() {
+            if let Some(slot) = entry.state.slot() {
+                *slot = hold(slot.take());
+            }
         }
     }
 
@@ -285,14 +324,14 @@ impl<S> Registry<S> {
         for (uid, delete) in found {
             let entry = self.entries.entry(uid).or_insert(Entry {
                 delete: delete.clone(),
-                state: State::Found,
+                state: State::Found { slot: None },
             });
             if matches!(entry.state, State::Answered) {
                 // Carried out by this replica, but named again by whoever led since: it
                 // is revoked, which finds it landed.
                 *entry = Entry {
                     delete,
-                    state: State::Found,
+                    state: State::Found { slot: None },
                 };
             }
         }
@@ -503,6 +542,34 @@ mod tests {
         registry.sent(&b, Sent::Settled, None);
         assert_eq!(registry.owed(&b.key()), None);
         assert!(!registry.carried(&b.key(), &b.uid));
+    }
+
+    /// Each owed DELETE holds a slot from a recovery on, found ones included; a revocation
+    /// without an answer counts it again, and a revoked one gives it back.
+    #[test]
+    fn owed_deletes_hold_a_slot_from_each_recovery_until_revoked() {
+        let mut registry = Registry::<u32>::default();
+        let (own, found, carried) = (delete(1), delete(2), delete(3));
+        registry.sent(&own, Sent::Unanswered, Some(1));
+        registry.sent(&carried, Sent::Carried, None);
+        registry.won(BTreeMap::from([(found.uid.clone(), found.clone())]));
+        let mut held = Vec::new();
+        registry.recovered(|before| {
+            held.push(before);
+            Some(10)
+        });
+        assert_eq!(
+            held,
+            [Some(1), None],
+            "the own one's old slot, none for the found one"
+        );
+        registry.unrevoked(&found, |slot| slot + 1);
+        assert_eq!(registry.revoked(&found, Revocation::Revoked), Some(11));
+        assert_eq!(registry.revoked(&own, Revocation::Revoked), Some(10));
+        assert!(
+            registry.carried(&carried.key(), &carried.uid),
+            "no slot: untouched"
+        );
     }
 
     /// Winning adds what the Lease named as owed, keeps this replica's own, and a revocation

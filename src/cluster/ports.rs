@@ -14,10 +14,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cluster::cache::Scope;
-use crate::cluster::in_flight::InFlight;
+use crate::cluster::in_flight::{InFlight, Revocation};
 use crate::cluster::progress::Delivery;
 use crate::cluster::server_clock::{Dispute, ServerClock};
-use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice, Revocation};
+use crate::cluster::writer::{Answer, Mode, NamespaceNotice, NotSent, Notice};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
 use crate::decide::linking::{Found, Lookup};
 use crate::decide::quota::{Pressure, QuotaEntry};

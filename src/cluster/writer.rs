@@ -18,7 +18,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::in_flight::InFlight;
+use crate::cluster::in_flight::{InFlight, Revocation};
 use crate::cluster::leader::{Fence, FenceError};
 use crate::cluster::resources;
 use crate::cluster::server_clock::TOLERATED_DISAGREEMENT;
@@ -97,21 +97,6 @@ pub enum Notice {
     },
 }
 
-/// What a revocation of a DELETE without a definite answer found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Revocation {
-    /// The claim changed (the answer's resourceVersion is not the DELETE's precondition): the
-    /// DELETE fails its precondition whenever it arrives.
-    Revoked,
-    /// The claim is gone or being deleted: the DELETE, or someone else's, was carried out.
-    Landed,
-    /// Refused (the claim re-created under the name, a guard, RBAC): what it means is read.
-    Refused,
-    /// No definite answer, no write that changed the claim, or this replica may not write:
-    /// the DELETE may still land.
-    Unanswered,
-}
-
 /// Why a delete was not sent.
 #[derive(Debug, thiserror::Error)]
 pub enum NotSent {
@@ -159,12 +144,7 @@ impl Writer {
         deadline: Instant,
         metrics: &Metrics,
     ) -> Result<Answer, NotSent> {
-        let in_flight = InFlight {
-            namespace: claim.key.namespace.to_string(),
-            name: claim.key.name.clone(),
-            uid: claim.uid.clone(),
-            resource_version: claim.resource_version.clone(),
-        };
+        let in_flight = InFlight::of(claim);
         let server_dry_run = match self.mode {
             Mode::Delete => {
                 self.fence.record(ledger, &in_flight).await?;

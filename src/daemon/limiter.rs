@@ -256,6 +256,37 @@ impl Limiter {
         Reservation { at, ..reservation }
     }
 
+    /// Counts a DELETE that may still land from `at` in the current term's ledger, however
+    /// full it is (it may land whatever the cap says), and returns its slot; `None` while the
+    /// count is unknown. A DELETE owed a revocation holds one from each recovery on: a slot
+    /// of an earlier term is not in the ledger recovered since, and would stop counting once
+    /// the window of its last record passed.
+    pub fn hold(&mut self, now: Instant, at: DateTime<Utc>) -> Option<Reservation> {
+        let ledger = self.ledger.as_mut()?;
+        ledger.record(at);
+        self.changes += 1;
+        Some(Reservation {
+            slot: now,
+            at,
+            term: self.term,
+        })
+    }
+
+    /// `reservation`, kept by a DELETE that may still land: as it is if the current ledger
+    /// counts it, held again from `at` if it was granted before the count was last recovered
+    /// (`None` while the count is unknown: the next recovery holds it).
+    pub fn keep(
+        &mut self,
+        reservation: Reservation,
+        now: Instant,
+        at: DateTime<Utc>,
+    ) -> Option<Reservation> {
+        if reservation.term == self.term {
+            return Some(reservation);
+        }
+        self.hold(now, at)
+    }
+
     /// The ledger to persist before `reservation`'s delete: every reservation granted so far
     /// and not released, this one included. `None` if it was granted before the count was
     /// last forgotten or recovered: the ledger since then does not count it.
@@ -634,6 +665,33 @@ mod tests {
         limiter.restore(recovered);
         limiter.release(old);
         assert!(capped(&limiter, wall));
+    }
+
+    /// A DELETE owed a revocation holds a slot in every term: one granted before a recovery is
+    /// held again in the recovered ledger, one of this term stays as it is.
+    #[test]
+    fn a_slot_kept_across_a_recovery_is_held_again_in_the_new_count() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let window = Duration::from_secs(60);
+        let mut limiter = limiter(Duration::ZERO, 1, window);
+        let Admission::At(old) = limiter.reserve(now, wall, 0) else {
+            panic!("admitted")
+        };
+        assert_eq!(limiter.keep(old, now, wall), Some(old), "this term's");
+        limiter.forget();
+        assert_eq!(
+            limiter.keep(old, now, wall),
+            None,
+            "unknown: held on recovery"
+        );
+        limiter
+            .recover(None, wall, Duration::ZERO)
+            .expect("recovered");
+        let later = wall + window;
+        let held = limiter.keep(old, now, later).expect("held again");
+        assert!(capped(&limiter, later), "it fills the cap a window later");
+        limiter.release(held);
+        assert!(!capped(&limiter, later), "freed once revoked");
     }
 
     #[test]

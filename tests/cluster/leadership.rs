@@ -17,7 +17,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::PostParams;
 use testkit::{
     AuditEvent, ControlPlane, ControlPlaneOptions, DeleteInvariant, Fate, Fault, PodBuilder,
-    Process, Proxy, Rule, TestNamespace, assert_decided, capped, deleted, deleted_count,
+    Process, Proxy, Rule, RuleId, TestNamespace, assert_decided, capped, deleted, deleted_count,
     deleted_events, elected_role, elected_vars, events, expiring, fate, forward_held_delete,
     in_secs, invariant_audit_rules, leads_within_the_cap, log_dir, metric, overdue_under_a_cap,
     read_audit, reconciles, replica_through, revoked, service_account, wait_until, warned,
@@ -544,15 +544,33 @@ fn signal(replica: &Process, signal: &str) {
     assert!(status.success(), "kill -{signal} failed");
 }
 
-/// The leader's DELETE is held by a hop on its way, and the leader pauses (SIGSTOP: a long GC
-/// pause, a frozen VM) before it can learn that it got no answer. The standby takes the
-/// Lease, finds the DELETE named there in flight, and revokes it before deciding anything for
-/// the claim, on which a build has started meanwhile. When the hop forwards the DELETE, its
-/// precondition fails. (Before, the new leader knew nothing of it and the DELETE landed.)
-#[tokio::test(flavor = "multi_thread")]
-async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
+/// A build's pod starts on `claim`: from now on it is in use.
+async fn a_build_starts_on(ns: &TestNamespace, claim: &str) {
+    PodBuilder::new("rerun")
+        .mounting(claim)
+        .scheduled_on("node-a")
+        .phase("Running")
+        .create(ns)
+        .await;
+}
+
+/// Two replicas through one hop, replica-a leading and paused (SIGSTOP: a long GC pause, a
+/// frozen VM) while the hop holds its DELETE of a due claim, before it can learn that it got no
+/// answer; replica-b stands by.
+struct Paused {
+    ns: TestNamespace,
+    proxy: Proxy,
+    held: RuleId,
+    a: Process,
+    b: Process,
+    _logs: tempfile::TempDir,
+    /// The claim's UID.
+    uid: String,
+}
+
+async fn paused_with_its_delete_held(prefix: &str, claim: &str) -> Paused {
     let cp = ControlPlane::shared();
-    let ns = TestNamespace::new(cp, "paused").await;
+    let ns = TestNamespace::new(cp, prefix).await;
     let proxy = Proxy::http(cp).await;
     let config_a = replica_through(cp, &ns, "replica-a", &proxy).await;
     let config_b = replica_through(cp, &ns, "replica-b", &proxy).await;
@@ -566,21 +584,45 @@ async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
     let a = spawn_leader(&config_a, &vars, &logs).await;
     let b = Process::spawn(&config_b, &vars, "replica-b", &logs.path().join("b.log"));
     assert!(wait_until(secs(30), || b.ready()).await, "{}", b.logs());
-
-    let claim = "paused-build-workspace";
-    expiring(claim, in_secs(-60)).create(&ns).await;
+    let uid = (expiring(claim, in_secs(-60)).create(&ns).await)
+        .metadata
+        .uid
+        .expect("a uid");
     assert!(
         wait_until(secs(30), || async { proxy.hits(held) == 1 }).await,
         "replica-a sent the DELETE, and it is held:\n{}",
         a.logs()
     );
     signal(&a, "STOP");
-    PodBuilder::new("rerun")
-        .mounting(claim)
-        .scheduled_on("node-a")
-        .phase("Running")
-        .create(&ns)
-        .await;
+    Paused {
+        ns,
+        proxy,
+        held,
+        a,
+        b,
+        _logs: logs,
+        uid,
+    }
+}
+
+/// The leader's DELETE is held by a hop on its way, and the leader pauses (SIGSTOP: a long GC
+/// pause, a frozen VM) before it can learn that it got no answer. The standby takes the
+/// Lease, finds the DELETE named there in flight, and revokes it before deciding anything for
+/// the claim, on which a build has started meanwhile. When the hop forwards the DELETE, its
+/// precondition fails. (Before, the new leader knew nothing of it and the DELETE landed.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
+    let claim = "paused-build-workspace";
+    let Paused {
+        ns,
+        proxy,
+        held,
+        a,
+        b,
+        _logs,
+        ..
+    } = paused_with_its_delete_held("paused", claim).await;
+    a_build_starts_on(&ns, claim).await;
     assert!(
         wait_until(secs(20), || b.leading()).await,
         "replica-b takes over from the paused leader:\n{}",
@@ -590,6 +632,78 @@ async fn a_paused_leaders_late_delete_is_revoked_by_the_next_leader() {
     forward_held_delete(&proxy, held, &ns, claim, || b.logs()).await;
     assert!(was_revoked, "replica-b revoked it:\n{}", b.logs());
     // Resumed only to be stopped: what it does afterwards is not what this test checks.
+    signal(&a, "CONT");
+    a.kill().await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}");
+}
+
+/// The leader's DELETE is held by a hop on its way and the leader pauses (SIGSTOP); then the
+/// Lease is deleted (`kubectl delete lease`, a namespace re-created). The standby creates it
+/// again naming the DELETE it read there, as it carries the ledger, takes it, and revokes the
+/// DELETE before deciding anything for the claim, on which a build has started meanwhile.
+/// (Before, a Lease created again carried the ledger alone: the next leader revoked nothing,
+/// and the late DELETE took the claim the build uses.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_created_again_still_names_a_held_delete_and_the_next_leader_revokes_it() {
+    let claim = "recreated-build-workspace";
+    let Paused {
+        ns,
+        proxy,
+        held,
+        a,
+        b,
+        _logs,
+        uid,
+    } = paused_with_its_delete_held("recreated", claim).await;
+    // The standby reads the Lease once more: it names the DELETE, named before it was sent.
+    let reads = || async {
+        metric(
+            &b.metrics().await,
+            "workspace_gc_standby_ledger_reads_total",
+            "result=\"remembered\"",
+        )
+    };
+    let before = reads().await;
+    assert!(
+        wait_until(secs(15), || async { reads().await > before }).await,
+        "replica-b reads the Lease:\n{}",
+        b.logs()
+    );
+    let leases = ns.api::<Lease>();
+    let old = leases.get("workspace-gc").await.expect("the lease");
+    leases
+        .delete("workspace-gc", &Default::default())
+        .await
+        .expect("delete the lease");
+    a_build_starts_on(&ns, claim).await;
+    assert!(
+        wait_until(secs(20), || async {
+            let lease = leases.get_opt("workspace-gc").await.expect("get the lease");
+            lease.is_some_and(|lease| lease.metadata.uid != old.metadata.uid)
+        })
+        .await,
+        "replica-b creates the Lease again:\n{}",
+        b.logs()
+    );
+    assert!(
+        wait_until(secs(20), || b.leading()).await,
+        "replica-b leads:\n{}",
+        b.logs()
+    );
+    let was_revoked = wait_until(secs(15), || revoked(&ns, claim)).await;
+    let named = (leases.get("workspace-gc").await.expect("the lease"))
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(annotations::DELETES_IN_FLIGHT)
+        .unwrap_or_default();
+    forward_held_delete(&proxy, held, &ns, claim, || b.logs()).await;
+    assert!(
+        was_revoked,
+        "replica-b revoked it (the Lease names {named:?}, the DELETE was of {uid}):\n{}",
+        b.logs()
+    );
     signal(&a, "CONT");
     a.kill().await;
     let status = b.terminate().await;
@@ -630,12 +744,7 @@ async fn a_delete_not_sent_because_its_lease_write_failed_is_not_named_in_flight
         "the DELETE is held back by the failed Lease write:\n{}",
         a.logs()
     );
-    PodBuilder::new("rerun")
-        .mounting(claim)
-        .scheduled_on("node-a")
-        .phase("Running")
-        .create(&ns)
-        .await;
+    a_build_starts_on(&ns, claim).await;
     let in_use = format!(
         "workspace_gc_claims{{claim_namespace=\"{}\",state=\"protected\",reason=\"in-use\"}} 1",
         ns.name()

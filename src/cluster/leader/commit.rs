@@ -8,7 +8,6 @@
 //! DELETE it was to carry, so the next write names it no more, and leaves the ledger known and
 //! the rounds staged as they stood, so the next write carries them again.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -25,24 +24,6 @@ use crate::observe::metrics::Operation;
 
 /// How long a Lease write that records a DELETE waits for others decided with it.
 const GATHER: Duration = Duration::from_millis(5);
-
-/// What the shared writes are asked for, and what the last one carried.
-#[derive(Default)]
-pub struct Batch {
-    /// The newest ledger asked for, with its generation.
-    newest: Option<(u64, String)>,
-    /// The last successful write's ledger generation and the DELETEs it named, in this
-    /// holding of the lease: taking or losing it clears it.
-    pub carried: Option<(u64, BTreeMap<String, InFlight>)>,
-}
-
-impl Batch {
-    fn carried(&self, generation: u64, delete: &InFlight) -> bool {
-        self.carried.as_ref().is_some_and(|(written, named)| {
-            *written >= generation && named.get(&delete.uid) == Some(delete)
-        })
-    }
-}
 
 impl Elector {
     /// [`super::Fence::record`] with leader election.

@@ -17,7 +17,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::commit::Batch;
 use super::records::{self, Kept, Records};
 use super::store::{Change, LeaseStore, StoreError};
 use super::{FenceError, Timing};
@@ -49,6 +48,25 @@ pub(super) struct State {
     pub kept: Kept,
     /// The group commit's asks, and what its last write carried.
     pub batch: Batch,
+}
+
+/// The group commit's state (`commit.rs` drives it): what the shared writes are asked for, and
+/// what the last one carried.
+#[derive(Default)]
+pub(super) struct Batch {
+    /// The newest ledger asked for, with its generation.
+    pub(super) newest: Option<(u64, String)>,
+    /// The last successful write's ledger generation and the DELETEs it named, in this
+    /// holding of the lease: taking or losing it clears it.
+    pub(super) carried: Option<(u64, BTreeMap<String, InFlight>)>,
+}
+
+impl Batch {
+    pub(super) fn carried(&self, generation: u64, delete: &InFlight) -> bool {
+        self.carried.as_ref().is_some_and(|(written, named)| {
+            *written >= generation && named.get(&delete.uid) == Some(delete)
+        })
+    }
 }
 
 /// The holder and renew time a standby last saw, and when it first saw them.
@@ -167,14 +185,23 @@ impl Elector {
     async fn step(&self, observed: &mut Option<Observed>) -> Result<(), StoreError> {
         let mut held = self.lease.lock().await;
         let Some(current) = self.store.get().await? else {
+            // Leading, the registry says what may still land; standing by, what the Lease
+            // named when last read (whoever led may have DELETEs on their way).
+            let leading = *self.leading.borrow();
+            let named = if leading {
+                Some(self.names.on_lease())
+            } else {
+                None
+            };
             let annotations = {
                 let state = self.state();
-                records::created(state.kept.known())
+                let named = named.as_ref().unwrap_or(&state.kept.in_flight);
+                records::created(state.kept.known(), named)
             };
             if annotations.is_some() {
                 warn!(
-                    leading = *self.leading.borrow(),
-                    "the lease is gone; creating it again with the deletion ledger this replica knows"
+                    leading,
+                    "the lease is gone; creating it again with the deletion ledger and the deletes in flight this replica knows"
                 );
                 self.metrics.ledger_fault(LedgerFault::Lost);
             }
@@ -227,10 +254,17 @@ impl Elector {
     /// then its own is the record of what it deleted, and if the Lease holds another (someone
     /// edited or removed it), returns its own for the renewal to write back.
     fn compare_ledger(&self, lease: &Lease) -> Option<String> {
-        let on_lease = Records::read(lease).ledger;
+        let records = Records::read(lease);
+        let on_lease = records.ledger.clone();
+        let standby = !*self.leading.borrow();
+        // Unreadable, it names nothing this replica could revoke (told when it is won).
+        let named = standby.then(|| records.in_flight().unwrap_or_default());
         let mut state = self.state();
+        if let Some(named) = named {
+            state.kept.in_flight = named;
+        }
         let known = &mut state.kept.ledger;
-        if !*self.leading.borrow() {
+        if standby {
             let read = match on_lease {
                 Some(on_lease) => {
                     *known = Some(on_lease);

@@ -28,7 +28,8 @@
 //!   reach the API server long after its sender gave up, or lost the lease. Winning the lease
 //!   hands what it named to the registry, and the controller revokes each before deciding
 //!   anything for its claim. An entry leaves with the next Lease write once its DELETE or its
-//!   revocation is answered.
+//!   revocation is answered. A Lease created again names them as it carries the ledger: the
+//!   leader's registry says what may land, a standby remembers what the Lease named.
 //! - While this replica leads, its own ledger is the record of what it deleted, whatever the
 //!   Lease says (RELIABILITY.md, "The ledger rule": written back when changed, remembered by a
 //!   standby, written with a Lease created again after `kubectl delete lease`).
@@ -45,7 +46,7 @@ mod kube_store;
 mod records;
 mod store;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;

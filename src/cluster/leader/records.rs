@@ -81,16 +81,19 @@ pub fn patch(
 }
 
 /// The annotations of a Lease created again with `counted` (the ledger this replica knows, and
-/// the rounds staged); none without a ledger.
-pub fn created(counted: Option<Counted<'_>>) -> Option<BTreeMap<String, String>> {
-    let counted = counted?;
-    let rounds = (counted.rounds).map(|rounds| (QUOTA_ROUNDS.to_owned(), rounds.to_owned()));
-    Some(
-        [(DELETIONS.to_owned(), counted.ledger.to_owned())]
-            .into_iter()
-            .chain(rounds)
-            .collect(),
-    )
+/// the rounds staged) and `in_flight` (the DELETEs that may still land, as this replica knows
+/// them): what a write over a Lease without records would carry ([`patch`]), so the names
+/// survive a Lease created again as the ledger does. `None` when there are none.
+pub fn created(
+    counted: Option<Counted<'_>>,
+    in_flight: &BTreeMap<String, InFlight>,
+) -> Option<BTreeMap<String, String>> {
+    let annotations = patch(&Records::default(), counted, in_flight)?;
+    let text = |(key, value): (String, Value)| match value {
+        Value::String(text) => Some((key, text)),
+        _ => None,
+    };
+    Some(annotations.into_iter().filter_map(text).collect())
 }
 
 /// The records as this replica keeps them between Lease writes.
@@ -103,6 +106,9 @@ pub struct Kept {
     pub staged_rounds: Option<String>,
     /// The rounds found on the Lease when it was last won.
     pub found_rounds: Option<String>,
+    /// While standing by, the DELETEs in flight the Lease named when last read: a Lease this
+    /// replica creates again names them (while leading, the registry says what may land).
+    pub in_flight: BTreeMap<String, InFlight>,
 }
 
 impl Kept {
@@ -199,12 +205,12 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_created_again_carries_the_ledger_known_and_the_rounds_staged() {
+    fn a_lease_created_again_carries_the_ledger_known_the_rounds_staged_and_the_names() {
         let counted = Counted {
             ledger: LEDGER,
             rounds: Some(ROUNDS),
         };
-        let annotations = created(Some(counted)).expect("a ledger");
+        let annotations = created(Some(counted), &named()).expect("a ledger");
         let read = Records::read(&lease(&[]));
         assert_eq!(read.ledger, None);
         let again = Lease {
@@ -219,6 +225,9 @@ mod tests {
             (read.ledger.as_deref(), read.rounds.as_deref()),
             (Some(LEDGER), Some(ROUNDS))
         );
-        assert_eq!(created(None), None, "no ledger known: none");
+        assert_eq!(read.in_flight().expect("reads"), named(), "the names too");
+        let unknown = created(None, &named()).expect("names");
+        assert_eq!(unknown.keys().collect::<Vec<_>>(), [DELETES_IN_FLIGHT]);
+        assert_eq!(created(None, &BTreeMap::new()), None, "nothing known: none");
     }
 }

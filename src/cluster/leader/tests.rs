@@ -31,7 +31,7 @@ enum Answer {
     Hang,
 }
 
-struct Fake {
+pub(crate) struct Fake {
     lease: Option<Lease>,
     version: u64,
     answer: Answer,
@@ -41,13 +41,18 @@ struct Fake {
     conflicts: Vec<Instant>,
     /// When the last successful write arrived.
     written_at: Option<Instant>,
+    /// Told every Lease stored, the instant it is stored.
+    watcher: Option<Watcher>,
 }
 
+/// What is told every Lease the fake stores.
+type Watcher = Box<dyn Fn(&Lease) + Send>;
+
 /// The Lease on a fake API server.
-struct FakeStore(Mutex<Fake>);
+pub(crate) struct FakeStore(Mutex<Fake>);
 
 impl FakeStore {
-    fn new(lease: Option<Lease>) -> Arc<Self> {
+    pub(crate) fn new(lease: Option<Lease>) -> Arc<Self> {
         let mut fake = Fake {
             lease: None,
             version: 1,
@@ -55,6 +60,7 @@ impl FakeStore {
             rival: None,
             conflicts: Vec::new(),
             written_at: None,
+            watcher: None,
         };
         if let Some(lease) = lease {
             fake.stored(lease);
@@ -68,6 +74,24 @@ impl FakeStore {
 
     fn answer(&self, answer: Answer) {
         self.fake().answer = answer;
+    }
+
+    /// Another replica takes the Lease just before the next write arrives, and then stops
+    /// renewing it (it revokes nothing): this one steps down, and takes it back once it
+    /// expired.
+    pub(crate) fn taken_by_rival(&self) {
+        self.fake().rival = Some("rival".into());
+    }
+
+    /// The Lease is deleted (`kubectl delete lease`, its namespace re-created): whoever reads
+    /// it next creates it again.
+    pub(crate) fn remove(&self) {
+        self.fake().lease = None;
+    }
+
+    /// Tells `watcher` every Lease stored from now on, as it is stored.
+    pub(crate) fn watch(&self, watcher: impl Fn(&Lease) + Send + 'static) {
+        self.fake().watcher = Some(Box::new(watcher));
     }
 
     fn lease(&self) -> Lease {
@@ -129,6 +153,9 @@ impl Fake {
         lease.metadata.resource_version = Some(self.version.to_string());
         self.lease = Some(lease.clone());
         self.written_at = Some(Instant::now());
+        if let Some(watcher) = &self.watcher {
+            watcher(&lease);
+        }
         lease
     }
 }
@@ -158,6 +185,9 @@ impl LeaseStore for FakeStore {
         async move {
             self.answering().await?;
             let mut fake = self.fake();
+            if fake.lease.is_none() {
+                return Err(StoreError::Api(api_error(404)));
+            }
             if let Some(rival) = fake.rival.take() {
                 let mut lease = fake.lease.clone().expect("a Lease to take");
                 lease.spec = Some(held_by(&rival).spec.expect("a spec"));
@@ -190,6 +220,23 @@ fn held_by(holder: &str) -> Lease {
 }
 
 type Names = Shared<()>;
+
+/// A replica named `identity` competing for the Lease in `store` with `names` as its registry,
+/// on the timing of these tests (a lease of 16 s): for the controller's model.
+pub(crate) fn compete(
+    store: &Arc<FakeStore>,
+    identity: &str,
+    names: Arc<dyn LeaseNames>,
+) -> Leadership {
+    let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+    Leadership::elect(
+        store.clone(),
+        Timing::new(LEASE),
+        identity.to_owned(),
+        Arc::new(metrics),
+        names,
+    )
+}
 
 /// A replica named `identity` competing for the Lease in `store`.
 fn elect(store: &Arc<FakeStore>, identity: &str) -> (Leadership, Arc<Names>) {
@@ -227,7 +274,13 @@ fn delete(i: u32) -> InFlight {
 }
 
 fn named(store: &FakeStore) -> Vec<String> {
-    let text = store.annotation(DELETES_IN_FLIGHT);
+    named_on(&store.lease())
+}
+
+/// The claim UIDs `lease` names in flight.
+pub(crate) fn named_on(lease: &Lease) -> Vec<String> {
+    let text = (lease.metadata.annotations.as_ref())
+        .and_then(|annotations| annotations.get(DELETES_IN_FLIGHT).cloned());
     let named: Vec<InFlight> =
         text.map_or_else(Vec::new, |t| serde_json::from_str(&t).expect("a list"));
     named.into_iter().map(|delete| delete.uid).collect()

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::cluster::in_flight::Sent;
 use crate::cluster::leader::FenceError;
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::writer::{Answer, Mode, NotSent, Notice};
@@ -157,27 +156,11 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             }
             None => Err(NotSent::Fence(FenceError::NotLeading)),
         };
+        // Received by the time it was answered, at the latest.
+        let answered = self.clock.server().1;
+        let answer = sent.as_ref().ok().copied();
+        (self.deletes.in_flight).sent(slots, claim, answer, reservation, answered);
         let result = sent.as_ref().ok().map(|answer| answer.result());
-        // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
-        match result {
-            // Received by the time it was answered, at the latest.
-            Some(DeleteResult::Deleted) => {
-                slots.count_from(reservation, self.clock.server().1);
-            }
-            // It may have been carried out: it stays counted until its revocation says.
-            Some(DeleteResult::Unanswered) => {}
-            _ => slots.release(reservation),
-        }
-        // The registry learns how a real DELETE ended (a dry run's never could land).
-        let ended = match &sent {
-            Ok(Answer::Real(DeleteResult::Deleted)) => Some(Sent::Carried),
-            Ok(Answer::Real(DeleteResult::Unanswered)) => Some(Sent::Unanswered),
-            Ok(Answer::Dry(_)) => None,
-            Ok(Answer::Real(_)) | Err(_) => Some(Sent::Settled),
-        };
-        if let Some(ended) = ended {
-            self.deletes.in_flight.sent(claim, ended, reservation);
-        }
         if let Ok(Answer::Real(DeleteResult::Deleted)) = &sent {
             self.mark(claim, confirmed).await;
         }
@@ -290,11 +273,13 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
     /// when it cannot be read.
     pub(super) fn recover_cap(&self) {
         let found = self.cluster.found_ledger();
-        if let Err(error) = self.deletes.slots.recover(
+        let recovered = self.deletes.in_flight.recovered(
+            &self.deletes.slots,
             found.as_deref(),
-            self.clock.server().0,
+            self.clock.server(),
             self.cluster.reach(),
-        ) {
+        );
+        if let Err(error) = recovered {
             warn!(%error, "the count of deletions in the current window is not known; counting the cap as reached for one window");
             self.metrics.set_cap_unknown(true);
             self.metrics.ledger_fault(error.fault());

@@ -8,16 +8,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::{info, warn};
 
-use crate::cluster::in_flight::{self, InFlight, Sent};
+use chrono::{DateTime, Utc};
+
+use crate::cluster::in_flight::{self, InFlight, Revocation, Sent};
 use crate::cluster::ports::{Clock, Cluster};
-use crate::cluster::writer::Revocation;
+use crate::cluster::writer::Answer;
+use crate::daemon::cap_ledger::LedgerError;
 use crate::daemon::limiter::Reservation;
 use crate::daemon::scheduler::{Failure, Outcome};
 use crate::decide::facts::{ClaimFacts, ObjectKey};
-use crate::decide::linking::Found;
-use crate::observe::metrics::Revoked;
+use crate::observe::metrics::{DeleteResult, Revoked};
 
 use super::Controller;
+use super::slots::Slots;
 
 /// The registry, each DELETE holding its slot of the cap while it may land.
 pub type DeletesInFlight = in_flight::Shared<Reservation>;
@@ -76,16 +79,44 @@ impl InFlightDeletes {
         self.claims_watch_broken.store(broken, Ordering::Relaxed);
     }
 
-    /// The DELETE of `claim` ended its request as `sent`: the registry learns it, and keeps
-    /// `reservation` while it may land.
-    pub(super) fn sent(&self, claim: &ClaimFacts, sent: Sent, reservation: Reservation) {
-        let delete = InFlight {
-            namespace: claim.key.namespace.to_string(),
-            name: claim.key.name.clone(),
-            uid: claim.uid.clone(),
-            resource_version: claim.resource_version.clone(),
+    /// The DELETE of `claim`, sent on `reservation`, ended its request answered `answer`
+    /// (`None`: not sent; `at`: the latest the API server's clock reads now). Its slot of the cap: counted from `at` when it
+    /// was carried out (received by then), the DELETE's own while it may land, and freed when
+    /// it can never land; the registry learns how a real one ended (a dry run's never could
+    /// land).
+    pub(super) fn sent(
+        &self,
+        slots: &Slots,
+        claim: &ClaimFacts,
+        answer: Option<Answer>,
+        reservation: Reservation,
+        at: DateTime<Utc>,
+    ) {
+        // The cap counts would-deletes as deletes: a dry run shows what the cap lets through.
+        let result = answer.map(|answer| answer.result());
+        let real = !matches!(answer, Some(Answer::Dry(_)));
+        let mut registry = self.registry();
+        let slot = match result {
+            Some(DeleteResult::Deleted) => {
+                slots.count_from(reservation, at);
+                None
+            }
+            // It may have been carried out: it stays counted until its revocation says (in
+            // the current count, should the term have changed while it was on its way).
+            Some(DeleteResult::Unanswered) => slots.keep(reservation, at),
+            _ => {
+                slots.release(reservation);
+                None
+            }
         };
-        self.registry().sent(&delete, sent, Some(reservation));
+        let ended = match result {
+            Some(DeleteResult::Deleted) => Sent::Carried,
+            Some(DeleteResult::Unanswered) => Sent::Unanswered,
+            _ => Sent::Settled,
+        };
+        if real {
+            registry.sent(&InFlight::of(claim), ended, slot);
+        }
     }
 
     /// The claim is seen gone (or re-created): nothing of it can land any more.
@@ -98,25 +129,54 @@ impl InFlightDeletes {
         self.registry().owed(key)
     }
 
-    /// The slot of the cap an unanswered `delete` holds.
-    pub(super) fn slot(&self, delete: &InFlight) -> Option<Reservation> {
-        self.registry().slot(delete)
-    }
-
-    /// Moves the slot an unanswered `delete` holds.
-    pub(super) fn reslot(&self, delete: &InFlight, moved: Reservation) {
-        self.registry().reslot(delete, moved);
-    }
-
     /// The claims owed a revocation.
     pub(super) fn owed_keys(&self) -> Vec<ObjectKey> {
         self.registry().owed_keys()
     }
 
-    /// How the revocation of `delete` ended; the slot of the cap it held, once it can never
-    /// land.
-    pub(super) fn revoked(&self, delete: &InFlight, revocation: Revocation) -> Option<Reservation> {
-        self.registry().revoked(delete, revocation)
+    /// The revocation of `delete` ended as `revocation` (`at`: the latest the API server's
+    /// clock reads now). Revoked, it can never land: its slot of the cap goes to another claim.
+    /// Landed, its slot stays counted as a deletion. Neither known, it may land from now on:
+    /// its slot is counted from `at`, so that the cap's window holds it while it is owed (else,
+    /// a window later, the cap would let as many more DELETEs go beside every one still owed).
+    pub(super) fn revoked(
+        &self,
+        slots: &Slots,
+        delete: &InFlight,
+        revocation: Revocation,
+        at: DateTime<Utc>,
+    ) {
+        let mut registry = self.registry();
+        match revocation {
+            Revocation::Refused | Revocation::Unanswered => {
+                registry.unrevoked(delete, |slot| slots.count_from(slot, at));
+            }
+            Revocation::Revoked | Revocation::Landed => {
+                if let Some(slot) = registry.revoked(delete, revocation) {
+                    slots.release(slot);
+                }
+            }
+        }
+    }
+
+    /// A term began: the cap counts from the ledger found on the Lease just won (see
+    /// `Limiter::recover`), and every DELETE owed a revocation (found on the Lease, or this
+    /// replica's own from an earlier term) holds a slot in it from `at` until its revocation
+    /// proves it dead. A slot of an earlier term is not in the ledger recovered, so without
+    /// this it would stop counting once its last record's window passed. Its record in the
+    /// ledger found, if any, counts too until its window passes: an owed DELETE may count
+    /// twice for a window after a recovery, which fails closed.
+    pub(super) fn recovered(
+        &self,
+        slots: &Slots,
+        found: Option<&str>,
+        (earliest, at): (DateTime<Utc>, DateTime<Utc>),
+        reach: std::time::Duration,
+    ) -> Result<(), LedgerError> {
+        let mut registry = self.registry();
+        let recovered = slots.recover(found, earliest, reach);
+        registry.recovered(|_| slots.hold(at));
+        recovered
     }
 }
 
@@ -151,37 +211,28 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
         let revocation = match self.cluster.revoke(&delete).await {
             // Refused: the claim may have been re-created, or a guard or RBAC refuses the
             // patch. Only a live read tells whether the DELETE can still land.
-            Revocation::Refused => match self.cluster.claim_state(key).await {
-                Found::Yes((uid, false)) if uid == delete.uid => Revocation::Refused,
-                Found::Unknown(_) => Revocation::Unanswered,
-                _ => Revocation::Landed,
-            },
+            Revocation::Refused => {
+                match in_flight::gone(&self.cluster.claim_state(key).await, &delete.uid) {
+                    Some(false) => Revocation::Refused,
+                    None => Revocation::Unanswered,
+                    Some(true) => Revocation::Landed,
+                }
+            }
             other => other,
         };
+        let slots = &self.deletes.slots;
+        in_flight.revoked(slots, &delete, revocation, self.clock.server().1);
         match revocation {
             Revocation::Revoked => {
-                // It can never land: its slot of the cap goes to another claim.
-                let slot = in_flight.revoked(&delete, Revocation::Revoked);
-                if let Some(reservation) = slot {
-                    self.deletes.slots.release(reservation);
-                }
                 self.metrics.revocation(Revoked::Revoked);
                 info!(claim = %key, resource_version = %delete.resource_version, "revoked a delete without an answer: it fails its precondition whenever it arrives; deciding again after the claim's backoff");
             }
             Revocation::Landed => {
                 // Until the watch shows it gone, a live read comes before any other DELETE.
-                in_flight.revoked(&delete, Revocation::Landed);
                 self.metrics.delete_late();
                 warn!(claim = %key, uid = %delete.uid, "a delete without an answer was carried out after all (it, or another, reached the API server); its volume, if kept by a Retain policy, is not marked and workspace-gc never deletes it");
             }
             Revocation::Refused | Revocation::Unanswered => {
-                // It may land from now on: its slot is counted from now, so that the cap's
-                // window holds it while it is owed (else, a window later, the cap would let
-                // as many more DELETEs go beside every one still owed).
-                if let Some(slot) = in_flight.slot(&delete) {
-                    let moved = self.deletes.slots.count_from(slot, self.clock.server().1);
-                    in_flight.reslot(&delete, moved);
-                }
                 self.metrics.revocation(Revoked::NotRevoked);
                 warn!(claim = %key, "a delete without an answer is not revoked yet; the claim is kept and nothing else is sent for it");
                 return Some(Outcome::Retry(Failure::Unrevoked));

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::cluster::cache::Scope;
+use crate::cluster::in_flight;
 use crate::cluster::ports::{Clock, Cluster};
 use crate::cluster::watches::PROVEN;
 use crate::config::Config;
@@ -128,10 +129,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
             return Err(Outcome::Retry(Failure::LiveTooSlow));
         };
         if let Some(state) = read.state {
-            let gone = match state {
-                Found::Yes((uid, being_deleted)) => being_deleted || uid != claim.uid,
-                Found::No => true,
-                Found::Unknown(_) => return Err(Outcome::Retry(Failure::LiveUnread)),
+            let Some(gone) = in_flight::gone(&state, &claim.uid) else {
+                return Err(Outcome::Retry(Failure::LiveUnread));
             };
             if unseen == Some(Unseen::Answered) {
                 self.deletes.in_flight.seen_gone(key);

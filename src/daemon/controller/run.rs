@@ -242,7 +242,7 @@ pub async fn run(
 
 /// Publishes leadership to metrics and, on winning the lease, re-evaluates every claim: the
 /// standby decided but did not act.
-async fn follow_leadership<C: Cluster, K: Clock>(
+pub(super) async fn follow_leadership<C: Cluster, K: Clock>(
     controller: Arc<Controller<C, K>>,
     health: Arc<Health>,
 ) {

@@ -144,6 +144,18 @@ impl Slots {
         self.state().limiter.count_from(reservation, at)
     }
 
+    /// A slot for a DELETE owed a revocation, counted from `at` in the count just recovered
+    /// (see `Limiter::hold`).
+    pub(super) fn hold(&self, at: DateTime<Utc>) -> Option<Reservation> {
+        self.state().limiter.hold(Instant::now(), at)
+    }
+
+    /// `reservation`, kept by a DELETE that may still land, in the current count (see
+    /// `Limiter::keep`).
+    pub(super) fn keep(&self, reservation: Reservation, at: DateTime<Utc>) -> Option<Reservation> {
+        self.state().limiter.keep(reservation, Instant::now(), at)
+    }
+
     /// Gives a slot back: its DELETE was not sent, was refused, or can never land.
     pub(super) fn release(&self, reservation: Reservation) {
         self.state().limiter.release(reservation);
