@@ -1838,3 +1838,196 @@ fn the_architecture_lists_every_lock_concern_and_step() {
         wrong.join("\n")
     );
 }
+
+/// The module path of a source file of `src/`: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`.
+fn module_of(file: &str) -> Vec<String> {
+    let inner = file.trim_start_matches("src/").trim_end_matches(".rs");
+    let mut path: Vec<String> = inner.split('/').map(str::to_owned).collect();
+    if matches!(path.last().map(String::as_str), Some("mod" | "lib")) {
+        path.pop();
+    }
+    path
+}
+
+/// Every path the code names from `crate::` or `super::`, braced groups expanded, made absolute
+/// from `module`, the file's own module path (`super` of `a::b` is `a`, whether `b` is `b.rs`
+/// or `b/mod.rs`).
+fn paths_named(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    fn ident_end(text: &str) -> usize {
+        text.find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(text.len())
+    }
+    // `text` follows `prefix::`: an identifier path, then maybe `::{group}`.
+    fn expand(prefix: Vec<String>, text: &str, out: &mut Vec<Vec<String>>) {
+        let mut path = prefix;
+        let mut rest = text.trim_start();
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let Some(close) = closing_brace(group) else {
+                    return;
+                };
+                let mut depth = 0;
+                let mut start = 0;
+                for (i, c) in group[..close].char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            expand(path.clone(), &group[start..i], out);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                expand(path, &group[start..close], out);
+                return;
+            }
+            let end = ident_end(rest);
+            if end == 0 {
+                break;
+            }
+            path.push(rest[..end].to_owned());
+            rest = &rest[end..];
+            match rest.strip_prefix("::") {
+                Some(next) => rest = next.trim_start(),
+                None => break,
+            }
+        }
+        out.push(path);
+    }
+    fn closing_brace(text: &str) -> Option<usize> {
+        let mut depth = 0;
+        for (i, c) in text.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => return Some(i),
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        None
+    }
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        expand(Vec::new(), &code[at + "crate::".len()..], &mut out);
+    }
+    for (at, _) in code.match_indices("super::") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let mut rest = &code[at..];
+        let mut base = module.to_vec();
+        while let Some(next) = rest.strip_prefix("super::") {
+            base.pop();
+            rest = next;
+        }
+        expand(base, rest, &mut out);
+    }
+    out
+}
+
+/// Which file of `files` (module paths) each named path lands in: its longest prefix that is
+/// a file's module.
+fn imports_by_file(code: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let modules: BTreeMap<Vec<String>, &str> = (code.iter())
+        .map(|(file, _)| (module_of(file), file.as_str()))
+        .collect();
+    let mut imports = BTreeMap::new();
+    for (file, text) in code {
+        let mut targets = BTreeSet::new();
+        for path in paths_named(text, &module_of(file)) {
+            let landed = (1..=path.len())
+                .rev()
+                .find_map(|len| modules.get(&path[..len]));
+            if let Some(target) = landed.filter(|target| **target != file.as_str()) {
+                targets.insert((*target).to_owned());
+            }
+        }
+        imports.insert(file.clone(), targets);
+    }
+    imports
+}
+
+/// The files that reach one another through their imports (every pair named once, in order).
+fn import_circles(imports: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.clone()];
+        while let Some(file) = stack.pop() {
+            for next in imports.get(&file).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        imports.keys().map(|file| (file, reach(file))).collect();
+    let mut circles = Vec::new();
+    for (a, from_a) in &reached {
+        for b in from_a {
+            if a.as_str() < b.as_str() && reached.get(b).is_some_and(|from_b| from_b.contains(*a)) {
+                circles.push(((*a).clone(), b.clone()));
+            }
+        }
+    }
+    circles
+}
+
+#[test]
+fn an_import_circle_is_found_through_braces_super_and_a_third_file() {
+    let file = |name: &str, text: &str| (name.to_owned(), text.to_owned());
+    let code = vec![
+        file("src/lib.rs", "pub mod a; pub mod b;"),
+        file("src/a/mod.rs", "use crate::{b::{x::Thing, y}, lib_item};"),
+        file("src/b/x.rs", "use super::y::Other;"),
+        file("src/b/y.rs", "fn f() { crate::a::run(); }"),
+        file("src/c.rs", "use crate::a::Thing;"),
+    ];
+    let imports = imports_by_file(&code);
+    assert_eq!(
+        imports["src/a/mod.rs"],
+        ["src/b/x.rs", "src/b/y.rs"].map(str::to_owned).into()
+    );
+    assert_eq!(imports["src/b/x.rs"], ["src/b/y.rs".to_owned()].into());
+    let circles = import_circles(&imports);
+    assert!(
+        circles.contains(&("src/a/mod.rs".into(), "src/b/y.rs".into()))
+            && circles.contains(&("src/a/mod.rs".into(), "src/b/x.rs".into())),
+        "{circles:?}"
+    );
+    assert!(
+        !circles
+            .iter()
+            .any(|(a, b)| a == "src/c.rs" || b == "src/c.rs"),
+        "c imports the circle, nothing imports c back: {circles:?}"
+    );
+}
+
+/// No file of `src/` imports another that imports it back, directly or through others
+/// (issue 57): a circle hides which concern owns what. Paths named from `crate::` or
+/// `super::` in code (comments, strings and tests blanked, so a doc link is no import) count.
+#[test]
+fn no_file_imports_a_file_that_imports_it_back() {
+    let code = src_code();
+    let imports = imports_by_file(&code);
+    assert!(
+        imports.values().map(BTreeSet::len).sum::<usize>() > 100,
+        "the scan finds the imports: {imports:?}"
+    );
+    let circles = import_circles(&imports);
+    assert!(
+        circles.is_empty(),
+        "files that import each other, directly or through others:\n{}",
+        (circles.iter())
+            .map(|(a, b)| format!("{a} <-> {b}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
