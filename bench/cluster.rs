@@ -17,7 +17,7 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::results::ProcSample;
-use testkit::{ControlPlane, ControlPlaneOptions, script};
+use testkit::{ControlPlane, ControlPlaneOptions, HaPlane, script};
 
 /// The user names the contenders authenticate as (the CN of their client certificates). The
 /// audit policy records exactly these and the controller manager.
@@ -30,14 +30,23 @@ pub fn root() -> PathBuf {
 }
 
 /// Starts the control plane of one size in `dir` (a tmpfs) the way the tests start theirs, with
-/// kube-controller-manager and `apiserver_args`; how long it took to be ready. Stopped on drop.
-pub fn start(dir: &Path, apiserver_args: &[String]) -> Result<(ControlPlane, Duration)> {
+/// kube-controller-manager and `apiserver_args`, as the HA plane `ha` if given; how long it
+/// took to be ready. Stopped on drop.
+pub fn start(
+    dir: &Path,
+    apiserver_args: &[String],
+    ha: Option<&HaPlane>,
+) -> Result<(ControlPlane, Duration)> {
     let started = Instant::now();
     let options = ControlPlaneOptions {
         controller_manager: true,
         apiserver_args: apiserver_args.to_vec(),
     };
-    let plane = ControlPlane::start_in(dir, &options).map_err(|e| anyhow!(e))?;
+    let plane = match ha {
+        Some(ha) => ControlPlane::start_ha_in(dir, &options, ha),
+        None => ControlPlane::start_in(dir, &options),
+    }
+    .map_err(|e| anyhow!(e))?;
     Ok((plane, started.elapsed()))
 }
 

@@ -124,6 +124,16 @@ pub struct Options {
     /// LABEL,PATH[,KEY=VALUE...].
     #[arg(long = "churn-compare", value_parser = daemon_spec)]
     pub churn_compare: Vec<DaemonSpec>,
+    /// Every control plane is this many kube-apiservers over one etcd behind HAProxy
+    /// (`scripts/control-plane up --apiservers N`), as OpenShift runs three.
+    #[arg(long, value_parser = positive_count, default_value = "1")]
+    pub apiservers: usize,
+    /// With --apiservers: each size is measured on one server first, then once per offset
+    /// (a Go duration: 0s, 5ms, 300ms, 5s) on the HA plane with its servers' clocks spread
+    /// over that offset (server I of N runs OFFSET × (I − 1) / (N − 1) off); the report then
+    /// has the lag table across planes and no figures.
+    #[arg(long, value_delimiter = ',', value_parser = go_duration_nanos)]
+    pub offsets: Vec<i64>,
     /// Render the report from the figures of an earlier run (its JSON in
     /// target/bench-reclaim/) instead of measuring.
     #[arg(long, value_name = "JSON")]
@@ -255,6 +265,89 @@ fn steady_events(steady: Option<(f64, u64)>, full: bool) -> usize {
     }
 }
 
+/// A Go duration (`5ms`, `-5s`, `0`) as nanoseconds, the unit the plane's offsets are
+/// passed in.
+fn go_duration_nanos(text: &str) -> Result<i64, String> {
+    let text = text.trim();
+    let (sign, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (-1.0, rest),
+        None => (1.0, text),
+    };
+    let split = unsigned
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(unsigned.len());
+    let (number, unit) = unsigned.split_at(split);
+    let scale = match unit {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" => 60e9,
+        "" if number.parse::<f64>() == Ok(0.0) => 0.0,
+        _ => return Err(format!("{text}: not a Go duration (5ms, 300ms, 5s)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text}: not a Go duration (5ms, 300ms, 5s)"))?;
+    Ok((sign * value * scale).round() as i64)
+}
+
+/// The control plane a size is measured on: one server, or an HA plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plane {
+    pub servers: usize,
+    /// How far apart the first and the last server's clocks are, in nanoseconds.
+    pub spread_ns: i64,
+}
+
+impl Plane {
+    /// How the report names it.
+    pub fn label(&self) -> String {
+        match self.servers {
+            1 => "1 server".to_owned(),
+            n => format!(
+                "{n} servers, clocks {} apart",
+                report::nanos(self.spread_ns)
+            ),
+        }
+    }
+
+    /// The test kit's HA plane: server I runs `spread × (I − 1) / (N − 1)` off.
+    pub fn ha(&self) -> Option<testkit::HaPlane> {
+        (self.servers > 1).then(|| {
+            let last = (self.servers - 1) as i64;
+            testkit::HaPlane {
+                servers: self.servers,
+                offsets: (0..self.servers as i64)
+                    .map(|i| match self.spread_ns * i / last {
+                        0 => String::new(),
+                        ns => format!("{ns}ns"),
+                    })
+                    .collect(),
+            }
+        })
+    }
+}
+
+impl Options {
+    /// The planes each size is measured on, in order.
+    fn planes(&self) -> Vec<Plane> {
+        let ha = |spread_ns| Plane {
+            servers: self.apiservers,
+            spread_ns,
+        };
+        if self.offsets.is_empty() {
+            return vec![ha(0)];
+        }
+        std::iter::once(Plane {
+            servers: 1,
+            spread_ns: 0,
+        })
+        .chain(self.offsets.iter().map(|&spread| ha(spread)))
+        .collect()
+    }
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -285,19 +378,31 @@ fn main() -> Result<()> {
     if let Some(dir) = raw.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    if !options.offsets.is_empty() && options.apiservers < 2 {
+        bail!("--offsets needs --apiservers 2 or more");
+    }
     for &n in &options.sizes {
-        eprintln!("bench: === N = {n} ===");
-        run.sizes.push(runtime.block_on(run_size(n, &options))?);
-        // After every size, so that a later failure keeps what was measured.
-        std::fs::write(&raw, serde_json::to_string_pretty(&run)?)?;
-        eprintln!("bench: figures so far in {}", raw.display());
+        for plane in options.planes() {
+            eprintln!("bench: === N = {n}, {} ===", plane.label());
+            run.sizes
+                .push(runtime.block_on(run_size(n, &options, &plane))?);
+            // After every size, so that a later failure keeps what was measured.
+            std::fs::write(&raw, serde_json::to_string_pretty(&run)?)?;
+            eprintln!("bench: figures so far in {}", raw.display());
+        }
     }
     write_report(&options, &run)
 }
 
 /// The report and its figures, next to it.
 fn write_report(options: &Options, run: &Run) -> Result<()> {
-    let figures = plots::figures(run).map_err(|e| anyhow!(e))?;
+    // Across planes, one size's figures would overwrite each other (their files are named by
+    // size): the lag table stands for them.
+    let figures = if run.sizes.iter().any(|r| !r.plane.is_empty()) {
+        Vec::new()
+    } else {
+        plots::figures(run).map_err(|e| anyhow!(e))?
+    };
     let dir = options.out.parent().unwrap_or(std::path::Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for figure in &figures {
@@ -325,7 +430,7 @@ struct Ctx {
     audit_log: PathBuf,
 }
 
-async fn run_size(n: usize, options: &Options) -> Result<SizeResult> {
+async fn run_size(n: usize, options: &Options, plane: &Plane) -> Result<SizeResult> {
     let size_started = std::time::Instant::now();
     let events = options.events_for(n);
     let (churn_owned, churn_validating) = options.churn_builds(n);
@@ -353,6 +458,7 @@ async fn run_size(n: usize, options: &Options) -> Result<SizeResult> {
             format!("--audit-policy-file={}", policy.display()),
             format!("--audit-log-path={}", audit_log.display()),
         ],
+        plane.ha().as_ref(),
     )?;
     let outcome = run_phases(
         n,
@@ -366,6 +472,9 @@ async fn run_size(n: usize, options: &Options) -> Result<SizeResult> {
     .await;
     let _ = std::fs::remove_dir_all(&base);
     let mut result = outcome?;
+    if options.apiservers > 1 {
+        result.plane = plane.label();
+    }
     result.load_before = load_before;
     result.load_after = cluster::loadavg();
     result.total_s = size_started.elapsed().as_secs_f64();
@@ -1110,10 +1219,12 @@ impl Window {
 }
 
 fn cpu(ctx: &Ctx, name: &str) -> f64 {
-    ctx.cp
-        .pid(name)
-        .and_then(cluster::cpu_seconds)
-        .unwrap_or_default()
+    // On an HA plane (`--apiservers`) the servers are kube-apiserver-1 .. -N: their sum.
+    let servers = (1..=ctx.options.apiservers).map(|i| format!("{name}-{i}"));
+    (std::iter::once(name.to_owned()).chain(servers))
+        .filter_map(|name| ctx.cp.pid(&name))
+        .filter_map(cluster::cpu_seconds)
+        .sum()
 }
 
 fn secs(d: chrono::TimeDelta) -> f64 {

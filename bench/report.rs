@@ -160,6 +160,20 @@ fn command_line(options: &Options) -> String {
         ),
         (options.with_baselines, " --with-baselines".into()),
         (
+            options.apiservers != 1,
+            format!(" --apiservers {}", options.apiservers),
+        ),
+        (
+            !options.offsets.is_empty(),
+            format!(
+                " --offsets {}",
+                (options.offsets.iter())
+                    .map(|&ns| format!("{ns}ns"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        ),
+        (
             options.out != cluster::root().join("bench/RESULTS.md"),
             format!(" --out {}", options.out.display()),
         ),
@@ -333,6 +347,7 @@ pub fn render(run: &Run, figures: &[Figure]) -> String {
 
     out.push_str(METHOD);
 
+    render_planes(&mut out, results);
     for r in results {
         render_size(&mut out, r, figures);
     }
@@ -406,7 +421,11 @@ settings) can be measured on the same objects with `--variant LABEL,PATH[,ENV=VA
 the lag against reads) and `--out` another file.\n\n";
 
 fn render_size(out: &mut String, r: &SizeResult, figures: &[Figure]) {
-    let _ = writeln!(out, "## N = {}\n", group(r.n));
+    match r.plane.as_str() {
+        "" => writeln!(out, "## N = {}\n", group(r.n)),
+        plane => writeln!(out, "## N = {}, {plane}\n", group(r.n)),
+    }
+    .ok();
     let states: Vec<String> = r
         .states
         .iter()
@@ -921,6 +940,49 @@ fn render_tradeoffs(out: &mut String, r: &SizeResult, figures: &[Figure]) {
     }
     out.push('\n');
     embed(out, figures, r.n, FigureKind::LagReads);
+}
+
+/// A clock spread as the report writes it: 0, 5 ms, 300 ms, 5 s.
+pub fn nanos(ns: i64) -> String {
+    match ns.unsigned_abs() {
+        0 => "0".to_owned(),
+        a if a < 1_000_000 => format!("{} µs", ns as f64 / 1e3),
+        a if a < 1_000_000_000 => format!("{} ms", ns as f64 / 1e6),
+        _ => format!("{} s", ns as f64 / 1e9),
+    }
+}
+
+/// With `--apiservers` and `--offsets`: workspace-gc's reclaim lag on each plane, the single
+/// server's first, per size.
+fn render_planes(out: &mut String, results: &[SizeResult]) {
+    if results.iter().all(|r| r.plane.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## Reclaim lag across control planes\n\nworkspace-gc's reclaim lag, p50 / p99 / max, on \
+         each control plane of this run: one kube-apiserver, then several behind HAProxy with \
+         their clocks spread over the offset named (server I of N that far × (I − 1) / (N − 1)).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| N | control plane | owner deleted | TTL passed | all |\n|---|---|---|---|---|"
+    );
+    for r in results {
+        for c in r.contenders.iter().filter(|c| c.role == Role::Daemon) {
+            let _ = writeln!(
+                out,
+                "| {} | {} ({}) | {} | {} | {} |",
+                group(r.n),
+                r.plane,
+                c.name,
+                lag_cell(lag_stats(&c.lags, Some(EventKind::OwnerDeleted))),
+                lag_cell(lag_stats(&c.lags, Some(EventKind::TtlPassed))),
+                lag_cell(lag_stats(&c.lags, None)),
+            );
+        }
+    }
+    out.push('\n');
 }
 
 fn render_targets(out: &mut String, sizes: &[SizeResult]) {

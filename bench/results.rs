@@ -161,6 +161,10 @@ impl Contender {
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct SizeResult {
     pub n: usize,
+    /// The control plane, when the run compares planes (`--apiservers`): "1 server",
+    /// "3 servers, clocks 5 ms apart". Empty otherwise.
+    #[serde(default)]
+    pub plane: String,
     pub namespaces: usize,
     pub events: usize,
     pub states: Vec<(String, usize)>,

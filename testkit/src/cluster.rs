@@ -27,6 +27,50 @@ pub struct ControlPlaneOptions {
     pub apiserver_args: Vec<String>,
 }
 
+/// An HA control plane (`scripts/control-plane up --apiservers N`): `servers` kube-apiservers
+/// over one etcd behind HAProxy, named `kube-apiserver-1` .. `kube-apiserver-N` for
+/// [`ControlPlane::stop_component`] and [`ControlPlane::start_component`]. `offsets[i]` (a Go
+/// duration: "5ms", "-5s"; empty for none) runs server `i + 1` with its wall clock that far
+/// off.
+#[derive(Debug, Clone, Default)]
+pub struct HaPlane {
+    pub servers: usize,
+    pub offsets: Vec<String>,
+}
+
+impl HaPlane {
+    /// `servers` servers, clocks true.
+    pub fn servers(servers: usize) -> HaPlane {
+        HaPlane {
+            servers,
+            offsets: Vec::new(),
+        }
+    }
+
+    /// The script's flags for this plane; with offsets, builds the kube-apiserver that runs
+    /// them first (`build-clock-offset`, cached after the first build).
+    fn flags(&self) -> Vec<String> {
+        let mut flags = vec!["--apiservers".to_owned(), self.servers.to_string()];
+        for (i, offset) in self.offsets.iter().enumerate() {
+            if !offset.is_empty() {
+                flags.push("--apiserver-offset".to_owned());
+                flags.push(format!("{}={offset}", i + 1));
+            }
+        }
+        if flags.len() > 2 {
+            ensure_binaries("build-clock-offset");
+        }
+        flags
+    }
+
+    /// The server names, `kube-apiserver-1` first.
+    pub fn names(&self) -> Vec<String> {
+        (1..=self.servers)
+            .map(|i| format!("kube-apiserver-{i}"))
+            .collect()
+    }
+}
+
 /// A local etcd + kube-apiserver (+ optionally kube-controller-manager) started by
 /// `scripts/control-plane up`. Its processes are stopped by a watchdog when the test process
 /// exits, however it exits; a dedicated one is also stopped when dropped.
@@ -186,6 +230,44 @@ impl ControlPlane {
     /// failed, with the script's output, if it did not start. Its binaries must be built.
     pub fn start_in(dir: &Path, options: &ControlPlaneOptions) -> Result<ControlPlane, String> {
         Self::up_in(dir, options, &[])
+    }
+
+    /// A dedicated HA control plane ([`HaPlane`]), stopped on drop. Its clients and the
+    /// daemon reach the servers through the balancer.
+    pub fn start_ha(options: &ControlPlaneOptions, ha: &HaPlane) -> ControlPlane {
+        let flags = ha.flags();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Self::launch_with(options, false, &flags)
+    }
+
+    /// As [`Self::start_ha`], in `dir` (the benchmark's tmpfs); what failed, if it did not
+    /// start. Its binaries must be built (with offsets, `build-clock-offset`'s are built here).
+    pub fn start_ha_in(
+        dir: &Path,
+        options: &ControlPlaneOptions,
+        ha: &HaPlane,
+    ) -> Result<ControlPlane, String> {
+        let flags = ha.flags();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Self::up_in(dir, options, &flags)
+    }
+
+    /// The URL of one server of an HA plane (`kube-apiserver-2`), not through the balancer,
+    /// as `up` recorded it.
+    pub fn server_url(&self, name: &str) -> String {
+        let file = self.dir.join("endpoints");
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        let key = format!("API_URL_{}=", name.trim_start_matches("kube-apiserver-"));
+        text.lines()
+            .find_map(|line| line.strip_prefix(&key))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{name} is not a server of the HA plane in {}",
+                    self.dir.display()
+                )
+            })
+            .to_owned()
     }
 
     fn up_in(

@@ -187,6 +187,11 @@ impl Process {
         self.child.id().expect("the process has not been reaped")
     }
 
+    /// The port it serves HTTP on, for a task polling it while the test holds the process.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub async fn get(&self, path: &str) -> (u16, String) {
         http_get(self.port, path).await
     }

@@ -36,7 +36,7 @@ pub use claims::{
     Fate, deleted_events, events, expiring, fate, forward_held_delete, in_secs, revoked,
 };
 pub use cluster::{
-    ControlPlane, ControlPlaneOptions, DAEMON_ACCOUNT, TestNamespace, kubernetes_minor,
+    ControlPlane, ControlPlaneOptions, DAEMON_ACCOUNT, HaPlane, TestNamespace, kubernetes_minor,
     kubernetes_version, load_config, policy_rule, tekton_version,
 };
 pub use daemon::{Daemon, Process, audit_rows};

@@ -32,6 +32,7 @@ mod delete_protocol;
 mod fault_tools;
 mod faults;
 mod graphs_cluster;
+mod ha;
 mod helm;
 mod identity;
 mod leadership;
