@@ -209,6 +209,23 @@ async fn add_label(
         .await
 }
 
+/// Waits until the label guard is in force once the API server's informers have it: probed
+/// with dry runs of `client` adding the label to `claim`, which change nothing.
+async fn wait_for_label_guard(client: &Client, ns: &TestNamespace, claim: &str) {
+    let deadline = std::time::Instant::now() + secs(30);
+    loop {
+        match add_label(client, ns, claim, true).await {
+            Err(kube::Error::Api(status)) if status.message.contains("label-only-at-creation") => {
+                return;
+            }
+            answer if std::time::Instant::now() > deadline => {
+                panic!("the label guard did not come into force: {answer:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// `result` is the label guard's refusal: 403, naming its rule.
 #[track_caller]
 fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, who: &str) {
@@ -284,19 +301,7 @@ async fn the_label_guard_lets_only_the_operator_add_the_label_to_an_existing_cla
             .create(&ns)
             .await;
     }
-    // In force once the API server's informers have it: probed with dry runs.
-    let deadline = std::time::Instant::now() + secs(30);
-    loop {
-        match add_label(&alice, &ns, "data-build-workspace", true).await {
-            Err(kube::Error::Api(status)) if status.message.contains("label-only-at-creation") => {
-                break;
-            }
-            answer if std::time::Instant::now() > deadline => {
-                panic!("the label guard did not come into force: {answer:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    wait_for_label_guard(&alice, &ns, "data-build-workspace").await;
 
     refused(
         add_label(&alice, &ns, "data-build-workspace", false).await,
@@ -492,18 +497,7 @@ async fn the_shipped_label_guard_refuses_adding_the_label_to_everyone_and_admits
         .field_manager("kubectl-create")
         .create(&ns)
         .await;
-    let deadline = std::time::Instant::now() + secs(30);
-    loop {
-        match add_label(&gitops, &ns, "cache-build-workspace", true).await {
-            Err(kube::Error::Api(status)) if status.message.contains("label-only-at-creation") => {
-                break;
-            }
-            answer if std::time::Instant::now() > deadline => {
-                panic!("the label guard did not come into force: {answer:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    wait_for_label_guard(&gitops, &ns, "cache-build-workspace").await;
 
     // kubectl label, as anyone: refused, and the message says what to do.
     let answer = add_label(&gitops, &ns, "cache-build-workspace", false).await;
