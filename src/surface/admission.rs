@@ -87,8 +87,8 @@ const PREFIX: &str = "workspace-gc admission guard";
 
 /// The annotation on the guard's policy that says what it was printed for: the selector's
 /// `label_selector`, `namespaces` and `exclude_namespaces`, and the `service_account`, as a
-/// JSON object; on the label guard's, its `label_writers`. The chart checks a guard against its configuration by this key, so the rules'
-/// messages can be reworded freely.
+/// JSON object; on the label guard's, its `label_writers`. The chart checks a guard against
+/// its configuration by this key, so the rules' messages can be reworded freely.
 pub const PRINTED_FOR: &str = "admission.workspace-gc.mlops.dev/printed-for";
 
 /// [`PRINTED_FOR`]'s value. Its keys are sorted (serde_json's map), as Helm's `toJson` writes
