@@ -116,6 +116,11 @@ pub mod naming {
     }
 }
 
+/// The name of the label guard's ValidatingAdmissionPolicy and of its binding (rendered by
+/// `src/surface/admission.rs`): the daemon reads the two by this name, and the shipped roles
+/// grant `get` on it alone.
+pub const LABEL_GUARD: &str = "workspace-gc-label-guard";
+
 /// The labels on a build's workspace claim.
 pub mod labels {
     /// The label the operator puts on every build-workspace claim, and its value: what

@@ -291,6 +291,8 @@ func describe(root string) (string, error) {
 	return strings.Join(intro, " ") + "\n\n" +
 		"When in doubt it keeps the claim: one in use, marked keep, or of a running build is never deleted. " +
 		"The admission guard, a ValidatingAdmissionPolicy that makes the API server refuse any delete it must never make, " +
-		"cannot ship in an OLM bundle: apply it after installing (docs/openshift.md, OperatorHub).\n\n" +
+		"and the label guard, which refuses adding the build-workspace label to an existing claim, " +
+		"cannot ship in an OLM bundle: apply them after installing (docs/openshift.md, OperatorHub). " +
+		"Until the label guard is installed the daemon warns and reports workspace_gc_label_guard_installed 0.\n\n" +
 		"## Documentation\n\nIn the repository:\n\n" + strings.Join(pages, "\n") + "\n", nil
 }

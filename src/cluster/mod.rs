@@ -8,10 +8,12 @@
 //! that changes the cluster.
 //! [`in_flight`] is the registry of the DELETEs that may still land, which the Lease names.
 //! [`server_clock`] tells the API server's time from its answers: deadlines are judged by it.
+//! [`label_guard`] tells whether the API server holds the label guard.
 
 pub mod adapter;
 pub mod cache;
 pub mod in_flight;
+pub mod label_guard;
 pub mod leader;
 pub mod live;
 pub mod ports;

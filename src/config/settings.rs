@@ -663,8 +663,9 @@ settings! {
             combine: replace,
             effect: Effect::Widens(turned_on),
         },
-        /// The users the admission guard lets add the build-workspace label to an existing
-        /// claim; empty: no label guard (`workspace-gc admission-policy`).
+        /// The users the label guard (`workspace-gc admission-policy`, on by default) lets add
+        /// the build-workspace label to an existing claim; empty: nobody. Creating a claim
+        /// with the label needs no entry.
         label_writers: Vec<String> => Vec<String> = Spec {
             flag: None,
             default: Vec::new(),

@@ -19,11 +19,13 @@
 //! DELETE that a paused ex-leader sent, or that a proxy held, is refused once the API server
 //! has seen the new holder's Lease (docs/security.md states the window).
 //!
-//! Optionally (`provenance.label_writers`), a third policy, the label guard, refuses adding the
-//! build-workspace label to an existing claim by anyone but the identities listed (the
-//! operator's ServiceAccount, whoever runs `workspace-gc create`): a claim is a build workspace
-//! when it is made one, and a label added later is what the daemon's provenance rule
-//! (docs/policy.md#provenance) cannot always tell from the first, when one manager did both.
+//! A third policy, the label guard, on by default, refuses adding the build-workspace label to
+//! an existing claim by anyone but the identities listed in `provenance.label_writers` (none by
+//! default: the operator and `workspace-gc create` label a claim in the write that makes it): a
+//! claim is a build workspace when it is made one. It applies to every user, not only the
+//! daemon, and it is the boundary: the provenance rule (docs/policy.md#provenance) reads
+//! `managedFields`, which anyone who may write the claim may rewrite. Where it is not installed
+//! the daemon says so (`src/cluster/label_guard.rs`).
 //!
 //! Rendered from the same configuration as the daemon (`workspace-gc admission-policy`), so
 //! the two agree by construction; the shipped copy in `manifests/components/admission-guard`
@@ -34,6 +36,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::ObjectMeta;
 
 use crate::config::labels::{cel_list, cel_string};
@@ -48,7 +51,7 @@ pub const NAME: &str = "workspace-gc-guard";
 pub const FENCE_NAME: &str = "workspace-gc-fence";
 
 /// The name of the label guard's policy and of its binding.
-pub const LABEL_GUARD_NAME: &str = "workspace-gc-label-guard";
+pub const LABEL_GUARD_NAME: &str = crate::contract::LABEL_GUARD;
 
 /// Where the API server puts the name of the pod a ServiceAccount token is bound to.
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
@@ -84,8 +87,8 @@ const PREFIX: &str = "workspace-gc admission guard";
 
 /// The annotation on the guard's policy that says what it was printed for: the selector's
 /// `label_selector`, `namespaces` and `exclude_namespaces`, and the `service_account`, as a
-/// JSON object. The chart checks a guard against its configuration by this key, so the rules'
-/// messages can be reworded freely.
+/// JSON object; on the label guard's, its `label_writers`. The chart checks a guard against
+/// its configuration by this key, so the rules' messages can be reworded freely.
 pub const PRINTED_FOR: &str = "admission.workspace-gc.mlops.dev/printed-for";
 
 /// [`PRINTED_FOR`]'s value. Its keys are sorted (serde_json's map), as Helm's `toJson` writes
@@ -407,12 +410,24 @@ pub fn fence(
     (policy, binding)
 }
 
+/// The label key every namespace carries, its name (since Kubernetes 1.22): what a binding's
+/// namespace selector matches to name namespaces.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// The label guard: a policy and its binding that refuse an UPDATE of a claim (a patch, an
-/// apply) that adds the build-workspace label, absent or of another value before, by any user
-/// but `writers` (usernames, `system:serviceaccount:NS:NAME` for a ServiceAccount). Creating a
-/// labelled claim is not matched: the operator and the creator make their claims labelled.
-/// Every other update of a claim is outside it, by its match condition.
+/// apply, a replace) that adds the build-workspace label, absent or of another value before,
+/// by any user but `writers` (usernames, `system:serviceaccount:NS:NAME` for a
+/// ServiceAccount); with no writers, by anyone. Creating a labelled claim is not matched: the
+/// operator and the creator make their claims labelled. Every other update of a claim is
+/// outside it, by its match condition. On by default: it is the boundary the provenance rule
+/// (docs/policy.md#provenance) cannot be, since anyone who may write a claim may rewrite its
+/// record.
+///
+/// Its binding covers the namespaces whose claims the daemon may delete (`selector`'s
+/// `namespaces`, none of its `exclude_namespaces`): a label elsewhere is none of its business,
+/// and a namespaced install's guard must not reach into other teams' namespaces.
 pub fn label_guard(
+    selector: &SelectorConfig,
     writers: &[String],
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
     let (key, value) = BUILD_WORKSPACE;
@@ -424,8 +439,23 @@ pub fn label_guard(
             v = cel_string(value),
         )
     };
+    let who = if writers.is_empty() {
+        "nobody (provenance.label_writers is empty)".to_owned()
+    } else {
+        format!("only {} (provenance.label_writers)", writers.join(", "))
+    };
     let policy = ValidatingAdmissionPolicy {
-        metadata: metadata(LABEL_GUARD_NAME),
+        metadata: ObjectMeta {
+            // What its rule depends on, for the chart to check as it checks the guard's.
+            annotations: Some(
+                [(
+                    PRINTED_FOR.to_owned(),
+                    serde_json::json!({ "label_writers": writers }).to_string(),
+                )]
+                .into(),
+            ),
+            ..metadata(LABEL_GUARD_NAME)
+        },
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
             match_constraints: Some(MatchResources {
@@ -443,23 +473,43 @@ pub fn label_guard(
                 expression: format!("!({}) && ({})", labelled("oldObject"), labelled("object")),
             }]),
             validations: Some(vec![rule(
-                "label-added-by-writer",
+                "label-only-at-creation",
                 format!("request.userInfo.username in {}", cel_list(writers)),
                 format!(
-                    "the label {key}={value} is added to an existing claim only by {} \
-                     (provenance.label_writers): a claim is a build workspace when it is made one",
-                    writers.join(", ")
+                    "the label {key}={value} is added to an existing claim by {who}: a claim \
+                     is a build workspace when it is made one. Create the claim with the label, \
+                     or list the identity that adds it in provenance.label_writers and print \
+                     the guard again (workspace-gc admission-policy)"
                 ),
             )]),
             ..ValidatingAdmissionPolicySpec::default()
         }),
         status: None,
     };
+    let expression = |operator: &str, namespaces: &[String]| LabelSelectorRequirement {
+        key: NAMESPACE_NAME_LABEL.into(),
+        operator: operator.into(),
+        values: Some(namespaces.to_vec()),
+    };
+    let mut scope = Vec::new();
+    if !selector.namespaces.is_empty() {
+        scope.push(expression("In", &selector.namespaces));
+    }
+    if !selector.exclude_namespaces.is_empty() {
+        scope.push(expression("NotIn", &selector.exclude_namespaces));
+    }
     let binding = ValidatingAdmissionPolicyBinding {
         metadata: metadata(LABEL_GUARD_NAME),
         spec: ValidatingAdmissionPolicyBindingSpec {
             policy_name: LABEL_GUARD_NAME.into(),
             validation_actions: vec!["Deny".into()],
+            match_resources: (!scope.is_empty()).then(|| MatchResources {
+                namespace_selector: Some(LabelSelector {
+                    match_expressions: Some(scope),
+                    ..LabelSelector::default()
+                }),
+                ..MatchResources::default()
+            }),
             ..ValidatingAdmissionPolicyBindingSpec::default()
         },
     };
@@ -471,8 +521,8 @@ fn yaml(object: &impl serde::Serialize) -> Result<String, String> {
 }
 
 /// The guard as the YAML `workspace-gc admission-policy` prints and the component ships: the
-/// guard, then the fence on `lease` when the daemon elects a leader, then the label guard when
-/// `label_writers` names anyone.
+/// guard, then the fence on `lease` when the daemon elects a leader, then the label guard, always
+/// (`label_writers` are the only identities it lets add the label to an existing claim).
 pub fn render(
     selector: &SelectorConfig,
     lease: Option<&Lease>,
@@ -501,16 +551,18 @@ pub fn render(
         let (policy, binding) = fence(lease, service_account);
         text.push_str(&format!("---\n{}---\n{}", yaml(&policy)?, yaml(&binding)?));
     }
-    if !label_writers.is_empty() {
-        let (policy, binding) = label_guard(label_writers);
-        text.push_str(&format!(
-            "---\n# The label guard: only {} may add the build-workspace label to an existing\n\
-             # claim (provenance.label_writers).\n{}---\n{}",
-            label_writers.join(", "),
-            yaml(&policy)?,
-            yaml(&binding)?
-        ));
-    }
+    let (policy, binding) = label_guard(selector, label_writers);
+    let writers = if label_writers.is_empty() {
+        "nobody".to_owned()
+    } else {
+        label_writers.join(", ")
+    };
+    text.push_str(&format!(
+        "---\n# The label guard: {writers} may add the build-workspace label to an existing claim\n\
+         # (provenance.label_writers); creating a claim with it stays open to all.\n{}---\n{}",
+        yaml(&policy)?,
+        yaml(&binding)?
+    ));
     Ok(text)
 }
 
@@ -553,8 +605,9 @@ mod tests {
         };
         let fenced = render(&selector, Some(&lease), "gc:workspace-gc", &[]).unwrap();
         let unfenced = render(&selector, None, "gc:workspace-gc", &[]).unwrap();
-        assert_eq!(fenced.matches("\nkind: ").count(), 4, "{fenced}");
-        assert_eq!(unfenced.matches("\nkind: ").count(), 2, "{unfenced}");
+        // The label guard's two after them, in both.
+        assert_eq!(fenced.matches("\nkind: ").count(), 6, "{fenced}");
+        assert_eq!(unfenced.matches("\nkind: ").count(), 4, "{unfenced}");
         assert!(fenced.contains("rule lease-holder") && !unfenced.contains("rule lease-holder"));
         assert!(
             fenced.contains("parameterNotFoundAction: Allow"),
@@ -576,17 +629,52 @@ mod tests {
     }
 
     #[test]
-    fn the_label_guard_comes_only_with_writers_and_names_them() {
+    fn the_label_guard_comes_always_and_names_its_writers_or_nobody() {
         let selector = Config::default().selector;
         let writers = vec!["system:serviceaccount:op:manager".to_owned()];
         let guarded = render(&selector, None, "gc:workspace-gc", &writers).unwrap();
         assert_eq!(guarded.matches("\nkind: ").count(), 4, "{guarded}");
-        assert!(guarded.contains("rule label-added-by-writer"), "{guarded}");
+        assert!(guarded.contains("rule label-only-at-creation"), "{guarded}");
         assert!(
             guarded.contains("request.userInfo.username in ['system:serviceaccount:op:manager']"),
             "{guarded}"
         );
+        assert!(guarded.contains(r#"{\"label_writers\":[\"system:serviceaccount:op:manager\"]}"#));
+        // On by default: nobody may add the label, and the refusal says what to do.
         let plain = render(&selector, None, "gc:workspace-gc", &[]).unwrap();
-        assert!(!plain.contains(LABEL_GUARD_NAME), "{plain}");
+        assert!(plain.contains(LABEL_GUARD_NAME), "{plain}");
+        assert!(plain.contains("request.userInfo.username in []"), "{plain}");
+        let (policy, binding) = label_guard(&selector, &[]);
+        let spec = policy.spec.unwrap_or_default();
+        let message = (spec.validations.unwrap_or_default().into_iter())
+            .filter_map(|v| v.message)
+            .collect::<String>();
+        assert!(message.starts_with("workspace-gc admission guard: rule label-only-at-creation: "));
+        assert!(message.contains("by nobody"), "{message}");
+        assert!(
+            message.contains("Create the claim with the label"),
+            "{message}"
+        );
+        assert!(message.contains("provenance.label_writers"), "{message}");
+        // Cluster-wide when the daemon is.
+        assert_eq!(binding.spec.match_resources, None);
+    }
+
+    #[test]
+    fn the_label_guard_binds_where_the_daemon_deletes() {
+        let mut selector = Config::default().selector;
+        selector.namespaces = vec!["team-a".into(), "team-b".into()];
+        selector.exclude_namespaces = vec!["team-b".into()];
+        let (_, binding) = label_guard(&selector, &[]);
+        let scope = serde_json::to_value(binding.spec.match_resources).unwrap();
+        assert_eq!(
+            scope,
+            serde_json::json!({"namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In",
+                 "values": ["team-a", "team-b"]},
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                 "values": ["team-b"]},
+            ]}})
+        );
     }
 }

@@ -212,6 +212,17 @@ pub fn json(rows: &[Row]) -> String {
     serde_json::to_string_pretty(rows).unwrap_or_default() + "\n"
 }
 
+/// The table's first line: whether the API server holds the label guard. Where it does not,
+/// the claims' managedFields record alone decides provenance, and the reader must know.
+pub fn header(guard: &crate::cluster::label_guard::LabelGuard) -> String {
+    let state = if guard.installed() {
+        "installed"
+    } else {
+        "NOT INSTALLED"
+    };
+    format!("label guard: {state}: {}\n\n", guard.describe())
+}
+
 /// A fixed-width table for a terminal, with a summary line.
 pub fn table(rows: &[Row], now: DateTime<Utc>) -> String {
     let header = [

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::cluster::label_guard;
 use crate::cluster::server_clock::ServerClock;
 use crate::cluster::watches;
 use crate::config::{self, Config};
@@ -153,8 +154,14 @@ pub async fn audit(config: Config, args: &AuditArgs) -> i32 {
         Some(waters) => audit::quotas(&index, &policies, waters, now, &mut rows),
         None => Vec::new(),
     };
+    let guard = label_guard::read(&client).await;
+    if !guard.installed() {
+        warn!("{}", guard.describe());
+    }
     let report = match args.output {
-        AuditOutput::Table => audit::table(&rows, now) + &audit::quota_table(&quotas),
+        AuditOutput::Table => {
+            audit::header(&guard) + &audit::table(&rows, now) + &audit::quota_table(&quotas)
+        }
         AuditOutput::Json => audit::json(&rows),
     };
     print!("{report}");
@@ -263,7 +270,9 @@ pub fn check_config(config: &Config) -> i32 {
     }
 }
 
-/// `workspace-gc admission-policy`: the admission guard for the configuration, as YAML.
+/// `workspace-gc admission-policy`: the admission guard for the configuration, as YAML: the
+/// guard, the fence with leader election, and the label guard, always (its writers are
+/// `provenance.label_writers`, none by default).
 pub fn admission_policy(config: &Config, args: &AdmissionPolicyArgs) -> i32 {
     let lease = admission::Lease::of(&config.leader_election, &args.service_account);
     let writers = &config.provenance.label_writers;

@@ -618,9 +618,9 @@ fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses
             .unwrap_or_else(|e| panic!("{set}: {e}"));
         let expected = Rendered::parse(&std::fs::read_to_string(&printed).unwrap());
         assert_eq!(guard_objects(&rendered), guard_objects(&expected), "{set}");
-        // The guard's policy and binding, and the fence's with leader election.
+        // The guard's policy and binding, the fence's with leader election, the label guard's.
         let fenced = !set.ends_with("enabled=false");
-        assert_eq!(guard_objects(&rendered).len(), if fenced { 4 } else { 2 });
+        assert_eq!(guard_objects(&rendered).len(), if fenced { 6 } else { 4 });
 
         // The default guard passed for this configuration is refused as stale.
         let stale = printed_guard(
@@ -640,9 +640,18 @@ fn the_guard_follows_the_selector_and_the_release_namespace_or_the_chart_refuses
         let expected = Rendered::parse(&std::fs::read_to_string(printed).unwrap());
         assert_eq!(guard_objects(&defaults), guard_objects(&expected));
     }
-    // Off on request, and in namespaced mode (cluster-scoped, as the namespaced overlay).
+    // Off on request; in namespaced mode, only the label guard (as the namespaced overlay).
     assert!(guard_objects(&template(&["--set", "admissionGuard.enabled=false"])).is_empty());
-    assert!(guard_objects(&template(&["--set", "namespaced.namespaces={team-a}"])).is_empty());
+    let namespaced = guard_objects(&template(&["--set", "namespaced.namespaces={team-a}"]));
+    assert_eq!(namespaced.len(), 2);
+    assert!(
+        (namespaced.keys()).all(|(_, _, name)| name == "workspace-gc-label-guard"),
+        "{namespaced:?}"
+    );
+    // A writer listed in the configuration needs a label guard printed for it.
+    let writer = "config.provenance.label_writers={system:serviceaccount:op:manager}";
+    let error = template_in(NAMESPACE, &["--set", writer]).expect_err(writer);
+    assert!(error.contains("provenance.label_writers"), "{error}");
 }
 
 // --- a real Helm on the real API server ---------------------------------------------------------
@@ -721,11 +730,18 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_on_a_real_api_server() 
         .create(&PostParams::default(), &namespace)
         .await
         .expect("create the release namespace");
-    let notes = helm_on(control_plane, &["install", RELEASE, chart]);
+    // Without the label guard: it binds every user in every namespace, and the other tests of
+    // this binary, on the same control plane, label claims after making them. It is applied as
+    // shipped in tests/deploy/label_guard.rs and on the node (tests/node/installed.rs).
+    let no_label_guard = ["--set", "admissionGuard.labelGuard=false"];
+    let notes = helm_on(
+        control_plane,
+        &[&["install", RELEASE, chart][..], &no_label_guard].concat(),
+    );
     assert!(notes.contains("get lease workspace-gc"), "{notes}");
     let installed = Rendered::parse(&helm_on(control_plane, &["get", "manifest", RELEASE]));
     assert_eq!(
-        differences(&installed, &template(&[])),
+        differences(&installed, &template(&no_label_guard)),
         Vec::<String>::new()
     );
 
@@ -800,6 +816,8 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_on_a_real_api_server() 
             chart,
             "--set",
             "config.policy.max_age=3d",
+            "--set",
+            "admissionGuard.labelGuard=false",
         ],
     );
     let upgraded = serde_json::to_value(deployments.get("workspace-gc").await.unwrap()).unwrap();

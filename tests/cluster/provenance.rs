@@ -1,18 +1,18 @@
 //! Provenance (issue 47) on a real API server, whose own `managedFields` say who set the
 //! build-workspace label: a claim labelled after it was made, by another field manager, is kept
 //! with its reason, one event and the metric; the same claim made labelled in one write, as the
-//! operator makes it, is collected. The daemon runs as the shipped identity. The admission
-//! guard's optional label guard refuses adding the label to an existing claim but by the
-//! operator's identity.
+//! operator makes it, is collected. The daemon runs as the shipped identity. The label guard,
+//! on by default, refuses adding the label to an existing claim to everyone but the identities
+//! listed in `provenance.label_writers` (none as shipped); the daemon and the audit say whether
+//! the API server holds it.
 
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -20,6 +20,7 @@ use testkit::{
     BUILD_WORKSPACE_LABEL, ClaimBuilder, ControlPlane, Daemon, TestNamespace, assert_decided,
     claim_exists, events, policy_rule, reconciles, wait_until,
 };
+use workspace_gc::config::SelectorConfig;
 use workspace_gc::surface::admission::{LABEL_GUARD_NAME, label_guard};
 
 fn secs(n: u64) -> Duration {
@@ -208,6 +209,23 @@ async fn add_label(
         .await
 }
 
+/// Waits until the label guard is in force once the API server's informers have it: probed
+/// with dry runs of `client` adding the label to `claim`, which change nothing.
+async fn wait_for_label_guard(client: &Client, ns: &TestNamespace, claim: &str) {
+    let deadline = std::time::Instant::now() + secs(30);
+    loop {
+        match add_label(client, ns, claim, true).await {
+            Err(kube::Error::Api(status)) if status.message.contains("label-only-at-creation") => {
+                return;
+            }
+            answer if std::time::Instant::now() > deadline => {
+                panic!("the label guard did not come into force: {answer:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// `result` is the label guard's refusal: 403, naming its rule.
 #[track_caller]
 fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, who: &str) {
@@ -217,7 +235,7 @@ fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, who: &str) {
             assert!(
                 status
                     .message
-                    .contains("workspace-gc admission guard: rule label-added-by-writer: "),
+                    .contains("workspace-gc admission guard: rule label-only-at-creation: "),
                 "{who}: refused by the label guard, not RBAC: {status:?}"
             );
         }
@@ -266,34 +284,12 @@ async fn the_label_guard_lets_only_the_operator_add_the_label_to_an_existing_cla
         .service_account_client(ns.name(), operator)
         .await;
 
+    // As `admission-policy` prints it with the operator listed, for a daemon watching this
+    // namespace alone: bound to it (the control plane is shared).
     let name = format!("{LABEL_GUARD_NAME}-{}", ns.name());
-    let (mut policy, mut binding) = label_guard(&[operator_name]);
-    policy.metadata.name = Some(name.clone());
-    binding.metadata.name = Some(name.clone());
-    binding.spec.policy_name = name.clone();
-    binding.spec.match_resources = Some(MatchResources {
-        namespace_selector: Some(LabelSelector {
-            match_labels: Some(
-                [(
-                    "kubernetes.io/metadata.name".to_owned(),
-                    ns.name().to_owned(),
-                )]
-                .into(),
-            ),
-            ..LabelSelector::default()
-        }),
-        ..MatchResources::default()
-    });
-    let policies = Api::<ValidatingAdmissionPolicy>::all(control_plane.client());
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(control_plane.client());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("create the label guard");
-    bindings
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("bind the label guard");
+    let (policy, binding) = label_guard(&watching(&ns), &[operator_name]);
+    install_label_guard(control_plane, &name, policy, binding).await;
+    let (policies, bindings) = label_guard_apis(control_plane);
 
     for claim in [
         "data-build-workspace",
@@ -305,19 +301,7 @@ async fn the_label_guard_lets_only_the_operator_add_the_label_to_an_existing_cla
             .create(&ns)
             .await;
     }
-    // In force once the API server's informers have it: probed with dry runs.
-    let deadline = std::time::Instant::now() + secs(30);
-    loop {
-        match add_label(&alice, &ns, "data-build-workspace", true).await {
-            Err(kube::Error::Api(status)) if status.message.contains("label-added-by-writer") => {
-                break;
-            }
-            answer if std::time::Instant::now() > deadline => {
-                panic!("the label guard did not come into force: {answer:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    wait_for_label_guard(&alice, &ns, "data-build-workspace").await;
 
     refused(
         add_label(&alice, &ns, "data-build-workspace", false).await,
@@ -409,4 +393,265 @@ async fn the_label_guard_lets_only_the_operator_add_the_label_to_an_existing_cla
         .delete(&name, &DeleteParams::default())
         .await
         .expect("remove the policy");
+}
+
+/// A daemon's selector that watches `ns` alone: the label guard printed for it is bound to `ns`
+/// only (the control plane is shared).
+fn watching(ns: &TestNamespace) -> SelectorConfig {
+    let mut selector = workspace_gc::config::Config::default().selector;
+    selector.namespaces = vec![ns.name().to_owned()];
+    selector
+}
+
+fn label_guard_apis(
+    control_plane: &ControlPlane,
+) -> (
+    Api<ValidatingAdmissionPolicy>,
+    Api<ValidatingAdmissionPolicyBinding>,
+) {
+    (
+        Api::all(control_plane.client()),
+        Api::all(control_plane.client()),
+    )
+}
+
+/// Creates `policy` and `binding` under `name`, the binding naming the policy.
+async fn install_label_guard(
+    control_plane: &ControlPlane,
+    name: &str,
+    mut policy: ValidatingAdmissionPolicy,
+    mut binding: ValidatingAdmissionPolicyBinding,
+) {
+    policy.metadata.name = Some(name.to_owned());
+    binding.metadata.name = Some(name.to_owned());
+    binding.spec.policy_name = name.to_owned();
+    let (policies, bindings) = label_guard_apis(control_plane);
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the label guard");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("bind the label guard");
+}
+
+async fn remove_label_guard(control_plane: &ControlPlane, name: &str) {
+    let (policies, bindings) = label_guard_apis(control_plane);
+    bindings
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("remove the binding");
+    policies
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("remove the policy");
+}
+
+/// The shipped label guard's policy (manifests/components/admission-guard/guard.yaml, which the
+/// base, the overlays and the chart install), as printed for the shipped configuration.
+fn shipped_label_guard_policy() -> ValidatingAdmissionPolicy {
+    let path = testkit::manifests("components/admission-guard/guard.yaml");
+    let text = std::fs::read_to_string(&path).expect("read the shipped guard");
+    let shipped = testkit::Rendered::parse(&text);
+    serde_json::from_value(
+        shipped
+            .get("ValidatingAdmissionPolicy", LABEL_GUARD_NAME)
+            .clone(),
+    )
+    .expect("the shipped label guard's policy")
+}
+
+/// The label guard as shipped, with no writers listed (issue 55), on the real API server: a
+/// label added to a claim made without it is refused to everyone, with the rule's message, be it
+/// a merge patch as `kubectl label` sends, a server-side apply of the whole claim as a GitOps
+/// controller sends, or the operator's own ServiceAccount (it labels at creation and needs no
+/// entry). Creating a claim with the label is admitted, and so is applying a claim that already
+/// has it. Bound to this test's namespace: the control plane is shared.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_shipped_label_guard_refuses_adding_the_label_to_everyone_and_admits_claims_made_with_it()
+ {
+    let control_plane = ControlPlane::shared();
+    let ns = TestNamespace::new(control_plane, "label-guard-shipped").await;
+    let (gitops, operator) = (
+        "argocd-application-controller",
+        "notebook-validator-operator",
+    );
+    claim_editors(
+        &ns,
+        vec![service_account(&ns, gitops), service_account(&ns, operator)],
+    )
+    .await;
+    let gitops = control_plane
+        .service_account_client(ns.name(), gitops)
+        .await;
+    let operator = control_plane
+        .service_account_client(ns.name(), operator)
+        .await;
+    let name = format!("{LABEL_GUARD_NAME}-{}", ns.name());
+    let (_, binding) = label_guard(&watching(&ns), &[]);
+    install_label_guard(control_plane, &name, shipped_label_guard_policy(), binding).await;
+
+    ClaimBuilder::build_workspace("cache-build-workspace")
+        .without_label(BUILD_WORKSPACE_LABEL)
+        .field_manager("kubectl-create")
+        .create(&ns)
+        .await;
+    wait_for_label_guard(&gitops, &ns, "cache-build-workspace").await;
+
+    // kubectl label, as anyone: refused, and the message says what to do.
+    let answer = add_label(&gitops, &ns, "cache-build-workspace", false).await;
+    if let Err(kube::Error::Api(status)) = &answer {
+        assert!(
+            status.message.contains("by nobody")
+                && status.message.contains("Create the claim with the label")
+                && status.message.contains("provenance.label_writers"),
+            "{status:?}"
+        );
+    }
+    refused(answer, "kubectl-style label");
+    refused(
+        add_label(&operator, &ns, "cache-build-workspace", false).await,
+        "the operator",
+    );
+    // The GitOps adoption: the whole claim applied server-side with the label.
+    let claims = Api::<PersistentVolumeClaim>::namespaced(gitops.clone(), ns.name());
+    let existing = claims
+        .get("cache-build-workspace")
+        .await
+        .expect("read the claim");
+    let whole = |name: &str| {
+        Patch::Apply(json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "labels": {BUILD_WORKSPACE_LABEL: "true"}},
+            "spec": {
+                "accessModes": existing.spec.as_ref().and_then(|s| s.access_modes.clone()),
+                "resources": existing.spec.as_ref().and_then(|s| s.resources.clone()),
+            },
+        }))
+    };
+    let apply = PatchParams::apply("argocd-controller").force();
+    refused(
+        claims
+            .patch(
+                "cache-build-workspace",
+                &apply,
+                &whole("cache-build-workspace"),
+            )
+            .await,
+        "a server-side apply adding the label",
+    );
+    let kept = claims.get("cache-build-workspace").await.unwrap();
+    assert!(
+        !(kept.metadata.labels.unwrap_or_default()).contains_key(BUILD_WORKSPACE_LABEL),
+        "the claim is still unlabelled"
+    );
+
+    // Made with the label, by the operator or by an apply that creates: admitted; applied again
+    // with the label it has: admitted.
+    ClaimBuilder::build_workspace("made-build-workspace")
+        .field_manager("manager")
+        .create(&ns)
+        .await;
+    claims
+        .patch(
+            "applied-build-workspace",
+            &apply,
+            &whole("applied-build-workspace"),
+        )
+        .await
+        .expect("a server-side apply that creates the claim labelled is admitted");
+    claims
+        .patch(
+            "applied-build-workspace",
+            &apply,
+            &whole("applied-build-workspace"),
+        )
+        .await
+        .expect("applying it again, the label unchanged, is admitted");
+
+    remove_label_guard(control_plane, &name).await;
+}
+
+/// `workspace-gc audit` over `ns` as cluster-admin, its table as printed.
+async fn audit_table(control_plane: &ControlPlane, ns: &TestNamespace) -> String {
+    let mut command = tokio::process::Command::new(testkit::daemon_binary());
+    command.args(["audit", "--namespace", ns.name()]);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("WORKSPACE_GC_") {
+            command.env_remove(key);
+        }
+    }
+    let output = command
+        .env("KUBECONFIG", control_plane.kubeconfig_path())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(secs(60), output)
+        .await
+        .expect("the audit finishes within a minute")
+        .expect("run workspace-gc audit");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Where the label guard is not installed, the managedFields record is the only line, and the
+/// admin is told: the audit's header says NOT INSTALLED until the API server holds the policy and
+/// a binding that denies under the shipped name, then installed; the daemon's
+/// `workspace_gc_label_guard_installed` is 1 while it is there and falls to 0 once it is removed
+/// (read every minute). No other test of this binary installs it under that name; this one binds
+/// it to its own namespace.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_and_the_audit_say_whether_the_label_guard_is_installed() {
+    let control_plane = ControlPlane::shared();
+    let ns = TestNamespace::new(control_plane, "label-guard-signal").await;
+    let (policies, _) = label_guard_apis(control_plane);
+    assert!(
+        policies.get_opt(LABEL_GUARD_NAME).await.unwrap().is_none(),
+        "no test of this binary installs the label guard under its shipped name but this one"
+    );
+    let table = audit_table(control_plane, &ns).await;
+    assert!(
+        table.starts_with("label guard: NOT INSTALLED: ")
+            && table.contains("managedFields record is the only line"),
+        "{table}"
+    );
+
+    let (_, binding) = label_guard(&watching(&ns), &[]);
+    install_label_guard(
+        control_plane,
+        LABEL_GUARD_NAME,
+        shipped_label_guard_policy(),
+        binding,
+    )
+    .await;
+    let table = audit_table(control_plane, &ns).await;
+    assert!(table.starts_with("label guard: installed: "), "{table}");
+
+    let config = ns.config();
+    let daemon = Daemon::start(
+        ns.daemon_client(&config).await,
+        config,
+        "label-guard-signal",
+    )
+    .await;
+    let installed = || async {
+        testkit::metric(
+            &daemon.metrics().await,
+            "workspace_gc_label_guard_installed",
+            "",
+        )
+    };
+    assert!(
+        wait_until(secs(30), || async { installed().await == 1.0 }).await,
+        "the daemon reads the label guard as installed, with its shipped rights"
+    );
+    remove_label_guard(control_plane, LABEL_GUARD_NAME).await;
+    assert!(
+        wait_until(secs(150), || async { installed().await == 0.0 }).await,
+        "the daemon tells the label guard is gone within its period"
+    );
+    daemon.stop().await;
 }

@@ -57,6 +57,11 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
         Some(0),
         "cluster-wide audit as the ServiceAccount:\n{output}"
     );
+    // The label guard came with the base, and the ServiceAccount may read it: the report says so.
+    assert!(
+        output.contains("label guard: installed: "),
+        "the audit's header:\n{output}"
+    );
 
     // An orphan, expired at once: the operator's claim with no PipelineRun or job.
     let claim = "orphan-build-workspace";
@@ -107,6 +112,9 @@ async fn base_daemon_deletes_an_expired_claim_with_the_deployed_rbac_and_configu
     );
     let metrics = daemon.metrics_when(&deleted, 1.0).await;
     assert_eq!(sample(&metrics, "workspace_gc_leader"), Some(1.0));
+    daemon
+        .metrics_when("workspace_gc_label_guard_installed", 1.0)
+        .await;
     assert_nothing_forbidden(&metrics);
 
     let (status, log) = daemon.stop().await;

@@ -18,6 +18,7 @@
 //! module per concern:
 //! - `rendering`: every overlay and component rendered and checked, without a cluster;
 //! - `rbac`: the rights as applied, asked as the ServiceAccount; the admission guard in force;
+//! - `label_guard`: the label guard rendered in every install, and in force as applied;
 //! - `restricted_v2`: OpenShift's `restricted-v2` SCC and the restricted Pod Security Standard;
 //! - `arbitrary_uid`: the binary as the Deployment runs it, as an arbitrary UID, read-only;
 //! - `promtool`: the alerts' unit tests and every dashboard query, by promtool;
@@ -25,6 +26,7 @@
 //! - `monitoring` and `server`: what those share (the rendered component; apply and read back).
 
 mod arbitrary_uid;
+mod label_guard;
 mod monitoring;
 mod prometheus;
 mod promtool;
@@ -50,6 +52,9 @@ const WATCHED: [&str; 2] = ["team-a", "team-b"];
 const GUARD: &str = "workspace-gc-guard";
 /// The fence (the same component): claim and volume deletes only from the Lease holder's pod.
 const FENCE: &str = "workspace-gc-fence";
+/// The label guard (the same component, on in every install): nobody adds the build-workspace
+/// label to an existing claim but `provenance.label_writers`.
+const LABEL_GUARD: &str = "workspace-gc-label-guard";
 
 /// Serializes the daemons that use the Lease `workspace-gc` in namespace `workspace-gc` (the
 /// base's and the namespaced overlay's): a second one would stand by and never delete.

@@ -16,10 +16,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use serde_json::{Value, json};
 
 use crate::server::{
-    apply, apply_base, assert_nothing_forbidden, audit, claim_is_gone, ensure_namespace,
-    event_with_reason,
+    apply, apply_base, apply_with, assert_nothing_forbidden, audit, claim_is_gone,
+    ensure_namespace, event_with_reason,
 };
-use crate::{LEASE, NAMESPACE, WATCHED, scratch, secs};
+use crate::{LABEL_GUARD, LEASE, NAMESPACE, WATCHED, scratch, secs};
 use testkit::{
     ClaimBuilder, ControlPlane, DeployedDaemon as Daemon, Launch, Overlay, TestNamespace, strings,
     wait_until,
@@ -44,6 +44,26 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "resourcequotas", &["list", "watch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
+
+/// The one cluster-wide right beyond the table, granted by name: reading the label guard's
+/// policy and binding, to tell whether the API server holds it. The base's ClusterRole has it;
+/// the namespaced overlay's ClusterRole `workspace-gc-label-guard` has only it.
+pub fn label_guard_read() -> BTreeSet<Grant> {
+    grants(&json!([{
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+        "resourceNames": [LABEL_GUARD],
+        "verbs": ["get"],
+    }]))
+}
+
+/// The base's ClusterRole: the table and the label guard's read.
+pub fn cluster_grants() -> BTreeSet<Grant> {
+    table_grants(CLUSTER_RULES)
+        .union(&label_guard_read())
+        .cloned()
+        .collect()
+}
 
 /// Every (group, resource, verb, resourceName) a list of PolicyRules grants; "" for any name.
 type Grant = (String, String, String, String);
@@ -268,6 +288,22 @@ fn never(test_ns: &str) -> Vec<Ask> {
         ),
         ask("escalate", "rbac.authorization.k8s.io", "clusterroles", ""),
         ask("bind", "rbac.authorization.k8s.io", "clusterroles", ""),
+        // It reads the label guard by name; it never lists, changes or reads another policy.
+        ask("list", ADMISSION, "validatingadmissionpolicies", ""),
+        ask("get", ADMISSION, "validatingadmissionpolicies", "").named("workspace-gc-guard"),
+        ask("patch", ADMISSION, "validatingadmissionpolicies", "").named(LABEL_GUARD),
+        ask("delete", ADMISSION, "validatingadmissionpolicybindings", "").named(LABEL_GUARD),
+        ask("create", ADMISSION, "validatingadmissionpolicybindings", ""),
+    ]
+}
+
+const ADMISSION: &str = "admissionregistration.k8s.io";
+
+/// Reading the label guard (cluster-scoped, by name).
+fn label_guard_reads() -> Vec<Ask> {
+    vec![
+        ask("get", ADMISSION, "validatingadmissionpolicies", "").named(LABEL_GUARD),
+        ask("get", ADMISSION, "validatingadmissionpolicybindings", "").named(LABEL_GUARD),
     ]
 }
 
@@ -336,10 +372,11 @@ async fn base_grants_its_service_account_what_the_daemon_needs_and_nothing_more(
     let mut allowed = needed_in(ns.name());
     allowed.extend(watched_cluster_wide());
     allowed.extend(lease_in(NAMESPACE));
+    allowed.extend(label_guard_reads());
     assert_access(&sa, &allowed, &never(ns.name())).await;
 
     // And nothing else at all, in a namespace it watches and in its own.
-    let cluster = table_grants(CLUSTER_RULES);
+    let cluster = cluster_grants();
     assert_eq!(rules_in(control_plane, &sa, ns.name()).await, cluster);
     let own: BTreeSet<Grant> = cluster
         .union(&lease_grants("workspace-gc"))
@@ -561,7 +598,11 @@ async fn namespaced_overlay_applied_grants_rights_only_in_the_listed_namespaces(
         ensure_namespace(&admin, namespace).await;
     }
     let overlay = Overlay::new(&["overlays/namespaced"], &[], "namePrefix: ns-\n");
-    apply(control_plane, overlay.path());
+    // In two parts, as docs/deploy.md says: the team's, then the cluster admin's label guard.
+    let marked = "app.kubernetes.io/component=label-guard";
+    let unmarked = "app.kubernetes.io/component!=label-guard";
+    apply_with(control_plane, overlay.path(), &["-l", unmarked]);
+    apply_with(control_plane, overlay.path(), &["-l", marked]);
     let rendered = overlay.render();
     let elsewhere = TestNamespace::new(control_plane, "deploy-unlisted").await;
     let account = "ns-workspace-gc";
@@ -574,27 +615,31 @@ async fn namespaced_overlay_applied_grants_rights_only_in_the_listed_namespaces(
 
     let mut allowed: Vec<Ask> = WATCHED.iter().flat_map(|ns| needed_in(ns)).collect();
     allowed.extend(lease_in(NAMESPACE));
+    allowed.extend(label_guard_reads());
     let mut denied = never(WATCHED[0]);
-    // Nothing cluster-wide, and nothing in a namespace that is not listed.
+    // Nothing cluster-wide but reading the label guard, and nothing in a namespace that is not
+    // listed.
     denied.extend(watched_cluster_wide());
     denied.extend(needed_in(elsewhere.name()));
     assert_access(&sa, &allowed, &denied).await;
-    let cluster = table_grants(CLUSTER_RULES);
+    let with_read = |grants: BTreeSet<Grant>| -> BTreeSet<Grant> {
+        grants.union(&label_guard_read()).cloned().collect()
+    };
     for watched in WATCHED {
         assert_eq!(
             rules_in(control_plane, &sa, watched).await,
-            cluster,
+            with_read(table_grants(CLUSTER_RULES)),
             "in {watched}"
         );
     }
     assert_eq!(
         rules_in(control_plane, &sa, elsewhere.name()).await,
-        BTreeSet::new()
+        label_guard_read()
     );
     assert_eq!(
         rules_in(control_plane, &sa, NAMESPACE).await,
-        lease_grants("workspace-gc"),
-        "only its Lease in its own namespace"
+        with_read(lease_grants("workspace-gc")),
+        "only its Lease in its own namespace, and the label guard's read"
     );
 
     // The one-shot audit shows the difference: cluster-wide it is refused (no cluster access,

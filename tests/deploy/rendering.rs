@@ -10,9 +10,9 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::monitoring::alert_rules;
-use crate::rbac::{CLUSTER_RULES, grants, lease_grants, table_grants};
-use crate::{BINARY, FENCE, GUARD, NAMESPACE, ROOT, WATCHED, scratch};
-use testkit::{Key, Overlay, Rendered, key_of, manifests};
+use crate::rbac::{CLUSTER_RULES, cluster_grants, grants, lease_grants, table_grants};
+use crate::{BINARY, FENCE, GUARD, LABEL_GUARD, NAMESPACE, ROOT, WATCHED, scratch};
+use testkit::{Key, Overlay, Rendered, manifests};
 
 /// kustomize reads no file outside its root, so the ConfigMap is generated from a copy of the
 /// documented defaults: the copy must never drift.
@@ -54,6 +54,8 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         key("ValidatingAdmissionPolicyBinding", NAMESPACE, GUARD),
         key("ValidatingAdmissionPolicy", NAMESPACE, FENCE),
         key("ValidatingAdmissionPolicyBinding", NAMESPACE, FENCE),
+        key("ValidatingAdmissionPolicy", NAMESPACE, LABEL_GUARD),
+        key("ValidatingAdmissionPolicyBinding", NAMESPACE, LABEL_GUARD),
     ]);
     assert_eq!(keys, expected);
 
@@ -167,9 +169,10 @@ fn base_renders_a_hardened_two_replica_deployment_with_least_privilege_rbac() {
         "a new port needs a rule"
     );
 
-    // RBAC: the ClusterRole is the reviewed table; the Lease Role names the configured Lease.
+    // RBAC: the ClusterRole is the reviewed table and the label guard's read; the Lease Role
+    // names the configured Lease.
     let cluster_role = base.get("ClusterRole", "workspace-gc");
-    assert_eq!(grants(&cluster_role["rules"]), table_grants(CLUSTER_RULES));
+    assert_eq!(grants(&cluster_role["rules"]), cluster_grants());
     let binding = base.get("ClusterRoleBinding", "workspace-gc");
     assert_eq!(
         binding["roleRef"],
@@ -336,14 +339,32 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
     let base = Rendered::of(&manifests("base"));
     let namespaced = Rendered::of(&manifests("overlays/namespaced"));
 
-    // Nothing cluster-scoped: a namespace admin can apply all of it.
+    // Nothing cluster-scoped but the label guard and the right to read it, all four marked for
+    // the cluster admin who applies them (`-l app.kubernetes.io/component=label-guard`): a
+    // namespace admin can apply all the rest.
+    let mut cluster_scoped = BTreeSet::new();
     for object in &namespaced.0 {
-        assert!(
-            object.pointer("/metadata/namespace").is_some(),
-            "cluster-scoped object in the namespaced overlay: {:?}",
-            key_of(object)
-        );
+        let kind = object["kind"].as_str().unwrap().to_owned();
+        let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+        let admission = kind.starts_with("ValidatingAdmissionPolicy");
+        if admission || object.pointer("/metadata/namespace").is_none() {
+            assert_eq!(
+                object["metadata"]["labels"]["app.kubernetes.io/component"], "label-guard",
+                "cluster-scoped object in the namespaced overlay not marked: {kind} {name}"
+            );
+            cluster_scoped.insert((kind, name));
+        }
     }
+    let marked = |kind: &str| (kind.to_owned(), LABEL_GUARD.to_owned());
+    assert_eq!(
+        cluster_scoped,
+        BTreeSet::from([
+            marked("ClusterRole"),
+            marked("ClusterRoleBinding"),
+            marked("ValidatingAdmissionPolicy"),
+            marked("ValidatingAdmissionPolicyBinding"),
+        ])
+    );
 
     // One Role and RoleBinding per watched namespace, with the ClusterRole's rules, bound to
     // the daemon's ServiceAccount in the daemon's namespace.
@@ -385,10 +406,13 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
         .collect();
     assert_eq!(flags, watched, "--namespace flags vs Roles");
 
-    // Everything else is the base, minus what needs cluster-admin.
+    // Everything else is the base, minus what needs cluster-admin (the label guard is checked
+    // in tests/deploy/label_guard.rs).
     let mut rest = namespaced.by_key();
     rest.retain(|_, o| {
-        o["metadata"]["name"] != "workspace-gc" || !o["kind"].as_str().unwrap().starts_with("Role")
+        (o["metadata"]["name"] != "workspace-gc"
+            || !o["kind"].as_str().unwrap().starts_with("Role"))
+            && o["metadata"]["name"] != LABEL_GUARD
     });
     let deployment = rest
         .values_mut()
@@ -400,7 +424,7 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
             .collect::<Vec<_>>()
     );
     let mut expected = base.by_key();
-    expected.retain(|(kind, _, _), _| {
+    expected.retain(|(kind, _, name), _| {
         !matches!(
             kind.as_str(),
             "Namespace"
@@ -408,7 +432,7 @@ fn namespaced_overlay_has_roles_in_the_watched_namespaces_and_nothing_cluster_wi
                 | "ClusterRoleBinding"
                 | "ValidatingAdmissionPolicy"
                 | "ValidatingAdmissionPolicyBinding"
-        )
+        ) && name != LABEL_GUARD
     });
     assert_eq!(rest, expected);
 }

@@ -16,11 +16,17 @@ use testkit::{ControlPlane, DeployedDaemon as Daemon, Launch, manifests, wait_un
 
 /// `kubectl apply --server-side -k DIR` as cluster-admin, exactly as the README says.
 pub fn apply(control_plane: &ControlPlane, dir: &Path) {
+    apply_with(control_plane, dir, &[]);
+}
+
+/// [`apply`] with more arguments, such as a label selector (`-l`) that picks some objects.
+pub fn apply_with(control_plane: &ControlPlane, dir: &Path, extra: &[&str]) {
     let output = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(control_plane.kubeconfig_path())
         .args(["apply", "--server-side", "-k"])
         .arg(dir)
+        .args(extra)
         .stdin(Stdio::null())
         .env_remove("HTTPS_PROXY")
         .env_remove("https_proxy")

@@ -2,7 +2,8 @@
 //! into containerd, and the Deployment of `manifests/base` and of the Helm chart's default
 //! install as real pods on a real kubelet (`scripts/control-plane up --node`): real probes, the
 //! security context as the runtime enforces it, SIGTERM at pod deletion, the Lease handed over
-//! when the leader's pod goes, and a claim a running container really mounts.
+//! when the leader's pod goes, a claim a running container really mounts, and the label guard
+//! the install ships, in force (`kubectl label` refused) and seen by the pods.
 //!
 //! The lane needs root and minutes, so it runs only when asked (`CONTROL_PLANE_NODE=1`, as
 //! scripts/test sets); otherwise each test says it was skipped. One node per host: the tests
@@ -284,6 +285,69 @@ fn assert_enforced(control_plane: &ControlPlane, pods: &[Pod]) {
     }
 }
 
+/// `/metrics` of `pod`, read from the host as a scraper reads it; empty without an answer.
+async fn pod_metrics(pod: &Pod) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(address) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+        return String::new();
+    };
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect((address.as_str(), 8080))
+            .await
+            .ok()?;
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        Some(String::from_utf8_lossy(&response).into_owned())
+    };
+    (tokio::time::timeout(secs(5), exchange).await)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// The label guard came with the install (issue 55): `kubectl label` adding the build-workspace
+/// label to a claim made without it is refused by the API server with the rule's message, and
+/// every pod reads the guard as installed (`workspace_gc_label_guard_installed 1`).
+async fn assert_label_guard_in_force(installed: &Installed, pods: &[Pod]) {
+    let ns = TestNamespace::new(&installed.control_plane, "node-label").await;
+    let claim = "unlabelled-build-workspace";
+    ClaimBuilder::build_workspace(claim)
+        .without_label(testkit::BUILD_WORKSPACE_LABEL)
+        .storage_class("local")
+        .create(&ns)
+        .await;
+    let label = format!("{}=true", testkit::BUILD_WORKSPACE_LABEL);
+    let output = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(installed.control_plane.kubeconfig_path())
+        .args(["label", "pvc", claim, &label, "--namespace", ns.name()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run kubectl label");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("rule label-only-at-creation"),
+        "kubectl label is refused by the label guard: {output:?}"
+    );
+    for pod in pods {
+        assert!(
+            wait_until(secs(30), || async {
+                testkit::metric(
+                    &pod_metrics(pod).await,
+                    "workspace_gc_label_guard_installed",
+                    "",
+                ) == 1.0
+            })
+            .await,
+            "{} reads the label guard as installed:\n{}",
+            name(pod),
+            installed.describe()
+        );
+    }
+}
+
 /// An orphan (the operator's claim with no owner) is deleted; a claim a running container has
 /// mounted, orphaned as long, is kept until that pod is gone.
 async fn assert_orphan_deleted_and_mounted_kept(installed: &Installed) {
@@ -486,6 +550,7 @@ async fn base_install_runs_as_real_pods() {
     let pods = installed.ready_pods(2, secs(90)).await;
     eprintln!("manifests/base: 2 pods ready after {:?}", start.elapsed());
     assert_enforced(&installed.control_plane, &pods);
+    assert_label_guard_in_force(&installed, &pods).await;
     assert_orphan_deleted_and_mounted_kept(&installed).await;
     assert_hand_over(&installed).await;
 
@@ -502,6 +567,7 @@ async fn helm_default_install_runs_as_real_pods() {
     installed.install_chart();
     let pods = installed.ready_pods(2, secs(90)).await;
     assert_enforced(&installed.control_plane, &pods);
+    assert_label_guard_in_force(&installed, &pods).await;
     assert_orphan_deleted_and_mounted_kept(&installed).await;
     assert_hand_over(&installed).await;
 }

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::cluster::adapter::KubeCluster;
 use crate::cluster::in_flight;
+use crate::cluster::label_guard;
 use crate::cluster::leader::Leadership;
 use crate::cluster::live::Snapshots;
 use crate::cluster::ports::{Clock, Cluster};
@@ -174,6 +175,13 @@ pub async fn run(
         health.clone(),
     ));
     let follower = tokio::spawn(follow_leadership(controller.clone(), health));
+    // Whether the label guard is installed, told at startup and on each change; like the
+    // sweeper, not among the tasks the daemon cannot work without.
+    let guard_watch = tokio::spawn(label_guard::watch(
+        client.clone(),
+        metrics.clone(),
+        stop.clone(),
+    ));
     // Not among the tasks the daemon cannot work without: it only ever ends on stop.
     let sweeper = (config.deletion.released_volume_ttl)
         .map(|ttl| tokio::spawn(sweep_released(controller.clone(), ttl, stop.clone())));
@@ -212,6 +220,8 @@ pub async fn run(
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
     }
+    // It writes nothing: a read in flight is dropped.
+    guard_watch.abort();
     for task in [&mut feeder, &mut follower] {
         if !task.is_terminated() {
             let _ = task.await;

@@ -149,6 +149,7 @@ pub struct Metrics {
     cached_objects: Family<KindLabels, Gauge>,
     kind_served: Family<ServedLabels, Gauge>,
     leader: Gauge,
+    label_guard_installed: Gauge,
     ready: Gauge,
     blast_radius_capped: Gauge,
     blast_radius_cap_reached: Counter,
@@ -197,6 +198,7 @@ impl Metrics {
             cached_objects: Family::default(),
             kind_served: Family::default(),
             leader: Gauge::default(),
+            label_guard_installed: Gauge::default(),
             ready: Gauge::default(),
             blast_radius_capped: Gauge::default(),
             blast_radius_cap_reached: Counter::default(),
@@ -367,6 +369,14 @@ impl Metrics {
             "leader",
             "1 while this replica holds the lease and may delete",
             metrics.leader.clone(),
+        );
+        r.register(
+            "label_guard_installed",
+            "1 while the API server holds the label guard (workspace-gc-label-guard, its policy \
+             and a Deny binding), read every minute; 0 when it is absent or cannot be read: \
+             then the claims' managedFields record alone tells a build workspace from a claim \
+             labelled later",
+            metrics.label_guard_installed.clone(),
         );
         r.register(
             "ready",

@@ -288,6 +288,10 @@ impl Metrics {
         self.leader.set(leader.into());
     }
 
+    pub fn set_label_guard_installed(&self, installed: bool) {
+        self.label_guard_installed.set(installed.into());
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.ready.set(ready.into());
     }
