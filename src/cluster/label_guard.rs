@@ -36,6 +36,11 @@ pub enum LabelGuard {
 }
 
 impl LabelGuard {
+    /// What its absence means, in every message that tells it.
+    const ONLY_LINE: &str = "a claim's managedFields record is the only line between a claim \
+        labelled after it was made and its deletion, and anyone who may write the claim may \
+        rewrite it (docs/security.md#the-label-guard)";
+
     pub fn installed(&self) -> bool {
         *self == LabelGuard::Installed
     }
@@ -47,11 +52,14 @@ impl LabelGuard {
                 "the label guard {LABEL_GUARD_NAME} is installed: the API server refuses adding \
                  the build-workspace label to an existing claim"
             ),
-            LabelGuard::Absent(why) | LabelGuard::Unreadable(why) => format!(
-                "the label guard {LABEL_GUARD_NAME} is not installed ({why}): a claim's \
-                 managedFields record is the only line between a claim labelled after it was \
-                 made and its deletion, and anyone who may write the claim may rewrite it \
-                 (docs/security.md#the-label-guard)"
+            LabelGuard::Absent(why) => format!(
+                "the label guard {LABEL_GUARD_NAME} is not installed ({why}): {}",
+                Self::ONLY_LINE
+            ),
+            LabelGuard::Unreadable(why) => format!(
+                "the label guard {LABEL_GUARD_NAME} cannot be read, so it is not known to be \
+                 installed ({why}): {}",
+                Self::ONLY_LINE
             ),
         }
     }
@@ -163,10 +171,9 @@ mod tests {
             judge(Some(&policy), Some(&other)),
             LabelGuard::Absent(_)
         ));
-        assert!(
-            LabelGuard::Unreadable("x".into())
-                .describe()
-                .contains("not installed")
-        );
+        let unread = LabelGuard::Unreadable("forbidden".into()).describe();
+        assert!(unread.contains("not known") && unread.contains("the only line"));
+        let absent = LabelGuard::Absent("no such policy".into()).describe();
+        assert!(absent.contains("not installed") && absent.contains("the only line"));
     }
 }

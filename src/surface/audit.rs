@@ -215,10 +215,11 @@ pub fn json(rows: &[Row]) -> String {
 /// The table's first line: whether the API server holds the label guard. Where it does not,
 /// the claims' managedFields record alone decides provenance, and the reader must know.
 pub fn header(guard: &crate::cluster::label_guard::LabelGuard) -> String {
-    let state = if guard.installed() {
-        "installed"
-    } else {
-        "NOT INSTALLED"
+    use crate::cluster::label_guard::LabelGuard;
+    let state = match guard {
+        LabelGuard::Installed => "installed",
+        LabelGuard::Absent(_) => "NOT INSTALLED",
+        LabelGuard::Unreadable(_) => "NOT KNOWN",
     };
     format!("label guard: {state}: {}\n\n", guard.describe())
 }
