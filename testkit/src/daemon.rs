@@ -240,17 +240,15 @@ impl Process {
     }
 }
 
-/// `workspace-gc audit --output json` over `namespaces` under a policy, as rows.
-pub async fn audit_rows(
+/// `workspace-gc audit ARGS` against `control_plane` as cluster-admin, with no `WORKSPACE_GC_*`
+/// variable of this process but `env`: its stdout, once it exited with success within a minute.
+pub async fn audit_output(
     control_plane: &super::ControlPlane,
-    namespaces: &[String],
-    (ttl, failed, grace, max_age): (&str, &str, &str, &str),
-) -> Vec<serde_json::Value> {
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<u8> {
     let mut command = tokio::process::Command::new(daemon_binary());
-    command.args(["audit", "--output", "json"]);
-    for ns in namespaces {
-        command.args(["--namespace", ns]);
-    }
+    command.arg("audit").args(args);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("WORKSPACE_GC_") {
             command.env_remove(key);
@@ -259,10 +257,7 @@ pub async fn audit_rows(
     let output = command
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", ttl)
-        .env("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", failed)
-        .env("WORKSPACE_GC_POLICY_ORPHAN_GRACE", grace)
-        .env("WORKSPACE_GC_POLICY_MAX_AGE", max_age)
+        .envs(env.iter().copied())
         .env_remove("RUST_LOG")
         .kill_on_drop(true)
         .output();
@@ -276,5 +271,25 @@ pub async fn audit_rows(
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_slice(&output.stdout).expect("the audit prints JSON rows")
+    output.stdout
+}
+
+/// `workspace-gc audit --output json` over `namespaces` under a policy, as rows.
+pub async fn audit_rows(
+    control_plane: &super::ControlPlane,
+    namespaces: &[String],
+    (ttl, failed, grace, max_age): (&str, &str, &str, &str),
+) -> Vec<serde_json::Value> {
+    let mut args = vec!["--output", "json"];
+    for ns in namespaces {
+        args.extend(["--namespace", ns.as_str()]);
+    }
+    let env = [
+        ("WORKSPACE_GC_POLICY_TTL_AFTER_FINISHED", ttl),
+        ("WORKSPACE_GC_POLICY_TTL_AFTER_FAILED", failed),
+        ("WORKSPACE_GC_POLICY_ORPHAN_GRACE", grace),
+        ("WORKSPACE_GC_POLICY_MAX_AGE", max_age),
+    ];
+    let stdout = audit_output(control_plane, &args, &env).await;
+    serde_json::from_slice(&stdout).expect("the audit prints JSON rows")
 }

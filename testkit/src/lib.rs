@@ -39,7 +39,7 @@ pub use cluster::{
     ControlPlane, ControlPlaneOptions, DAEMON_ACCOUNT, HaPlane, TestNamespace, kubernetes_minor,
     kubernetes_version, load_config, policy_rule, tekton_version,
 };
-pub use daemon::{Daemon, Process, audit_rows};
+pub use daemon::{Daemon, Process, audit_output, audit_rows};
 pub use faketime::faketime;
 pub use http_proxy::{Fault, Faulted, Forwarded, RequestInfo, Rule, RuleId, service_account};
 pub use kubelet::{PodState, kubelet};

@@ -576,25 +576,8 @@ async fn the_shipped_label_guard_refuses_adding_the_label_to_everyone_and_admits
 
 /// `workspace-gc audit` over `ns` as cluster-admin, its table as printed.
 async fn audit_table(control_plane: &ControlPlane, ns: &TestNamespace) -> String {
-    let mut command = tokio::process::Command::new(testkit::daemon_binary());
-    command.args(["audit", "--namespace", ns.name()]);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("WORKSPACE_GC_") {
-            command.env_remove(key);
-        }
-    }
-    let output = command
-        .env("KUBECONFIG", control_plane.kubeconfig_path())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(secs(60), output)
-        .await
-        .expect("the audit finishes within a minute")
-        .expect("run workspace-gc audit");
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    let stdout = testkit::audit_output(control_plane, &["--namespace", ns.name()], &[]).await;
+    String::from_utf8_lossy(&stdout).into_owned()
 }
 
 /// Where the label guard is not installed, the managedFields record is the only line, and the
