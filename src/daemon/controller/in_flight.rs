@@ -238,8 +238,8 @@ impl<C: Cluster, K: Clock> Controller<C, K> {
                 return Some(Outcome::Retry(Failure::Unrevoked));
             }
         }
-        // Each names its next step itself, never the watch event of its own write (a revocation
-        // that writes the value already there changes nothing and brings no event). Revoked:
+        // Each names its next step itself, never the watch event of its own write (a watch that
+        // lags, restarts or moved to another API server may bring it late or never). Revoked:
         // the DELETE failed to conclude, so the claim is decided again after its backoff, which
         // the revocation does not reset. Landed: decided again at once; its live re-check reads
         // the claim before anything is sent.

@@ -102,9 +102,8 @@ struct FakeCluster {
     scheduler: Mutex<Option<Scheduler>>,
     /// Where a revocation that changed the claim sends its watch event; none when unset.
     events: Mutex<Option<crate::daemon::scheduler::Schedule>>,
-    /// For each revocation answered `Revoked`, whether it changed the claim (and so brought a
-    /// watch event); a revocation that wrote the value already there brings none. `true`
-    /// once none is left.
+    /// For each revocation answered `Revoked`, whether its watch event reaches the controller
+    /// (a watch that lags or restarted may never bring it). `true` once none is left.
     revocation_events: Mutex<VecDeque<bool>>,
     /// Every claim write (its claim's name) with its answer, and when it went out.
     log: Mutex<Vec<(Instant, (String, Write))>>,
@@ -840,8 +839,8 @@ async fn the_deletes_the_lease_names_are_revoked_once_by_their_claims_reconcile(
     );
 }
 
-/// A revocation that writes the value already there is answered 200 and changes nothing, so
-/// no watch event follows it: the reconcile still ends with a timer, never `Done`.
+/// A revocation whose watch event never reaches the controller (the watch lagged or restarted)
+/// still ends its reconcile with a timer, never `Done`.
 #[tokio::test(start_paused = true)]
 async fn a_revoked_delete_ends_its_reconcile_with_a_retry_not_done() {
     let cluster = FakeCluster::default();
@@ -1386,7 +1385,7 @@ async fn a_pressure_plan_decides_the_other_claims_under_the_settings_read_live()
 
 /// What the world does to the claims' writes, in the model test: DELETEs refused, throttled,
 /// unanswered (a 5xx, a lost answer), or in conflict; revocations carried out (changing the
-/// claim, with a watch event, or writing the value already there, with none), unanswered or
+/// claim, with its watch event or with none reaching the controller), unanswered or
 /// refused with the claim as it was. Once they run out, every write succeeds. Besides, at
 /// instants of its own, the Lease is handed over and back (a real step-down and take: the
 /// election runs over a fake Lease store, the cap is forgotten and recovered from the Lease),
